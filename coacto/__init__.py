@@ -1,0 +1,55 @@
+"""coacto: deep neural networks as fine-grained tile dataflow graphs, run on a device alone or
+together with a server.
+
+    import coacto
+    graph = coacto.compile("model.onnx")            # ONNX -> tile graph
+    with coacto.Runtime(graph, threads=2) as rt:
+        outputs = rt.run({"data": image})            # {output name: numpy array}
+"""
+from __future__ import annotations
+
+from .errors import (CoactoError, GraphFileError, InferenceTimeout, InputError, ModelError,
+                     NativeError, ShapeError, UnsupportedOperatorError)
+from .tilegraph import TileGraph
+
+__version__ = "0.1.0"
+
+
+def compile(model, tiles_per_layer: int | None = None, input_shapes: dict | None = None) -> TileGraph:
+    """Import an ONNX model (path, bytes or ModelProto) and cut it into a tile graph.
+
+    ``tiles_per_layer``: tiles per layer (None: a FLOP-based heuristic, see coacto.partition);
+    ``input_shapes``: {input name: shape} for inputs with dynamic dimensions.
+    """
+    from .onnx_import import import_model
+    from .partition import partition
+
+    graph = import_model(model, input_shapes=input_shapes)
+    plan = partition(graph, tiles_per_layer)
+    params = {
+        "tiles_per_layer": tiles_per_layer,
+        "input_shapes": {k: list(v) for k, v in sorted((input_shapes or {}).items())},
+    }
+    return TileGraph.build(graph, plan, params)
+
+
+def load(path) -> TileGraph:
+    """Read a tile graph file written by TileGraph.save / `coacto compile`."""
+    return TileGraph.load(path)
+
+
+def __getattr__(name):
+    if name == "Runtime":
+        from .runtime import Runtime
+        return Runtime
+    if name == "zoo":
+        from . import zoo
+        return zoo
+    raise AttributeError(f"module 'coacto' has no attribute {name!r}")
+
+
+__all__ = [
+    "compile", "load", "Runtime", "TileGraph", "CoactoError", "ModelError",
+    "UnsupportedOperatorError", "ShapeError", "GraphFileError", "InputError", "NativeError",
+    "InferenceTimeout",
+]

@@ -1,0 +1,583 @@
+"""ONNX model -> operator graph (coacto.ir).
+
+The importer walks the live nodes of the model once, in topological order, and keeps one value per
+ONNX tensor name:
+
+- a *constant* (a numpy array): initializers, Constant nodes and everything computable from them
+  and from static shapes is folded with numpy, so PyTorch's Shape -> Gather -> Unsqueeze -> Concat ->
+  Reshape subgraphs vanish;
+- an *activation* (``_Act``): the output of a layer, with the ONNX shape of the value;
+- a *view* (``_View``): a pure index mapping (Reshape, Transpose, Slice, Pad, ...) of layers,
+  computed by applying the op to an index array. A view becomes a layer (a GATHER, or nothing at all
+  when it is the identity in storage order) only when a real op consumes it or it is an output.
+
+Layout functions (``_LAYOUT``) serve both roles: they fold constants and map index arrays. Compute
+ops (``_COMPUTE``) emit layers. Fusions (BatchNorm / per-channel affine into the convolution,
+activations into their producer, residual additions into the convolution) run afterwards on the
+layer list (``coacto.onnx_fuse``).
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import external_data_helper, helper, numpy_helper
+
+from . import ir
+from .errors import ModelError, ShapeError, UnsupportedOperatorError
+from .onnx_fuse import fuse_layers
+from .onnx_ops import (
+    COMPUTE as _COMPUTE, FOLD as _FOLD, LAYOUT as _LAYOUT, LAYOUT_DATA as _LAYOUT_DATA,
+    PASS_THROUGH as _PASS_THROUGH, SHAPE_OPS as _SHAPE_OPS, UNKNOWN as _UNKNOWN, Act as _Act,
+    Unsupported as _Unsupported, View as _View,
+)
+
+log = logging.getLogger(__name__)
+
+SUPPORTED_OPSETS = (9, 18)  # tested range of the default ONNX domain
+_OLDEST_OPSET = 7  # older opsets differ in broadcasting rules
+
+
+# ----------------------------------------------------------------------------------------- loading
+
+def load_model(model) -> tuple[onnx.ModelProto, bytes]:
+    """Reads an ONNX model (path, serialized bytes or ModelProto) with its external data.
+
+    Returns the model and the bytes that identify it (the file, or the serialized model when its
+    weights were stored in external files, so the bytes are self-contained)."""
+    if isinstance(model, onnx.ModelProto):
+        proto = model
+        where = "the given ModelProto"
+        if _uses_external_data(proto):
+            raise ModelError("the given ModelProto refers to external data files that are not "
+                             "loaded; pass the model's file path instead")
+        try:
+            data = proto.SerializeToString()
+        except Exception as e:  # protobuf refuses models over 2 GiB
+            raise ModelError(f"cannot serialize the given ModelProto: {e}") from e
+    elif isinstance(model, (bytes, bytearray, memoryview)):
+        data = bytes(model)
+        where = "the given model bytes"
+        proto = _parse(data, where)
+        if _uses_external_data(proto):
+            raise ModelError("the model bytes refer to external data files; pass the model's "
+                             "file path instead so the data can be found next to it")
+    elif isinstance(model, (str, os.PathLike)):
+        path = os.fspath(model)
+        where = repr(path)
+        if not os.path.isfile(path):
+            raise ModelError(f"ONNX model file not found: {path!r}; check the path")
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError as e:
+            raise ModelError(f"cannot read the ONNX model {path!r}: {e}") from e
+        proto = _parse(data, where)
+        if _uses_external_data(proto):
+            base = os.path.dirname(os.path.abspath(path))
+            try:
+                external_data_helper.load_external_data_for_model(proto, base)
+            except (OSError, ValueError) as e:
+                raise ModelError(f"cannot load the external data of {path!r}: {e}; keep the data "
+                                 "files next to the model, complete and unchanged") from e
+            try:
+                data = proto.SerializeToString()
+            except Exception as e:
+                raise ModelError(f"{path!r} is too large to be handled in one piece: {e}") from e
+    else:
+        raise TypeError(f"model must be a path, bytes or onnx.ModelProto, not {type(model).__name__}")
+    _check_model(proto, where)
+    return proto, data
+
+
+def _parse(data: bytes, where: str) -> onnx.ModelProto:
+    proto = onnx.ModelProto()
+    try:
+        proto.ParseFromString(data)
+    except Exception as e:  # google.protobuf.message.DecodeError and friends
+        raise ModelError(f"{where} is not a valid ONNX model (truncated or corrupt: {e}); "
+                         "export or download it again") from e
+    return proto
+
+
+def _check_model(proto: onnx.ModelProto, where: str) -> None:
+    if not proto.HasField("graph") or not proto.graph.output or proto.ir_version <= 0:
+        raise ModelError(f"{where} does not contain an ONNX graph (truncated or not an ONNX file); "
+                         "export or download it again")
+    if not any(o.domain in ("", "ai.onnx") for o in proto.opset_import):
+        raise ModelError(f"{where} declares no version of the standard ONNX operator set; "
+                         "export it with an opset between 9 and 18")
+
+
+def _uses_external_data(proto: onnx.ModelProto) -> bool:
+    tensors = list(proto.graph.initializer)
+    for node in proto.graph.node:
+        for a in node.attribute:
+            if a.type == onnx.AttributeProto.TENSOR:
+                tensors.append(a.t)
+    return any(external_data_helper.uses_external_data(t) for t in tensors)
+
+
+def _onnx_to_storage(shape4) -> np.ndarray:
+    """For each element of an (N, C, H, W) tensor in ONNX order, its position in NHWC storage."""
+    n, c, h, w = shape4
+    return np.arange(n * c * h * w, dtype=np.int64).reshape(n, h, w, c).transpose(0, 3, 1, 2).ravel()
+
+
+# -------------------------------------------------------------------------------------- importer
+
+def import_model(model, input_shapes: dict[str, tuple[int, ...]] | None = None) -> ir.Graph:
+    """Imports an ONNX model (path, bytes or ModelProto) as a coacto operator graph.
+
+    ``input_shapes`` fixes the shapes of inputs with dynamic dimensions, e.g.
+    ``{"input": (1, 3, 224, 224)}``. Raises ModelError (unreadable model), ShapeError (unknown or
+    inconsistent shapes) or UnsupportedOperatorError (listing every node that cannot be run)."""
+    proto, data = load_model(model)
+    graph = _Importer(proto, dict(input_shapes or {})).run()
+    graph.model_hash = hashlib.sha256(data).hexdigest()
+    return graph
+
+
+class _Importer:
+    def __init__(self, proto: onnx.ModelProto, input_shapes: dict):
+        self.proto = proto
+        self.g = proto.graph
+        self.input_shapes = input_shapes
+        self.opset = max(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx"))
+        self.layers: list[ir.Layer] = []
+        self.names: set[str] = set()
+        self.values: dict[str, object] = {}
+        self.inits = {t.name: t for t in self.g.initializer}
+        self.failures: list[tuple[str, str, str]] = []
+        self.materialized: dict[int, _Act] = {}
+        self.tables: dict[tuple, np.ndarray] = {}
+        self.node = None  # the node being imported
+
+    # -- driver
+    def run(self) -> ir.Graph:
+        if self.opset < _OLDEST_OPSET:
+            raise UnsupportedOperatorError(
+                f"the model uses ONNX opset {self.opset}; coacto reads opsets 9 to 18: convert it "
+                "with onnx.version_converter.convert_version(model, 13)",
+                [("", f"opset {self.opset}")])
+        if not SUPPORTED_OPSETS[0] <= self.opset <= SUPPORTED_OPSETS[1]:
+            log.warning("ONNX opset %d is outside the tested range %d..%d", self.opset,
+                        *SUPPORTED_OPSETS)
+        inputs = self._inputs()
+        nodes, used = self._live_nodes()
+        for node in nodes:
+            self._import_node(node, used)
+        outputs = self._outputs()
+        if self.failures:
+            self._raise_failures()
+        layers, inputs, outputs = fuse_layers(self.layers, inputs, outputs)
+        return ir.Graph(layers=layers, inputs=inputs, outputs=outputs)
+
+    def _raise_failures(self):
+        lines = [f"  {name or '(unnamed)'} ({op}): {why}" for name, op, why in self.failures]
+        n = len(self.failures)
+        raise UnsupportedOperatorError(
+            f"{n} node{'s' if n > 1 else ''} of the model cannot be run by coacto:\n"
+            + "\n".join(lines)
+            + "\nReplace these operators (or re-export the model without them) and import again.",
+            [(name, op) for name, op, _ in self.failures])
+
+    def _inputs(self) -> dict[str, int]:
+        real = [i for i in self.g.input if i.name not in self.inits]
+        unknown = set(self.input_shapes) - {i.name for i in real}
+        if unknown:
+            raise ShapeError(f"input_shapes names {sorted(unknown)}, which are not inputs of the "
+                             f"model; its inputs are {[i.name for i in real]}")
+        out = {}
+        for vi in real:
+            tt = vi.type.tensor_type
+            if not vi.type.HasField("tensor_type") or tt.elem_type != onnx.TensorProto.FLOAT:
+                dtype = helper.tensor_dtype_to_string(tt.elem_type) if tt.elem_type else "non-tensor"
+                self.failures.append((vi.name, "Input", f"input of type {dtype}; coacto runs "
+                                      "float32 inputs only (cast in the model's caller)"))
+                self.values[vi.name] = _UNKNOWN
+                continue
+            shape = self._input_shape(vi)
+            if not 1 <= len(shape) <= 4:
+                self.failures.append((vi.name, "Input", f"input of rank {len(shape)}; coacto "
+                                      "runs inputs of rank 1 to 4"))
+                self.values[vi.name] = _UNKNOWN
+                continue
+            idx = self._emit(vi.name, "INPUT", [], shape)
+            self.values[vi.name] = idx
+            out[vi.name] = idx.layer
+        return out
+
+    def _input_shape(self, vi) -> tuple[int, ...]:
+        dims = vi.type.tensor_type.shape.dim if vi.type.tensor_type.HasField("shape") else None
+        given = self.input_shapes.get(vi.name)
+        if dims is None and given is None:
+            raise ShapeError(f"input {vi.name!r} has no shape in the model; pass "
+                             f"input_shapes={{{vi.name!r}: (...)}} to import_model")
+        static = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None
+                  for d in (dims or [])]
+        if given is not None:
+            given = tuple(int(d) for d in given)
+            if dims is not None and len(given) != len(static):
+                raise ShapeError(f"input_shapes[{vi.name!r}] = {given} has rank {len(given)} but "
+                                 f"the model's input has rank {len(static)}")
+            if any(d <= 0 for d in given):
+                raise ShapeError(f"input_shapes[{vi.name!r}] = {given}: dimensions must be positive")
+            for i, (s, g) in enumerate(zip(static, given)):
+                if s is not None and s != g:
+                    log.warning("input %r: dimension %d overridden from %d to %d", vi.name, i, s, g)
+            return given
+        for i, (d, s) in enumerate(zip(dims, static)):
+            if s is None:
+                example = tuple(1 if x is None else x for x in static)
+                label = f" ({d.dim_param!r})" if d.dim_param else ""
+                raise ShapeError(
+                    f"input {vi.name!r} has a dynamic dimension {i}{label}; coacto needs static "
+                    f"shapes: pass input_shapes={{{vi.name!r}: {example}}} (with the size you "
+                    "will run) to import_model")
+        return tuple(static)
+
+    def _live_nodes(self):
+        """Nodes that reach a graph output, in topological order, and the names they use."""
+        producer = {}
+        for i, node in enumerate(self.g.node):
+            for o in node.output:
+                if o:
+                    producer[o] = i
+        order, state = [], {}
+        stack = [(producer[o.name], False) for o in reversed(self.g.output) if o.name in producer]
+        while stack:
+            i, expanded = stack.pop()
+            if expanded:
+                state[i] = 2
+                order.append(i)
+                continue
+            if state.get(i):
+                continue
+            state[i] = 1
+            stack.append((i, True))
+            for name in reversed(self.g.node[i].input):
+                j = producer.get(name)
+                if j is not None and not state.get(j):
+                    stack.append((j, False))
+                elif j is not None and state[j] == 1:
+                    raise ModelError(f"the model's graph has a cycle through {name!r}")
+        nodes = [self.g.node[i] for i in order]
+        used = {o.name for o in self.g.output}
+        for node in nodes:
+            used.update(n for n in node.input if n)
+        return nodes, used
+
+    def _outputs(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for vo in self.g.output:
+            name = vo.name
+            v = self._value(name) if (name in self.values or name in self.inits) else None
+            if v is None:
+                raise ModelError(f"graph output {name!r} is not produced by any node or input "
+                                 "(is the file truncated?)")
+            if v is _UNKNOWN:
+                continue
+            if isinstance(v, np.ndarray):
+                raise ModelError(f"graph output {name!r} is a constant (it does not depend on "
+                                 "any input); remove it from the model's outputs")
+            if isinstance(v, _View):
+                if not 1 <= v.index.ndim <= 4:
+                    self.failures.append((v.name, "Output", f"output {name!r} has rank "
+                                          f"{v.index.ndim}; coacto returns tensors of rank 1 to 4"))
+                    continue
+                v = self._materialize(v)
+            layer = self.layers[v.layer]
+            if layer.onnx_shape != v.shape:
+                # The same storage seen with another ONNX shape (e.g. (N, C, 1, 1) flattened).
+                if layer.op == "INPUT" or v.layer in out.values():
+                    v = self._copy(v, name)
+                else:
+                    layer.onnx_shape = v.shape
+            out[name] = v.layer
+        return out
+
+    # -- one node
+    def _import_node(self, node, used: set[str]):
+        self.node = node
+        self.attrs = {a.name: _attr_value(a) for a in node.attribute}
+        op = node.op_type
+        name = node.name or (node.output[0] if node.output else op)
+        ins = []
+        for n in node.input:
+            if not n:
+                ins.append(None)
+                continue
+            v = self._value(n)
+            if v is None:
+                raise ModelError(f"node {name!r} ({op}) reads {n!r}, which no node, initializer or "
+                                 "input produces (is the file truncated?)")
+            ins.append(v)
+        try:
+            if node.domain not in ("", "ai.onnx"):
+                raise _Unsupported(f"operator of domain {node.domain!r} is not supported")
+            if any(v is _UNKNOWN for v in ins):
+                if op not in _FOLD and op not in _LAYOUT and op not in _COMPUTE and \
+                        op not in _PASS_THROUGH:
+                    raise _Unsupported("operator is not supported")
+                outs = []
+            else:
+                outs = self._dispatch(node, op, ins)
+            for i, o in enumerate(node.output):
+                if o and o in used and (i >= len(outs) or outs[i] is None):
+                    if any(v is _UNKNOWN for v in ins):
+                        break
+                    raise _Unsupported(f"its output {i} ({o!r}) is used, which is not supported")
+        except _Unsupported as e:
+            self.failures.append((name, op, str(e)))
+            outs = []
+        except ShapeError as e:
+            raise ShapeError(f"node {name!r} ({op}): {e}") from e
+        except (ValueError, IndexError, TypeError, ZeroDivisionError) as e:
+            raise ShapeError(f"node {name!r} ({op}) has inconsistent inputs or attributes: "
+                             f"{e}") from e
+        for i, o in enumerate(node.output):
+            if o:
+                v = outs[i] if i < len(outs) and outs[i] is not None else _UNKNOWN
+                if isinstance(v, _View) and not v.name:
+                    v.name = name
+                self.values[o] = v
+
+    def _dispatch(self, node, op, ins):
+        if op in _PASS_THROUGH:
+            return _PASS_THROUGH[op](self, ins)
+        consts = all(v is None or isinstance(v, np.ndarray) for v in ins)
+        if consts and (op in _FOLD or op in _LAYOUT):
+            fn = _FOLD.get(op) or _LAYOUT[op]
+            return [None if r is None else np.asarray(r) for r in fn(self, ins)]
+        if op in _SHAPE_OPS:
+            return _SHAPE_OPS[op](self, ins)
+        if op in _LAYOUT:
+            return self._layout(op, ins)
+        if op in _COMPUTE:
+            return _COMPUTE[op](self, ins)
+        if op in _FOLD:
+            raise _Unsupported("supported on constants only; here an input is computed from the "
+                               "model's inputs")
+        raise _Unsupported("operator is not supported")
+
+    def _layout(self, op, ins):
+        """Applies a layout op to index arrays: the result is a view of layers."""
+        data_pos = _LAYOUT_DATA.get(op, (0,))
+        if data_pos == "all":
+            data_pos = tuple(i for i, v in enumerate(ins) if v is not None)
+        views = [self._as_view(ins[i]) for i in data_pos]
+        srcs, indices, fill = self._combine(views)
+        args = list(ins)
+        for p, idx in zip(data_pos, indices):
+            args[p] = idx
+        self.indexing = True
+        try:
+            outs = _LAYOUT[op](self, args)
+        finally:
+            self.indexing = False
+        res = []
+        for r in outs:
+            if r is None:
+                res.append(None)
+                continue
+            v = _View(srcs, np.asarray(r), fill)
+            if op == "Pad" and isinstance(ins[0], _Act):
+                v.pad = self._zero_pad_hint(ins[0], r)
+            res.append(v)
+        return res
+
+    def _zero_pad_hint(self, src: _Act, out_index: np.ndarray):
+        if len(src.shape) != 4 or self.last_pad is None:
+            return None
+        mode, pads, value = self.last_pad
+        if mode != "constant" or value != 0.0 or any(p < 0 for p in pads):
+            return None
+        if any(pads[a] or pads[a + 4] for a in (0, 1)):
+            return None
+        return (src.layer, (pads[2], pads[3], pads[6], pads[7]))
+
+    # -- values
+    def _value(self, name):
+        v = self.values.get(name)
+        if v is None and name in self.inits:
+            try:
+                v = numpy_helper.to_array(self.inits[name])
+            except Exception as e:
+                raise ModelError(f"initializer {name!r} cannot be read ({e}); the model file (or "
+                                 "its external data) is truncated or corrupt") from e
+            self.values[name] = v
+        return v
+
+    def _as_view(self, v) -> _View:
+        if isinstance(v, _View):
+            return v
+        if isinstance(v, _Act):
+            n = math.prod(v.shape)
+            return _View([v.layer], np.arange(n, dtype=np.int64).reshape(v.shape))
+        if isinstance(v, np.ndarray):
+            raise _Unsupported("mixes constant and computed data in one index mapping")
+        raise _Unsupported("input has no known value")
+
+    def _combine(self, views: list[_View]):
+        """Re-bases several views on one list of sources (each source once)."""
+        if len(views) == 1:
+            return views[0].srcs, [views[0].index], views[0].fill
+        fills = {v.fill for v in views if (v.index < 0).any()}
+        if len(fills) > 1:  # only one fill value per view: make the others layers first
+            keep = next(iter(fills))
+            views = [self._as_view(self._materialize(v)) if (v.index < 0).any() and v.fill != keep
+                     else v for v in views]
+        fill = fills.pop() if len(fills) == 1 else 0.0
+        srcs: list[int] = []
+        for v in views:
+            srcs.extend(s for s in v.srcs if s not in srcs)
+        sizes = {s: self.layers[s].columns * self.layers[s].rows for s in srcs}
+        new_off = dict(zip(srcs, np.cumsum([0] + [sizes[s] for s in srcs[:-1]]).tolist()))
+        indices = []
+        for v in views:
+            old = np.cumsum([0] + [sizes[s] for s in v.srcs]).astype(np.int64)
+            shift = np.array([new_off[s] for s in v.srcs], dtype=np.int64) - old[:-1]
+            if not shift.any():
+                indices.append(v.index)
+                continue
+            which = np.searchsorted(old, v.index, side="right") - 1
+            which = np.clip(which, 0, len(v.srcs) - 1)
+            indices.append(np.where(v.index >= 0, v.index + shift[which], -1))
+        return srcs, indices, fill
+
+    def _act(self, v) -> _Act:
+        """The value as a layer (materializing a view)."""
+        if isinstance(v, _Act):
+            return v
+        if isinstance(v, _View):
+            if not 1 <= v.index.ndim <= 4:
+                raise _Unsupported(f"its input has rank {v.index.ndim}; coacto computes on "
+                                   "tensors of rank 1 to 4")
+            return self._materialize(v)
+        if isinstance(v, np.ndarray):
+            raise _Unsupported("its data input is a constant; coacto computes on inputs")
+        raise _Unsupported("input has no known value")
+
+    def _act_as(self, v, shape) -> _Act:
+        """The value (same elements, ONNX order) as a layer of ONNX shape ``shape``."""
+        shape = tuple(int(d) for d in shape)
+        a = v if isinstance(v, _Act) else None
+        if a is not None and ir.nchw_shape(shape) == self.layers[a.layer].shape:
+            return _Act(a.layer, shape)
+        view = self._as_view(v)
+        return self._materialize(_View(view.srcs, view.index.reshape(shape), view.fill,
+                                       view.name or self._node_name()))
+
+    def _materialize(self, v: _View) -> _Act:
+        got = self.materialized.get(id(v))
+        if got is not None:
+            return got
+        shape = tuple(int(d) for d in v.index.shape)
+        shape4 = ir.nchw_shape(shape)
+        n, c, h, w = shape4
+        flat = v.index.reshape(n, c, h, w).transpose(0, 2, 3, 1).ravel()
+        tables = [self._storage_table(s) for s in v.srcs]
+        table = tables[0] if len(tables) == 1 else np.concatenate(
+            [t + off for t, off in zip(tables, np.cumsum([0] + [len(t) for t in tables[:-1]]))])
+        holes = flat < 0
+        index = table[np.where(holes, 0, flat)]
+        if holes.any():
+            index[holes] = -1
+        elif (len(v.srcs) == 1 and self.layers[v.srcs[0]].shape == shape4
+              and np.array_equal(index, np.arange(index.size))):
+            act = _Act(v.srcs[0], shape)
+            self.materialized[id(v)] = act
+            return act
+        act = self._gather(v.name or self._node_name(), list(v.srcs), index, shape, v.fill)
+        self.materialized[id(v)] = act
+        return act
+
+    def _gather(self, name, srcs, index, shape, fill) -> _Act:
+        if len(srcs) > 8:  # the runtime reads at most 8 inputs: concatenate storages in groups
+            groups = []
+            for i in range(0, len(srcs), 8):
+                part = srcs[i:i + 8]
+                size = sum(self.layers[s].columns * self.layers[s].rows for s in part)
+                groups.append(self._gather(f"{name}/part{i // 8}", part,
+                                           np.arange(size, dtype=np.int64), (1, size), 0.0).layer)
+            return self._gather(name, groups, index, shape, fill)
+        return self._emit(name, "GATHER", srcs, shape, {"fill": float(fill)},
+                          {"index": np.ascontiguousarray(index, dtype=np.int32)})
+
+    def _copy(self, v: _Act, name: str) -> _Act:
+        """A GATHER that copies layer ``v.layer`` to a new layer of ONNX shape ``v.shape``."""
+        n, c, h, w = ir.nchw_shape(v.shape)
+        onnx_order = np.arange(n * c * h * w).reshape(n, c, h, w).transpose(0, 2, 3, 1).ravel()
+        return self._gather(name, [v.layer], self._storage_table(v.layer)[onnx_order], v.shape, 0.0)
+
+    def _storage_table(self, layer: int) -> np.ndarray:
+        shape4 = self.layers[layer].shape
+        t = self.tables.get(shape4)
+        if t is None:
+            t = self.tables[shape4] = _onnx_to_storage(shape4)
+        return t
+
+    def _emit(self, name, op, inputs, onnx_shape, attrs=None, weights=None) -> _Act:
+        onnx_shape = tuple(int(d) for d in onnx_shape)
+        if not 1 <= len(onnx_shape) <= 4:
+            raise _Unsupported(f"its output has rank {len(onnx_shape)}; coacto computes tensors "
+                               "of rank 1 to 4")
+        if any(d <= 0 for d in onnx_shape):
+            raise ShapeError(f"empty output shape {onnx_shape}")
+        base, k = name, 1
+        while name in self.names:
+            k += 1
+            name = f"{base}#{k}"
+        self.names.add(name)
+        self.layers.append(ir.Layer(name=name, op=op, inputs=list(inputs),
+                                    shape=ir.nchw_shape(onnx_shape), attrs=dict(attrs or {}),
+                                    weights=dict(weights or {}), onnx_shape=onnx_shape))
+        return _Act(len(self.layers) - 1, onnx_shape)
+
+    # -- helpers for op functions
+    def _node_name(self) -> str:
+        node = self.node
+        return node.name or (node.output[0] if node.output else node.op_type)
+
+    def _attr(self, name, default=None):
+        return self.attrs.get(name, default)
+
+    def _const(self, v, what: str) -> np.ndarray:
+        if isinstance(v, np.ndarray):
+            return v
+        if v is None:
+            raise _Unsupported(f"{what} is missing")
+        raise _Unsupported(f"{what} must be a constant (computed from initializers and static "
+                           "shapes only)")
+
+    def _ints(self, v, what: str) -> list[int]:
+        return [int(x) for x in np.asarray(self._const(v, what)).reshape(-1)]
+
+    def _input_or_attr(self, ins, pos: int, attr: str, default=None):
+        """Opset-dependent parameters: an input in new opsets, an attribute in old ones."""
+        if len(ins) > pos and ins[pos] is not None:
+            return self._ints(ins[pos], attr)
+        return self._attr(attr, default)
+
+    indexing = False
+    last_pad = None
+
+
+def _attr_value(a):
+    v = helper.get_attribute_value(a)
+    if isinstance(v, bytes):
+        return v.decode("utf-8", "replace")
+    if isinstance(v, list) and v and isinstance(v[0], bytes):
+        return [x.decode("utf-8", "replace") for x in v]
+    if isinstance(v, onnx.TensorProto):
+        return numpy_helper.to_array(v)
+    return v
+
+
+__all__ = ["load_model", "import_model"]

@@ -1,0 +1,345 @@
+"""Tile partitioner: cut every layer's output into tiles and derive exact tile dependencies.
+
+A layer's output is a matrix of columns (positions n, y, x) by rows (channels). Its tiles form a
+grid: column blocks (contiguous column ranges, the default split) times row blocks (used when a
+layer has too few columns to feed the threads, e.g. late CNN stages and fully connected layers).
+
+Dependencies are exact: a tile depends on exactly the producer tiles holding an element its
+computation reads. Per operator family the read set is computed with vectorised index arithmetic:
+the receptive field of every output column (convolution / pooling taps with stride, padding and
+dilation), broadcasting maps, whole-batch reads for global pooling and fully connected layers, and
+the element index map of GATHER layers. Rows are intervals (a channel group of a grouped
+convolution, the LRN window, a CONCAT input's channel range).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import ir
+from .errors import CoactoError
+
+#: Default work per tile when tiles_per_layer is not given (FLOPs). Large enough that the per-tile
+#: runtime overhead (about a microsecond) stays under 1% of a tile's time, small enough that a
+#: ResNet-50 stage gives every thread several tiles to overlap across layers.
+DEFAULT_TILE_FLOPS = 4.0e6
+#: Most tiles a layer gets from the default heuristic.
+DEFAULT_MAX_TILES = 32
+#: Fewest columns a column block gets from the default heuristic (GEMM efficiency).
+MIN_TILE_COLUMNS = 16
+#: Row-split boundaries of CONV layers are multiples of this (a multiple of every GEMM kernel's
+#: panel width, so row tiles start on a packed panel).
+CONV_ROW_ALIGN = 32
+OTHER_ROW_ALIGN = 8
+
+
+@dataclass
+class TilePlan:
+    """Tiles of a graph: numbered layer by layer, column block major, row block minor."""
+
+    col_bounds: list[np.ndarray]  # per layer: column block boundaries (len = blocks + 1)
+    row_bounds: list[np.ndarray]  # per layer: row block boundaries
+    layer_first_tile: np.ndarray  # [n_layers + 1]
+    tile_layer: np.ndarray  # int32 [n_tiles]
+    tile_bounds: np.ndarray  # int32 [n_tiles, 4]: col0, col1, row0, row1
+    parent_offsets: np.ndarray  # int32 [n_tiles + 1]
+    parents: np.ndarray  # int32
+    tile_flops: np.ndarray  # float64 [n_tiles]
+    tile_bytes: np.ndarray  # int64 [n_tiles]: output bytes
+
+    @property
+    def n_tiles(self) -> int:
+        return int(self.tile_layer.shape[0])
+
+    def dependencies(self, tile: int) -> np.ndarray:
+        return self.parents[self.parent_offsets[tile]:self.parent_offsets[tile + 1]]
+
+
+# ------------------------------------------------------------------------------------ costs
+
+def layer_flops(graph: ir.Graph, li: int) -> float:
+    """Multiply-adds count twice; everything else once per output element (per tap for pools)."""
+    layer = graph.layers[li]
+    n, c, h, w = layer.shape
+    out = float(n * c * h * w)
+    a = layer.attrs
+    if layer.op == "CONV":
+        cin = graph.layers[layer.inputs[0]].shape[1]
+        return 2.0 * out * a["kh"] * a["kw"] * (cin // a["group"])
+    if layer.op == "POOL":
+        return out * a["kh"] * a["kw"]
+    if layer.op == "GLOBAL_POOL":
+        src = graph.layers[layer.inputs[0]].shape
+        return float(src[0] * src[1] * src[2] * src[3])
+    if layer.op in ("LRN", "SOFTMAX"):
+        return out * 4.0
+    if layer.op == "INPUT":
+        return 0.0
+    return out
+
+
+# ------------------------------------------------------------------------------------ splits
+
+def _even_bounds(total: int, parts: int, align: int = 1) -> np.ndarray:
+    parts = max(1, min(parts, total // align if align > 1 else total))
+    if align > 1:
+        units = math.ceil(total / align)
+        parts = max(1, min(parts, units))
+        b = [min(total, (i * units // parts) * align) for i in range(parts + 1)]
+    else:
+        b = [i * total // parts for i in range(parts + 1)]
+    b[-1] = total
+    out = np.unique(np.asarray(b, dtype=np.int64))
+    return out
+
+
+def _row_align(layer: ir.Layer) -> int:
+    return CONV_ROW_ALIGN if layer.op == "CONV" else OTHER_ROW_ALIGN
+
+
+def choose_splits(graph: ir.Graph, li: int, tiles_per_layer: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """Column and row block boundaries of one layer.
+
+    With tiles_per_layer = T every layer is cut into about T tiles: T column blocks, or, when the
+    layer has fewer than T columns, every column its own block and rows split to make up the rest.
+    Without it, T per layer is FLOPs / DEFAULT_TILE_FLOPS (at least 1, at most DEFAULT_MAX_TILES)
+    with column blocks of at least MIN_TILE_COLUMNS columns. Input layers are one tile per column
+    block of the default size (they are completed at once by set_input). SOFTMAX never splits rows.
+    """
+    layer = graph.layers[li]
+    cols, rows = layer.columns, layer.rows
+    if tiles_per_layer is None:
+        want = int(round(layer_flops(graph, li) / DEFAULT_TILE_FLOPS))
+        want = max(1, min(DEFAULT_MAX_TILES, want))
+        col_parts = min(want, max(1, cols // MIN_TILE_COLUMNS))
+    else:
+        want = max(1, int(tiles_per_layer))
+        col_parts = min(want, cols)
+    if layer.op == "INPUT":
+        col_parts = min(cols, max(1, want))
+    col_bounds = _even_bounds(cols, col_parts)
+    col_parts = len(col_bounds) - 1
+    row_parts = 1
+    if layer.op not in ("SOFTMAX", "INPUT") and col_parts < want:
+        row_parts = math.ceil(want / col_parts)
+    align = _row_align(layer)
+    if rows < 2 * align:
+        row_parts = 1
+    row_bounds = _even_bounds(rows, row_parts, align)
+    return col_bounds, row_bounds
+
+
+# ------------------------------------------------------------------------------------ reads
+
+def _positions(shape) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    n, _, h, w = shape
+    cols = np.arange(n * h * w, dtype=np.int64)
+    return cols // (h * w), (cols // w) % h, cols % w
+
+
+def _window_pairs(layer: ir.Layer, src: ir.Layer) -> tuple[np.ndarray, np.ndarray]:
+    """(output column, input column) for every tap of a convolution / pooling window."""
+    a = layer.attrs
+    nn, yy, xx = _positions(layer.shape)
+    _, _, hin, win = src.shape
+    ky = np.arange(a["kh"], dtype=np.int64)
+    kx = np.arange(a["kw"], dtype=np.int64)
+    iy = yy[:, None] * a["sh"] - a["pt"] + ky[None, :] * a.get("dh", 1)  # [P, kh]
+    ix = xx[:, None] * a["sw"] - a["pl"] + kx[None, :] * a.get("dw", 1)  # [P, kw]
+    vy = (iy >= 0) & (iy < hin)
+    vx = (ix >= 0) & (ix < win)
+    base = nn[:, None, None] * (hin * win) + iy[:, :, None] * win + ix[:, None, :]
+    valid = vy[:, :, None] & vx[:, None, :]
+    out_col = np.broadcast_to(np.arange(layer.columns, dtype=np.int64)[:, None, None], base.shape)
+    return out_col[valid], base[valid]
+
+
+def _broadcast_pairs(layer: ir.Layer, src: ir.Layer) -> tuple[np.ndarray, np.ndarray]:
+    sn, _, sh, sw = src.shape
+    if (sn, sh, sw) == (layer.shape[0], layer.shape[2], layer.shape[3]):
+        cols = np.arange(layer.columns, dtype=np.int64)
+        return cols, cols
+    nn, yy, xx = _positions(layer.shape)
+    in_col = ((nn if sn > 1 else 0) * sh + (yy if sh > 1 else 0)) * sw + (xx if sw > 1 else 0)
+    return np.arange(layer.columns, dtype=np.int64), np.asarray(in_col, dtype=np.int64)
+
+
+def _batch_pairs(layer: ir.Layer, src: ir.Layer) -> tuple[np.ndarray, np.ndarray]:
+    """Output column n reads every input column of batch n."""
+    n = layer.shape[0]
+    per = src.columns // src.shape[0]
+    out_col = np.repeat(np.arange(n, dtype=np.int64), per)
+    return out_col, np.arange(src.columns, dtype=np.int64)
+
+
+def column_reads(graph: ir.Graph, li: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Pairs (output column, input column) that layer li's computation reads from its input k."""
+    layer = graph.layers[li]
+    src = graph.layers[layer.inputs[k]]
+    op = layer.op
+    if op == "CONV" and k == 0:
+        return _window_pairs(layer, src)
+    if op == "POOL":
+        return _window_pairs(layer, src)
+    if op == "GLOBAL_POOL":
+        return _batch_pairs(layer, src)
+    if op in ("CONV", "BINARY", "AFFINE", "LRN", "SOFTMAX", "CONCAT", "NOP"):
+        return _broadcast_pairs(layer, src)
+    raise CoactoError(f"no column rule for op {op}")
+
+
+def row_reads(graph: ir.Graph, li: int, k: int, r0: int, r1: int) -> tuple[int, int]:
+    """Input rows [a, b) of input k that output rows [r0, r1) of layer li read (a == b: none)."""
+    layer = graph.layers[li]
+    src = graph.layers[layer.inputs[k]]
+    cin = src.rows
+    op = layer.op
+    if op == "CONV" and k == 0:
+        g = layer.attrs["group"]
+        cout_g, cin_g = layer.rows // g, cin // g
+        return (r0 // cout_g) * cin_g, ((r1 - 1) // cout_g + 1) * cin_g
+    if op == "CONCAT":
+        off = sum(graph.layers[p].rows for p in layer.inputs[:k])
+        a, b = max(r0 - off, 0), min(r1 - off, cin)
+        return (a, b) if a < b else (0, 0)
+    if op == "LRN":
+        size = layer.attrs["size"]
+        return max(0, r0 - (size - 1) // 2), min(cin, r1 + (size - 1) - (size - 1) // 2)
+    if op == "SOFTMAX":
+        return 0, cin
+    if cin == 1 and layer.rows > 1:  # channel broadcast
+        return 0, 1
+    return r0, r1
+
+
+# ------------------------------------------------------------------------------------ plan
+
+def _block_of(bounds: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    return np.searchsorted(bounds, idx, side="right") - 1
+
+
+def _gather_parent_pairs(graph, li, plan_cols, plan_rows, first_tile):
+    """(output tile, parent tile) pairs of a GATHER layer from its element index map."""
+    layer = graph.layers[li]
+    index = np.asarray(layer.weights["index"], dtype=np.int64)
+    c = layer.rows
+    out_elem = np.nonzero(index >= 0)[0]
+    src_elem = index[out_elem]
+    out_tile = (first_tile[li]
+                + _block_of(plan_cols[li], out_elem // c) * (len(plan_rows[li]) - 1)
+                + _block_of(plan_rows[li], out_elem % c))
+    pairs_out, pairs_in = [], []
+    offset = 0
+    for p in layer.inputs:
+        src = graph.layers[p]
+        size = src.columns * src.rows
+        sel = (src_elem >= offset) & (src_elem < offset + size)
+        e = src_elem[sel] - offset
+        in_tile = (first_tile[p]
+                   + _block_of(plan_cols[p], e // src.rows) * (len(plan_rows[p]) - 1)
+                   + _block_of(plan_rows[p], e % src.rows))
+        pairs_out.append(out_tile[sel])
+        pairs_in.append(in_tile)
+        offset += size
+    return np.concatenate(pairs_out), np.concatenate(pairs_in)
+
+
+def _separable_parent_pairs(graph, li, plan_cols, plan_rows, first_tile):
+    """(output tile, parent tile) pairs when reads factor into columns x row intervals."""
+    layer = graph.layers[li]
+    ocb_n, orb_n = len(plan_cols[li]) - 1, len(plan_rows[li]) - 1
+    outs, ins = [], []
+    for k, p in enumerate(layer.inputs):
+        if p in layer.inputs[:k]:
+            continue  # the same producer read twice: handled with its first occurrence
+        ks = [kk for kk, q in enumerate(layer.inputs) if q == p]
+        reads = [column_reads(graph, li, kk) for kk in ks]
+        out_cols = np.concatenate([r[0] for r in reads])
+        in_cols = np.concatenate([r[1] for r in reads])
+        icb_n, irb_n = len(plan_cols[p]) - 1, len(plan_rows[p]) - 1
+        ocb = _block_of(plan_cols[li], out_cols)
+        icb = _block_of(plan_cols[p], in_cols)
+        key = np.unique(ocb * icb_n + icb)
+        ocb_u, icb_u = key // icb_n, key % icb_n
+        for orb in range(orb_n):
+            r0, r1 = int(plan_rows[li][orb]), int(plan_rows[li][orb + 1])
+            rows = [row_reads(graph, li, kk, r0, r1) for kk, q in enumerate(layer.inputs) if q == p]
+            lo = min(a for a, b in rows if a < b) if any(a < b for a, b in rows) else None
+            if lo is None:
+                continue
+            hi = max(b for a, b in rows if a < b)
+            rb = np.arange(_block_of(plan_rows[p], np.asarray([lo]))[0],
+                           _block_of(plan_rows[p], np.asarray([hi - 1]))[0] + 1)
+            out_t = first_tile[li] + ocb_u * orb_n + orb
+            in_t = first_tile[p] + icb_u[:, None] * irb_n + rb[None, :]
+            outs.append(np.repeat(out_t, len(rb)))
+            ins.append(in_t.reshape(-1))
+    if not outs:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    return np.concatenate(outs), np.concatenate(ins)
+
+
+def tile_output_flops(graph: ir.Graph, li: int, cols: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    layer = graph.layers[li]
+    total = layer_flops(graph, li)
+    share = (cols * rows) / float(layer.columns * layer.rows)
+    return total * share
+
+
+def partition(graph: ir.Graph, tiles_per_layer: int | None = None) -> TilePlan:
+    """Cut every layer into tiles and compute their exact dependencies."""
+    if tiles_per_layer is not None and (int(tiles_per_layer) != tiles_per_layer or tiles_per_layer < 1):
+        raise CoactoError(f"tiles_per_layer must be a positive integer, got {tiles_per_layer!r}")
+    n_layers = len(graph.layers)
+    plan_cols, plan_rows = [], []
+    for li in range(n_layers):
+        cb, rb = choose_splits(graph, li, tiles_per_layer)
+        plan_cols.append(cb)
+        plan_rows.append(rb)
+    counts = np.asarray([(len(plan_cols[i]) - 1) * (len(plan_rows[i]) - 1) for i in range(n_layers)])
+    first_tile = np.zeros(n_layers + 1, dtype=np.int64)
+    first_tile[1:] = np.cumsum(counts)
+    n_tiles = int(first_tile[-1])
+
+    tile_layer = np.repeat(np.arange(n_layers, dtype=np.int32), counts)
+    bounds = np.zeros((n_tiles, 4), dtype=np.int32)
+    flops = np.zeros(n_tiles, dtype=np.float64)
+    for li in range(n_layers):
+        cb, rb = plan_cols[li], plan_rows[li]
+        c0 = np.repeat(cb[:-1], len(rb) - 1)
+        c1 = np.repeat(cb[1:], len(rb) - 1)
+        r0 = np.tile(rb[:-1], len(cb) - 1)
+        r1 = np.tile(rb[1:], len(cb) - 1)
+        s = slice(first_tile[li], first_tile[li + 1])
+        bounds[s] = np.stack([c0, c1, r0, r1], axis=1)
+        flops[s] = tile_output_flops(graph, li, c1 - c0, r1 - r0)
+    tile_bytes = ((bounds[:, 1] - bounds[:, 0]).astype(np.int64)
+                  * (bounds[:, 3] - bounds[:, 2]) * 4)
+
+    outs, ins = [], []
+    for li, layer in enumerate(graph.layers):
+        if layer.op == "INPUT":
+            continue
+        if layer.op == "GATHER":
+            o, i = _gather_parent_pairs(graph, li, plan_cols, plan_rows, first_tile)
+        else:
+            o, i = _separable_parent_pairs(graph, li, plan_cols, plan_rows, first_tile)
+        outs.append(o)
+        ins.append(i)
+    if outs:
+        key = np.unique(np.concatenate(outs) * n_tiles + np.concatenate(ins))
+        child, parent = key // n_tiles, key % n_tiles
+    else:
+        child = parent = np.zeros(0, np.int64)
+    offsets = np.zeros(n_tiles + 1, dtype=np.int64)
+    np.add.at(offsets, child + 1, 1)
+    offsets = np.cumsum(offsets)
+    if offsets[-1] >= 2**31:
+        raise CoactoError("the tile graph has more than 2^31 dependencies; use fewer tiles per layer")
+    return TilePlan(
+        col_bounds=plan_cols, row_bounds=plan_rows, layer_first_tile=first_tile,
+        tile_layer=tile_layer, tile_bounds=bounds, parent_offsets=offsets.astype(np.int32),
+        parents=parent.astype(np.int32), tile_flops=flops, tile_bytes=tile_bytes,
+    )

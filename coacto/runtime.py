@@ -1,0 +1,276 @@
+"""Bridge to the native tile runtime: graph descriptions, status checks, Runtime.run."""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import weakref
+
+import numpy as np
+
+from . import ir
+from .errors import CoactoError, InferenceTimeout, InputError, NativeError
+from .tilegraph import TileGraph
+
+log = logging.getLogger(__name__)
+
+try:
+    from ._native import ffi, lib
+except ImportError as e:  # pragma: no cover - only without a build
+    raise CoactoError(
+        "coacto's native runtime is not built; install the package with "
+        "`pip install -e .` (it compiles native/ through cffi)") from e
+
+_STATUS_NAMES = {
+    lib.COACTO_ERR_INVALID_ARGUMENT: "invalid argument",
+    lib.COACTO_ERR_OUT_OF_MEMORY: "out of memory",
+    lib.COACTO_ERR_INVALID_GRAPH: "invalid tile graph",
+    lib.COACTO_ERR_TIMEOUT: "timeout",
+    lib.COACTO_ERR_CANCELLED: "cancelled",
+    lib.COACTO_ERR_DUPLICATE: "duplicate",
+    lib.COACTO_ERR_THREAD: "thread",
+    lib.COACTO_ERR_STATE: "state",
+}
+
+
+def check(status: int, what: str, detail: str = "") -> None:
+    """The one place a native status becomes a typed coacto exception."""
+    if status == lib.COACTO_OK:
+        return
+    text = ffi.string(lib.coacto_status_string(status)).decode()
+    msg = f"{what}: {text}" + (f" ({detail})" if detail else "")
+    if status == lib.COACTO_ERR_TIMEOUT:
+        raise InferenceTimeout(msg + "; raise the timeout or use more threads", status)
+    if status == lib.COACTO_ERR_OUT_OF_MEMORY:
+        raise NativeError(msg + "; free memory or use a smaller model / batch", status)
+    raise NativeError(msg, status)
+
+
+def gemm_kernel_name() -> str:
+    return ffi.string(lib.coacto_gemm_kernel_name()).decode()
+
+
+# ---------------------------------------------------------------------------- descriptions
+
+def _iparams(layer: ir.Layer) -> tuple[list[int], list[float]]:
+    a = layer.attrs
+    op = layer.op
+    if op == "CONV":
+        ip = [a["kh"], a["kw"], a["sh"], a["sw"], a["pt"], a["pl"], a["pb"], a["pr"],
+              a.get("dh", 1), a.get("dw", 1), a["group"], a.get("act", 0)]
+        return ip, [a.get("alpha", 0.0), a.get("beta", 0.0)]
+    if op == "POOL":
+        ip = [a["kh"], a["kw"], a["sh"], a["sw"], a["pt"], a["pl"], a["pb"], a["pr"],
+              a.get("dh", 1), a.get("dw", 1), a["kind"], a.get("count_include_pad", 0)]
+        return ip, []
+    if op == "GLOBAL_POOL":
+        return [a["kind"]], []
+    if op == "BINARY":
+        kdims = [1, 1, 1, 1]
+        if "k" in layer.weights:
+            kdims = list(ir.nchw_shape(layer.weights["k"].shape)) if layer.weights["k"].ndim != 4 \
+                else list(layer.weights["k"].shape)
+        return [a["kind"], a.get("act", 0), a.get("const_first", 0), 0] + kdims, \
+            [a.get("alpha", 0.0), a.get("beta", 0.0)]
+    if op == "AFFINE":
+        return [a.get("act", 0)], [a.get("alpha", 0.0), a.get("beta", 0.0)]
+    if op == "GATHER":
+        return [], [a.get("fill", 0.0)]
+    if op == "LRN":
+        return [a["size"]], [a["alpha"], a["beta"], a["bias"]]
+    if op == "SOFTMAX":
+        return [a.get("log", 0)], []
+    return [], []
+
+
+class NativeGraph:
+    """A coacto_graph handle (weights packed once), shared by every Runtime of a TileGraph."""
+
+    def __init__(self, tg: TileGraph):
+        g, plan = tg.graph, tg.plan
+        n = len(g.layers)
+        descs = ffi.new("coacto_layer_desc[]", n)
+        outputs = set(g.outputs.values())
+        for li, (layer, specs) in enumerate(zip(g.layers, tg.arrays)):
+            d = descs[li]
+            d.op = ir.OP_CODES[layer.op]
+            d.n_inputs = len(layer.inputs)
+            for i, p in enumerate(layer.inputs):
+                d.inputs[i] = p
+            d.n, d.c, d.h, d.w = (int(v) for v in layer.shape)
+            ip, fp = _iparams(layer)
+            for i, v in enumerate(ip):
+                d.iparams[i] = int(v)
+            for i, v in enumerate(fp):
+                d.fparams[i] = float(v)
+            for i, s in enumerate(specs):
+                d.array_offset[i] = s.offset
+                d.array_size[i] = s.size
+            d.flags = lib.COACTO_LAYER_KEEP if li in outputs else 0
+        keep = [np.ascontiguousarray(plan.tile_layer, np.int32),
+                np.ascontiguousarray(plan.tile_bounds, np.int32).reshape(-1),
+                np.ascontiguousarray(plan.parent_offsets, np.int32),
+                np.ascontiguousarray(plan.parents, np.int32)]
+        desc = ffi.new("coacto_graph_desc *")
+        desc.n_layers = n
+        desc.layers = descs
+        desc.n_tiles = plan.n_tiles
+        desc.tile_layer = ffi.from_buffer("int32_t[]", keep[0])
+        desc.tile_bounds = ffi.from_buffer("int32_t[]", keep[1])
+        desc.parent_offsets = ffi.from_buffer("int32_t[]", keep[2])
+        desc.parents = ffi.from_buffer("int32_t[]", keep[3]) if keep[3].size else ffi.NULL
+        blob = tg.blob if tg.blob else b"\0"
+        desc.blob = ffi.from_buffer("uint8_t[]", blob)
+        desc.blob_size = len(tg.blob)
+        out = ffi.new("coacto_graph **")
+        err = ffi.new("char[512]")
+        status = lib.coacto_graph_create(desc, out, err, 512)
+        check(status, "loading the tile graph into the native runtime", ffi.string(err).decode())
+        self.handle = out[0]
+        self.layer_floats = [int(np.prod(layer.shape)) for layer in g.layers]
+        self._finalizer = weakref.finalize(self, lib.coacto_graph_destroy, self.handle)
+
+
+def native_graph(tg: TileGraph) -> NativeGraph:
+    if tg._native is None:
+        tg._native = NativeGraph(tg)
+    return tg._native
+
+
+class NativeRuntime:
+    """The computing threads and ready pool (coacto_runtime)."""
+
+    def __init__(self, threads: int):
+        out = ffi.new("coacto_runtime **")
+        check(lib.coacto_runtime_create(int(threads), out), f"starting {threads} computing threads")
+        self.handle = out[0]
+        self.threads = int(threads)
+        self._finalizer = weakref.finalize(self, lib.coacto_runtime_destroy, self.handle)
+
+    def close(self) -> None:
+        self._finalizer()
+
+
+# ---------------------------------------------------------------------------- Runtime
+
+def default_threads() -> int:
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+
+
+class Runtime:
+    """Runs a TileGraph on the native tile runtime.
+
+    ``threads`` computing threads (default: the CPUs this process may use); pass ``share=other``
+    to run on another Runtime's threads and ready pool (several models, one pool). ``run`` may be
+    called from several Python threads at once: each call is one inference in flight.
+    """
+
+    def __init__(self, graph: TileGraph, threads: int | None = None, share: "Runtime | None" = None):
+        if not isinstance(graph, TileGraph):
+            raise CoactoError("Runtime needs a TileGraph: use coacto.compile('model.onnx') or "
+                              "coacto.load('model.ctg')")
+        self.graph = graph
+        if share is not None:
+            self._rt = share._rt
+        else:
+            if threads is None:
+                threads = default_threads()
+            if not isinstance(threads, int) or threads < 1 or threads > 1024:
+                raise CoactoError(f"threads must be an integer from 1 to 1024, got {threads!r}")
+            self._rt = NativeRuntime(threads)
+        self._threads = self._rt.threads
+        self._native = native_graph(graph)
+        self._lock = threading.Lock()
+        self._active = 0
+        self._closed = False
+        self.last_stats: dict = {}
+
+    @property
+    def threads(self) -> int:
+        return self._threads
+
+    def __enter__(self) -> "Runtime":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Releases this Runtime: its threads stop once no other Runtime shares them and no
+        inference is still running on them."""
+        self._closed = True
+        self._rt = None
+
+    def _check_feeds(self, feeds) -> dict[int, np.ndarray]:
+        if not isinstance(feeds, dict):
+            raise InputError("run() takes a dict {input_name: numpy array}; the model's inputs are "
+                             + _describe(self.graph.inputs))
+        expected = self.graph.inputs
+        unknown = [k for k in feeds if k not in expected]
+        missing = [k for k in expected if k not in feeds]
+        if unknown or missing:
+            parts = []
+            if unknown:
+                parts.append(f"unknown input(s) {unknown}")
+            if missing:
+                parts.append(f"missing input(s) {missing}")
+            raise InputError("; ".join(parts) + "; the model's inputs are " + _describe(expected))
+        out = {}
+        for name, value in feeds.items():
+            arr = value if isinstance(value, np.ndarray) else None
+            if arr is None:
+                raise InputError(f"input {name!r} must be a numpy array, got {type(value).__name__}")
+            if arr.dtype != np.float32:
+                raise InputError(f"input {name!r} has dtype {arr.dtype}, the model takes float32; "
+                                 f"convert it with x.astype(np.float32)")
+            if tuple(arr.shape) != tuple(expected[name]):
+                raise InputError(f"input {name!r} has shape {tuple(arr.shape)}, the model takes "
+                                 f"{tuple(expected[name])}; reshape the data or compile the model "
+                                 f"with input_shapes={{{name!r}: {tuple(arr.shape)}}}")
+            out[self.graph.graph.inputs[name]] = ir.to_storage(arr)
+        return out
+
+    def run(self, feeds: dict, timeout: float | None = None) -> dict[str, np.ndarray]:
+        """One inference: {input name: array} -> {output name: array}, ONNX names and shapes."""
+        if self._closed:
+            raise CoactoError("this Runtime is closed; create a new one")
+        rt = self._rt  # held for the whole inference, even if close() runs meanwhile
+        if rt is None:
+            raise CoactoError("this Runtime is closed; create a new one")
+        storage = self._check_feeds(feeds)
+        g = self.graph.graph
+        inf_out = ffi.new("coacto_inference **")
+        check(lib.coacto_inference_create(rt.handle, self._native.handle, inf_out),
+              "creating an inference")
+        inf = inf_out[0]
+        try:
+            for li, data in storage.items():
+                check(lib.coacto_inference_set_input(inf, li, ffi.from_buffer("float[]", data),
+                                                     data.size), f"setting input layer {li}")
+            check(lib.coacto_inference_wait(inf, -1.0 if timeout is None else float(timeout)),
+                  "running the inference")
+            results = {}
+            fetched: dict[int, np.ndarray] = {}
+            for name, li in g.outputs.items():
+                if li not in fetched:
+                    layer = g.layers[li]
+                    buf = np.empty(self._native.layer_floats[li], dtype=np.float32)
+                    check(lib.coacto_inference_get_output(inf, li, ffi.from_buffer("float[]", buf),
+                                                          buf.size), f"reading output {name!r}")
+                    fetched[li] = ir.from_storage(buf, layer.shape, layer.onnx_shape)
+                results[name] = fetched[li] if list(g.outputs.values()).count(li) == 1 \
+                    else fetched[li].copy()
+            stats = ffi.new("coacto_inference_stats *")
+            lib.coacto_inference_get_stats(inf, stats)
+            self.last_stats = {
+                "tiles_total": stats.tiles_total, "tiles_computed": stats.tiles_computed,
+                "tiles_external": stats.tiles_external, "seconds": stats.seconds,
+                "peak_activation_bytes": stats.peak_bytes,
+            }
+            return results
+        finally:
+            lib.coacto_inference_destroy(inf)
+
+
+def _describe(shapes: dict) -> str:
+    return ", ".join(f"{k!r} {tuple(v)} float32" for k, v in shapes.items())

@@ -1,0 +1,963 @@
+"""coacto's own model zoo: real CNN architectures built with ``onnx.helper``, seeded random weights.
+
+Nothing is downloaded: every model is generated in memory from its architecture (the exact layer
+configuration of the original network) and a seed. The weights are random but *scaled* like a
+trained network's, so that activations stay of order one through the whole depth and results can be
+compared with onnxruntime at tight tolerances:
+
+* conv / fully connected weights are drawn from ``N(0, 1 / (fan_in * E[x^2]))`` where ``E[x^2]`` is
+  the second moment of the layer's input, tracked analytically while the graph is built. For the
+  unit-variance pre-activations of a ReLU network this is exactly Kaiming (He) initialisation,
+  ``N(0, 2 / fan_in)``; elsewhere it keeps the output second moment at one (LSUV-style);
+* BatchNormalization gets ``gamma ~ 1 +- 0.1``, a small ``beta``, a small running mean and a
+  positive running variance ``~ 1 +- 0.2`` -- consistent with the statistics of its input, so the
+  normalisation neither blows up nor vanishes;
+* biases are small, final classifier logits are of order one.
+
+API::
+
+    MODELS                     # name -> builder(**kw) -> onnx.ModelProto
+    build(name, *, batch=1, image_size=None, opset=None, seed=0, style="default", softmax=False)
+    save(name, path, **kw)     # -> pathlib.Path
+    input_feeds(model, seed=0) # -> {input name: float32 array}
+    count_params(model)        # trainable parameters, as torchvision counts them
+
+Styles (``STYLES[name]`` lists those a model supports):
+
+``"default"``
+    What ``torch.onnx.export`` writes at the requested opset (13 unless given; 9, 11, 13, 17 and 18
+    are tested): BatchNormalization nodes, ``Add`` for residuals, ``Flatten`` / torch-style shape
+    subgraphs (``Shape -> Gather -> Unsqueeze -> Concat -> Reshape``), node names such as
+    ``/layer1/layer1.0/conv1/Conv`` and initializer names such as ``layer1.0.conv1.weight``. Each
+    operator uses the signature of its opset (Clip bounds, Squeeze/Unsqueeze/ReduceMean axes, Split
+    sizes, Pad pads and Dropout ratio as attributes or inputs; MaxPool ``ceil_mode`` before opset 10
+    is expressed with explicit end pads; HardSwish before opset 14 is HardSigmoid then Mul).
+``"zoo"``
+    The way the old ONNX model zoo files look (opset 9 unless given): BatchNormalization expressed
+    as ``Mul`` / ``Add`` with per-channel constants passed through ``Unsqueeze`` nodes, residual
+    additions as ``Sum``, ``Reshape`` with a shape initializer (or ``Flatten``) before ``Gemm``,
+    explicit ``Pad`` nodes before strided convolutions, ``Slice`` for channel splits, and every
+    initializer also listed as a graph input (as IR-version-3 exporters did).
+``"preact"``
+    (ResNets) pre-activation ResNet v2: BN-ReLU before each convolution, identity shortcuts untouched.
+"""
+from __future__ import annotations
+
+import math
+import pathlib
+from collections.abc import Callable
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+__all__ = [
+    "MODELS", "STYLES", "OPSETS", "DEFAULT_IMAGE_SIZE", "build", "save", "input_feeds",
+    "count_params",
+]
+
+#: opsets the builders are tested at (any opset in 9..18 is accepted).
+OPSETS: tuple[int, ...] = (9, 11, 13, 17, 18)
+_MIN_OPSET, _MAX_OPSET = 9, 18
+
+_EPS = 1e-5
+
+# Second moment E[f(x)^2] of activations for x ~ N(0, 1) (used to track activation scales).
+_M2 = {"relu": 0.5, "hardswish": 0.331, "hardsigmoid": 0.278, "sigmoid": 0.293, "swish": 0.355}
+
+
+def _torch_scope(module: str) -> str:
+    """``layer1.0.conv1`` -> ``/layer1/layer1.0/conv1`` (how torch.onnx names node scopes)."""
+    if not module:
+        return ""
+    parts = module.split(".")
+    out: list[str] = []
+    run: list[str] = []
+    for p in parts:
+        if p.isdigit() and run:
+            run.append(p)
+            out.append(".".join(run))
+        else:
+            run = [p]
+            out.append(p)
+    return "/" + "/".join(out)
+
+
+class _Graph:
+    """A small graph builder that tracks shapes and activation second moments."""
+
+    def __init__(self, name: str, *, opset: int, style: str, seed: int, batch: int):
+        self.name = name
+        self.opset = opset
+        self.style = style
+        self.batch = batch
+        self.rng = np.random.default_rng(seed)
+        self.nodes: list[onnx.NodeProto] = []
+        self.inits: list[onnx.TensorProto] = []
+        self.init_names: set[str] = set()
+        self.node_names: set[str] = set()
+        self.shape: dict[str, tuple[int, ...]] = {}
+        self.m2: dict[str, float] = {}      # estimated E[x^2] of a tensor
+        self.pos: dict[str, bool] = {}      # tensor known to be >= 0
+        self.inputs: list[onnx.ValueInfoProto] = []
+        self.outputs: list[onnx.ValueInfoProto] = []
+        self.const_count = 0
+
+    # ----------------------------------------------------------------------------------- basics
+    @property
+    def zoo(self) -> bool:
+        return self.style == "zoo"
+
+    def input(self, name: str, shape: tuple[int, ...]) -> str:
+        self.inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, list(shape)))
+        self.shape[name] = tuple(shape)
+        self.m2[name] = 1.0
+        self.pos[name] = False
+        return name
+
+    def output(self, x: str, name: str = "output") -> str:
+        """Rename tensor ``x`` (produced by the last nodes) to the graph output ``name``."""
+        for node in self.nodes:
+            for i, o in enumerate(node.output):
+                if o == x:
+                    node.output[i] = name
+            for i, o in enumerate(node.input):
+                if o == x:
+                    node.input[i] = name
+        self.shape[name] = self.shape[x]
+        self.outputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT,
+                                                          list(self.shape[name])))
+        return name
+
+    def init(self, name: str, arr: np.ndarray) -> str:
+        if name in self.init_names:
+            raise ValueError(f"duplicate initializer {name}")
+        self.init_names.add(name)
+        self.inits.append(numpy_helper.from_array(np.asarray(arr, order="C"), name))
+        self.shape[name] = tuple(arr.shape)
+        return name
+
+    def i64(self, name: str, values) -> str:
+        return self.init(name, np.asarray(values, dtype=np.int64))
+
+    def scalar(self, name: str, value: float) -> str:
+        if name in self.init_names:
+            return name
+        return self.init(name, np.asarray(value, dtype=np.float32))
+
+    def node(self, op: str, inputs: list[str], scope: str, *, n_out: int = 1, name: str | None = None,
+             **attrs) -> list[str]:
+        base = f"{scope}/{name or op}"
+        nname = base
+        k = 1
+        while nname in self.node_names:
+            nname = f"{base}_{k}"
+            k += 1
+        self.node_names.add(nname)
+        outs = [f"{nname}_output_{i}" for i in range(n_out)]
+        self.nodes.append(helper.make_node(op, inputs, outs, name=nname, **attrs))
+        return outs
+
+    def constant(self, scope: str, values, dtype=np.int64) -> str:
+        """A torch-style ``Constant`` node (``/Constant_output_0``)."""
+        arr = np.asarray(values, dtype=dtype)
+        tensor = numpy_helper.from_array(arr, "")
+        (out,) = self.node("Constant", [], scope, value=tensor)
+        self.shape[out] = arr.shape
+        return out
+
+    def _track(self, y: str, shape, m2: float, pos: bool) -> str:
+        self.shape[y] = tuple(int(s) for s in shape)
+        self.m2[y] = float(m2)
+        self.pos[y] = bool(pos)
+        return y
+
+    def _normal(self, shape, std: float) -> np.ndarray:
+        return (self.rng.standard_normal(shape, dtype=np.float32) * np.float32(std))
+
+    # ------------------------------------------------------------------------------ layers
+    def conv(self, x: str, module: str, cout: int, k: int | tuple[int, int], s: int = 1, p: int = 0,
+             g: int = 1, bias: bool = False, dilation: int = 1, explicit_pad: bool | None = None,
+             last_gain: float = 1.0) -> str:
+        n, cin, h, w = self.shape[x]
+        kh, kw = (k, k) if isinstance(k, int) else k
+        fan_in = (cin // g) * kh * kw
+        std = math.sqrt(last_gain / (fan_in * max(self.m2[x], 1e-6)))
+        wname = self.init(f"{module}.weight", self._normal((cout, cin // g, kh, kw), std))
+        inputs = [x, wname]
+        if bias:
+            inputs.append(self.init(f"{module}.bias", self._normal((cout,), 0.05)))
+        scope = _torch_scope(module)
+        pads = [p, p, p, p]
+        if explicit_pad is None:
+            explicit_pad = self.zoo and s > 1 and p > 0
+        if explicit_pad and p > 0:
+            x = self.pad(x, scope, [0, 0, p, p, 0, 0, p, p])
+            pads = [0, 0, 0, 0]
+            h, w = h + 2 * p, w + 2 * p
+            p = 0
+        attrs = dict(kernel_shape=[kh, kw], strides=[s, s], pads=pads, dilations=[dilation] * 2,
+                     group=g)
+        inputs[0] = x
+        (y,) = self.node("Conv", inputs, scope, **attrs)
+        ho = (h + 2 * p - dilation * (kh - 1) - 1) // s + 1
+        wo = (w + 2 * p - dilation * (kw - 1) - 1) // s + 1
+        return self._track(y, (n, cout, ho, wo), last_gain + (0.0025 if bias else 0.0), False)
+
+    def pad(self, x: str, scope: str, pads: list[int]) -> str:
+        n, c, h, w = self.shape[x]
+        if self.opset < 11:
+            (y,) = self.node("Pad", [x], scope, mode="constant", pads=pads, value=0.0)
+        else:
+            pname = self.constant(scope, pads) if not self.zoo else \
+                self.i64(f"{scope.strip('/').replace('/', '.')}.pads", pads)
+            (y,) = self.node("Pad", [x, pname], scope, mode="constant")
+        shape = (n + pads[0] + pads[4], c + pads[1] + pads[5], h + pads[2] + pads[6],
+                 w + pads[3] + pads[7])
+        return self._track(y, shape, self.m2[x], self.pos[x])
+
+    def bn(self, x: str, module: str) -> str:
+        c = self.shape[x][1]
+        rng = self.rng
+        gamma = (1.0 + 0.1 * rng.standard_normal(c)).astype(np.float32)
+        beta = (0.05 * rng.standard_normal(c)).astype(np.float32)
+        # running statistics consistent with the input's scale (mean small, var ~ E[x^2] +- 20 %)
+        m2 = self.m2[x]
+        mean = (0.1 * math.sqrt(m2) * rng.standard_normal(c)).astype(np.float32)
+        var = (m2 * rng.uniform(0.8, 1.2, c)).astype(np.float32)
+        scope = _torch_scope(module)
+        out_m2 = float(np.mean(gamma ** 2 * (m2 + mean ** 2) / (var + _EPS) + beta ** 2))
+        if not self.zoo:
+            ins = [x, self.init(f"{module}.weight", gamma), self.init(f"{module}.bias", beta),
+                   self.init(f"{module}.running_mean", mean),
+                   self.init(f"{module}.running_var", var)]
+            (y,) = self.node("BatchNormalization", ins, scope, epsilon=_EPS, momentum=0.9)
+        else:
+            scale = (gamma / np.sqrt(var + _EPS)).astype(np.float32)
+            shift = (beta - mean * scale).astype(np.float32)
+            s_u = self.unsqueeze(self.init(f"{module}.scale", scale), scope, [1, 2])
+            b_u = self.unsqueeze(self.init(f"{module}.shift", shift), scope, [1, 2])
+            (t,) = self.node("Mul", [x, s_u], scope)
+            self._track(t, self.shape[x], 1.0, False)
+            (y,) = self.node("Add", [t, b_u], scope)
+        return self._track(y, self.shape[x], out_m2, False)
+
+    def unsqueeze(self, x: str, scope: str, axes: list[int]) -> str:
+        if self.opset < 13:
+            (y,) = self.node("Unsqueeze", [x], scope, axes=axes)
+        else:
+            a = self.constant(scope, axes) if not self.zoo else \
+                self.i64(f"{x}.unsqueeze_axes", axes)
+            (y,) = self.node("Unsqueeze", [x, a], scope)
+        shape = list(self.shape[x])
+        for ax in sorted(axes):
+            shape.insert(ax, 1)
+        self.shape[y] = tuple(shape)
+        return y
+
+    def squeeze(self, x: str, scope: str, axes: list[int]) -> str:
+        if self.opset < 13:
+            (y,) = self.node("Squeeze", [x], scope, axes=axes)
+        else:
+            (y,) = self.node("Squeeze", [x, self.constant(scope, axes)], scope)
+        shape = [d for i, d in enumerate(self.shape[x]) if i not in axes]
+        return self._track(y, shape, self.m2[x], self.pos[x])
+
+    # activations -----------------------------------------------------------------------------
+    def _act_m2(self, x: str, kind: str) -> float:
+        m2 = self.m2[x]
+        if self.pos[x] and kind in ("relu", "relu6"):
+            return m2
+        return m2 * {"relu": 0.5, "relu6": 0.5, "leakyrelu": 0.505, "hardswish": 0.331 / 1.0,
+                     "swish": 0.355}.get(kind, 1.0)
+
+    def relu(self, x: str, module: str, name: str = "Relu") -> str:
+        (y,) = self.node("Relu", [x], _torch_scope(module), name=name)
+        return self._track(y, self.shape[x], self._act_m2(x, "relu"), True)
+
+    def relu6(self, x: str, module: str) -> str:
+        scope = _torch_scope(module)
+        if self.opset < 11:
+            (y,) = self.node("Clip", [x], scope, min=0.0, max=6.0)
+        else:
+            lo, hi = self.scalar("relu6.min", 0.0), self.scalar("relu6.max", 6.0)
+            (y,) = self.node("Clip", [x, lo, hi], scope)
+        return self._track(y, self.shape[x], self._act_m2(x, "relu6"), True)
+
+    def leaky_relu(self, x: str, module: str, alpha: float = 0.1) -> str:
+        (y,) = self.node("LeakyRelu", [x], _torch_scope(module), alpha=alpha)
+        return self._track(y, self.shape[x], self._act_m2(x, "leakyrelu"), False)
+
+    def hardsigmoid(self, x: str, module: str) -> str:
+        (y,) = self.node("HardSigmoid", [x], _torch_scope(module), alpha=1.0 / 6.0, beta=0.5)
+        return self._track(y, self.shape[x], _M2["hardsigmoid"], True)
+
+    def sigmoid(self, x: str, module: str) -> str:
+        (y,) = self.node("Sigmoid", [x], _torch_scope(module))
+        return self._track(y, self.shape[x], _M2["sigmoid"], True)
+
+    def hardswish(self, x: str, module: str) -> str:
+        scope = _torch_scope(module)
+        if self.opset >= 14:
+            (y,) = self.node("HardSwish", [x], scope)
+        else:  # what torch exports below opset 14
+            (t,) = self.node("HardSigmoid", [x], scope, alpha=1.0 / 6.0, beta=0.5)
+            self._track(t, self.shape[x], _M2["hardsigmoid"], True)
+            (y,) = self.node("Mul", [x, t], scope)
+        return self._track(y, self.shape[x], self._act_m2(x, "hardswish"), False)
+
+    def swish(self, x: str, module: str) -> str:
+        s = self.sigmoid(x, module)
+        (y,) = self.node("Mul", [x, s], _torch_scope(module))
+        return self._track(y, self.shape[x], self._act_m2(x, "swish"), False)
+
+    # element-wise / structural ------------------------------------------------------------------
+    def add(self, a: str, b: str, module: str) -> str:
+        op = "Sum" if self.zoo else "Add"
+        (y,) = self.node(op, [a, b], _torch_scope(module))
+        shape = np.broadcast_shapes(self.shape[a], self.shape[b])
+        return self._track(y, shape, self.m2[a] + self.m2[b], self.pos[a] and self.pos[b])
+
+    def mul(self, a: str, b: str, module: str) -> str:
+        (y,) = self.node("Mul", [a, b], _torch_scope(module))
+        shape = np.broadcast_shapes(self.shape[a], self.shape[b])
+        return self._track(y, shape, self.m2[a] * self.m2[b], self.pos[a] and self.pos[b])
+
+    def concat(self, xs: list[str], module: str, axis: int = 1) -> str:
+        (y,) = self.node("Concat", xs, _torch_scope(module), axis=axis)
+        shape = list(self.shape[xs[0]])
+        shape[axis] = sum(self.shape[t][axis] for t in xs)
+        m2 = sum(self.m2[t] * self.shape[t][axis] for t in xs) / shape[axis]
+        return self._track(y, shape, m2, all(self.pos[t] for t in xs))
+
+    def split(self, x: str, module: str, sizes: list[int], axis: int = 1) -> list[str]:
+        """Channel split: ``Split`` (default style) or one ``Slice`` per part (zoo style)."""
+        scope = _torch_scope(module)
+        outs: list[str] = []
+        if not self.zoo:
+            if self.opset < 13:
+                outs = self.node("Split", [x], scope, n_out=len(sizes), axis=axis, split=sizes)
+            else:
+                outs = self.node("Split", [x, self.constant(scope, sizes)], scope,
+                                 n_out=len(sizes), axis=axis)
+        else:
+            start = 0
+            for sz in sizes:
+                if self.opset < 10:
+                    (o,) = self.node("Slice", [x], scope, axes=[axis], starts=[start],
+                                     ends=[start + sz])
+                else:
+                    stem = f"{module}.slice{start}"
+                    (o,) = self.node("Slice", [x, self.i64(f"{stem}.starts", [start]),
+                                               self.i64(f"{stem}.ends", [start + sz]),
+                                               self.i64(f"{stem}.axes", [axis])], scope)
+                outs.append(o)
+                start += sz
+        for o, sz in zip(outs, sizes):
+            shape = list(self.shape[x])
+            shape[axis] = sz
+            self._track(o, shape, self.m2[x], self.pos[x])
+        return outs
+
+    def transpose(self, x: str, module: str, perm: list[int]) -> str:
+        (y,) = self.node("Transpose", [x], _torch_scope(module), perm=perm)
+        shape = [self.shape[x][p] for p in perm]
+        return self._track(y, shape, self.m2[x], self.pos[x])
+
+    def batch_dim(self, x: str, scope: str) -> str:
+        """torch's ``x.size(0)`` as a 1-element int64 tensor: Shape -> Gather(0) -> Unsqueeze."""
+        (shp,) = self.node("Shape", [x], scope)
+        self.shape[shp] = (len(self.shape[x]),)
+        idx = self.constant(scope, 0)
+        (n,) = self.node("Gather", [shp, idx], scope, axis=0)
+        self.shape[n] = ()
+        return self.unsqueeze(n, scope, [0])
+
+    def reshape(self, x: str, module: str, shape: list[int], dynamic_batch: bool = False) -> str:
+        """Reshape to ``shape`` (``shape[0]`` is the batch; -1 allowed once).
+
+        ``dynamic_batch``: build the target like torch does for ``x.view(x.size(0), ...)``,
+        ``Shape -> Gather -> Unsqueeze -> Concat`` (constant-foldable); else a constant target
+        (a ``Constant`` node in default style, an initializer in zoo style)."""
+        scope = _torch_scope(module)
+        if dynamic_batch:
+            n = self.batch_dim(x, scope)
+            rest = self.constant(scope, list(shape[1:]))
+            (target,) = self.node("Concat", [n, rest], scope, axis=0)
+            self.shape[target] = (len(shape),)
+        elif self.zoo:
+            stem = module or "reshape"
+            k = 0
+            while f"{stem}.shape{k}" in self.init_names:
+                k += 1
+            target = self.i64(f"{stem}.shape{k}", shape)
+        else:
+            target = self.constant(scope, shape)
+        (y,) = self.node("Reshape", [x, target], scope)
+        total = int(np.prod(self.shape[x]))
+        out = [total // abs(int(np.prod([d for d in shape if d != -1]))) if d == -1 else d
+               for d in shape]
+        return self._track(y, out, self.m2[x], self.pos[x])
+
+    def flatten(self, x: str, module: str = "") -> str:
+        (y,) = self.node("Flatten", [x], _torch_scope(module), axis=1)
+        n = self.shape[x][0]
+        return self._track(y, (n, int(np.prod(self.shape[x][1:]))), self.m2[x], self.pos[x])
+
+    # pooling ------------------------------------------------------------------------------------
+    def _pool_shape(self, h, k, s, p_begin, p_end, ceil):
+        num = h + p_begin + p_end - k
+        o = (-(-num // s) if ceil else num // s) + 1
+        if ceil and (o - 1) * s >= h + p_begin:  # last window must start inside input / left pad
+            o -= 1
+        return o
+
+    def maxpool(self, x: str, module: str, k: int, s: int, p: int = 0, ceil: bool = False) -> str:
+        n, c, h, w = self.shape[x]
+        ho = self._pool_shape(h, k, s, p, p, ceil)
+        wo = self._pool_shape(w, k, s, p, p, ceil)
+        attrs = dict(kernel_shape=[k, k], strides=[s, s])
+        if ceil and self.opset < 10:  # no ceil_mode yet: the same windows via explicit end pads
+            eh = max(0, (ho - 1) * s + k - h - 2 * p)
+            ew = max(0, (wo - 1) * s + k - w - 2 * p)
+            attrs["pads"] = [p, p, p + eh, p + ew]
+        else:
+            attrs["pads"] = [p, p, p, p]
+            if ceil:
+                attrs["ceil_mode"] = 1
+        (y,) = self.node("MaxPool", [x], _torch_scope(module), **attrs)
+        return self._track(y, (n, c, ho, wo), self.m2[x] * (2.0 if self.pos[x] else 1.5),
+                           self.pos[x])
+
+    def avgpool(self, x: str, module: str, k: int, s: int, p: int = 0,
+                count_include_pad: int = 1) -> str:
+        n, c, h, w = self.shape[x]
+        ho = self._pool_shape(h, k, s, p, p, False)
+        wo = self._pool_shape(w, k, s, p, p, False)
+        (y,) = self.node("AveragePool", [x], _torch_scope(module), kernel_shape=[k, k],
+                         strides=[s, s], pads=[p, p, p, p], count_include_pad=count_include_pad)
+        return self._track(y, (n, c, ho, wo), self.m2[x] * (0.6 if self.pos[x] else 0.3),
+                           self.pos[x])
+
+    def _pooled_m2(self, x: str) -> float:
+        # spatial mean: keeps (mostly) the squared channel mean, drops most of the variance
+        return self.m2[x] * (0.4 if self.pos[x] else 0.1)
+
+    def global_avgpool(self, x: str, module: str) -> str:
+        n, c, _, _ = self.shape[x]
+        (y,) = self.node("GlobalAveragePool", [x], _torch_scope(module))
+        return self._track(y, (n, c, 1, 1), self._pooled_m2(x), self.pos[x])
+
+    def reduce_mean(self, x: str, module: str, axes: list[int], keepdims: int) -> str:
+        scope = _torch_scope(module)
+        if self.opset < 18:
+            (y,) = self.node("ReduceMean", [x], scope, axes=axes, keepdims=keepdims)
+        else:
+            (y,) = self.node("ReduceMean", [x, self.constant(scope, axes)], scope,
+                             keepdims=keepdims)
+        shape = [1 if i in axes else d for i, d in enumerate(self.shape[x])]
+        if not keepdims:
+            shape = [d for i, d in enumerate(self.shape[x]) if i not in axes]
+        return self._track(y, shape, self._pooled_m2(x), self.pos[x])
+
+    def lrn(self, x: str, module: str, size: int = 5, alpha: float = 1e-4, beta: float = 0.75,
+            bias: float = 1.0) -> str:
+        (y,) = self.node("LRN", [x], _torch_scope(module), size=size, alpha=alpha, beta=beta,
+                         bias=bias)
+        return self._track(y, self.shape[x], self.m2[x], self.pos[x])
+
+    def dropout(self, x: str, module: str, ratio: float = 0.5) -> str:
+        scope = _torch_scope(module)
+        if self.opset < 12:
+            (y,) = self.node("Dropout", [x], scope, ratio=ratio)
+        else:
+            (y,) = self.node("Dropout", [x, self.scalar(f"{module}.ratio", ratio)], scope)
+        return self._track(y, self.shape[x], self.m2[x], self.pos[x])
+
+    def gemm(self, x: str, module: str, cout: int, gain: float = 1.0) -> str:
+        n, cin = self.shape[x]
+        std = math.sqrt(gain / (cin * max(self.m2[x], 1e-6)))
+        w = self.init(f"{module}.weight", self._normal((cout, cin), std))
+        b = self.init(f"{module}.bias", self._normal((cout,), 0.05))
+        (y,) = self.node("Gemm", [x, w, b], _torch_scope(module), alpha=1.0, beta=1.0, transB=1)
+        return self._track(y, (n, cout), gain, False)
+
+    def softmax(self, x: str) -> str:
+        (y,) = self.node("Softmax", [x], "", axis=1)
+        return self._track(y, self.shape[x], 1.0 / self.shape[x][1], True)
+
+    # --------------------------------------------------------------------------------- finish
+    def model(self, doc: str, meta: dict[str, str]) -> onnx.ModelProto:
+        inputs = list(self.inputs)
+        if self.zoo:  # old exporters listed every initializer as a graph input as well
+            for t in self.inits:
+                inputs.append(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+        graph = helper.make_graph(self.nodes, self.name, inputs, self.outputs,
+                                  initializer=self.inits)
+        model = helper.make_model_gen_version(
+            graph, opset_imports=[helper.make_opsetid("", self.opset)],
+            producer_name="coacto.zoo", producer_version="1", doc_string=doc)
+        helper.set_model_props(model, meta)
+        return model
+
+
+# ==================================================================================== classifiers
+def _classifier_tail(g: _Graph, x: str, module: str, num_classes: int, *, softmax: bool,
+                     flatten: str = "flatten") -> str:
+    """(N, C, 1, 1) pooled features -> (N, C) -> Gemm [-> Softmax]."""
+    n, c = g.shape[x][:2]
+    if flatten == "flatten":
+        x = g.flatten(x)
+    elif flatten == "reshape":
+        x = g.reshape(x, "", [n, -1])
+    elif flatten == "dynamic":
+        x = g.reshape(x, "", [n, -1], dynamic_batch=True)
+    elif flatten == "squeeze":
+        x = g.squeeze(x, "", [2, 3])
+    y = g.gemm(x, module, num_classes)
+    if softmax:
+        y = g.softmax(y)
+    return y
+
+
+def _resnet_stem(g: _Graph, x: str, *, preact: bool) -> str:
+    x = g.conv(x, "conv1", 64, 7, 2, 3)
+    if not preact:
+        x = g.bn(x, "bn1")
+        x = g.relu(x, "relu")
+    return g.maxpool(x, "maxpool", 3, 2, 1)
+
+
+def _basic_block(g: _Graph, x: str, mod: str, cout: int, stride: int, preact: bool) -> str:
+    cin = g.shape[x][1]
+    down = stride != 1 or cin != cout
+    if preact:
+        a = g.relu(g.bn(x, f"{mod}.bn1"), f"{mod}.relu")
+        shortcut = g.conv(a, f"{mod}.downsample.0", cout, 1, stride) if down else x
+        y = g.conv(a, f"{mod}.conv1", cout, 3, stride, 1)
+        y = g.relu(g.bn(y, f"{mod}.bn2"), f"{mod}.relu")
+        y = g.conv(y, f"{mod}.conv2", cout, 3, 1, 1)
+        return g.add(y, shortcut, mod)
+    y = g.conv(x, f"{mod}.conv1", cout, 3, stride, 1)
+    y = g.relu(g.bn(y, f"{mod}.bn1"), f"{mod}.relu")
+    y = g.conv(y, f"{mod}.conv2", cout, 3, 1, 1)
+    y = g.bn(y, f"{mod}.bn2")
+    if down:
+        shortcut = g.bn(g.conv(x, f"{mod}.downsample.0", cout, 1, stride), f"{mod}.downsample.1")
+    else:
+        shortcut = x
+    return g.relu(g.add(y, shortcut, mod), f"{mod}.relu")
+
+
+def _bottleneck(g: _Graph, x: str, mod: str, width: int, stride: int, preact: bool) -> str:
+    cin = g.shape[x][1]
+    cout = width * 4
+    down = stride != 1 or cin != cout
+    if preact:
+        a = g.relu(g.bn(x, f"{mod}.bn1"), f"{mod}.relu")
+        shortcut = g.conv(a, f"{mod}.downsample.0", cout, 1, stride) if down else x
+        y = g.conv(a, f"{mod}.conv1", width, 1)
+        y = g.relu(g.bn(y, f"{mod}.bn2"), f"{mod}.relu")
+        y = g.conv(y, f"{mod}.conv2", width, 3, stride, 1)
+        y = g.relu(g.bn(y, f"{mod}.bn3"), f"{mod}.relu")
+        y = g.conv(y, f"{mod}.conv3", cout, 1)
+        return g.add(y, shortcut, mod)
+    y = g.relu(g.bn(g.conv(x, f"{mod}.conv1", width, 1), f"{mod}.bn1"), f"{mod}.relu")
+    # torchvision v1.5: the stride sits on the 3x3
+    y = g.relu(g.bn(g.conv(y, f"{mod}.conv2", width, 3, stride, 1), f"{mod}.bn2"), f"{mod}.relu")
+    y = g.bn(g.conv(y, f"{mod}.conv3", cout, 1), f"{mod}.bn3")
+    if down:
+        shortcut = g.bn(g.conv(x, f"{mod}.downsample.0", cout, 1, stride), f"{mod}.downsample.1")
+    else:
+        shortcut = x
+    return g.relu(g.add(y, shortcut, mod), f"{mod}.relu")
+
+
+def _resnet(g: _Graph, x: str, *, bottleneck: bool, layers: list[int], softmax: bool,
+            num_classes: int, dynamic_flatten: bool) -> str:
+    preact = g.style == "preact"
+    x = _resnet_stem(g, x, preact=preact)
+    widths = [64, 128, 256, 512]
+    for li, (width, nblocks) in enumerate(zip(widths, layers)):
+        for b in range(nblocks):
+            stride = 2 if (li > 0 and b == 0) else 1
+            mod = f"layer{li + 1}.{b}"
+            if bottleneck:
+                x = _bottleneck(g, x, mod, width, stride, preact)
+            else:
+                x = _basic_block(g, x, mod, width, stride, preact)
+    if preact:  # ResNet v2 ends with a final BN-ReLU
+        x = g.relu(g.bn(x, "bn_final"), "relu_final")
+    x = g.global_avgpool(x, "avgpool")
+    if g.zoo:
+        flatten = "reshape"
+    else:
+        flatten = "dynamic" if dynamic_flatten else "flatten"
+    return _classifier_tail(g, x, "fc", num_classes, softmax=softmax, flatten=flatten)
+
+
+def _vgg16(g: _Graph, x: str, *, softmax: bool, num_classes: int) -> str:
+    cfg = [64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M"]
+    i = 0
+    for v in cfg:
+        if v == "M":
+            x = g.maxpool(x, f"features.{i}", 2, 2)
+            i += 1
+        else:
+            x = g.conv(x, f"features.{i}", v, 3, 1, 1, bias=True)
+            x = g.relu(x, f"features.{i + 1}")
+            i += 2
+    # torchvision's AdaptiveAvgPool2d((7, 7)) is the identity at 224; the flatten size follows the
+    # image size here instead (512 * (S/32)^2).
+    n = g.shape[x][0]
+    x = g.reshape(x, "", [n, -1]) if g.zoo else g.flatten(x)
+    x = g.relu(g.gemm(x, "classifier.0", 4096), "classifier.1")
+    x = g.dropout(x, "classifier.2")
+    x = g.relu(g.gemm(x, "classifier.3", 4096), "classifier.4")
+    x = g.dropout(x, "classifier.5")
+    x = g.gemm(x, "classifier.6", num_classes)
+    return g.softmax(x) if softmax else x
+
+
+def _make_divisible(v: float, divisor: int = 8, min_value: int | None = None) -> int:
+    min_value = min_value or divisor
+    new_v = max(min_value, int(v + divisor / 2) // divisor * divisor)
+    if new_v < 0.9 * v:
+        new_v += divisor
+    return new_v
+
+
+def _mobilenetv2(g: _Graph, x: str, *, softmax: bool, num_classes: int) -> str:
+    x = g.relu6(g.bn(g.conv(x, "features.0.0", 32, 3, 2, 1), "features.0.1"), "features.0.2")
+    settings = [(1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1),
+                (6, 160, 3, 2), (6, 320, 1, 1)]
+    idx = 1
+    for t, c, n, s in settings:
+        for i in range(n):
+            stride = s if i == 0 else 1
+            mod = f"features.{idx}.conv"
+            cin = g.shape[x][1]
+            hidden = cin * t
+            y = x
+            j = 0
+            if t != 1:
+                y = g.relu6(g.bn(g.conv(y, f"{mod}.0.0", hidden, 1), f"{mod}.0.1"), f"{mod}.0.2")
+                j = 1
+            y = g.conv(y, f"{mod}.{j}.0", hidden, 3, stride, 1, g=hidden)
+            y = g.relu6(g.bn(y, f"{mod}.{j}.1"), f"{mod}.{j}.2")
+            y = g.bn(g.conv(y, f"{mod}.{j + 1}", c, 1), f"{mod}.{j + 2}")
+            if stride == 1 and cin == c:
+                y = g.add(x, y, f"features.{idx}")
+            x = y
+            idx += 1
+    x = g.relu6(g.bn(g.conv(x, f"features.{idx}.0", 1280, 1), f"features.{idx}.1"),
+                f"features.{idx}.2")
+    x = g.global_avgpool(x, "")
+    return _classifier_tail(g, x, "classifier.1", num_classes, softmax=softmax,
+                            flatten="reshape" if g.zoo else "flatten")
+
+
+def _squeezenet(g: _Graph, x: str, *, softmax: bool, num_classes: int) -> str:
+    x = g.relu(g.conv(x, "features.0", 64, 3, 2, 0, bias=True), "features.1")
+    x = g.maxpool(x, "features.2", 3, 2, ceil=True)
+
+    def fire(x: str, i: int, sq: int, e1: int, e3: int) -> str:
+        m = f"features.{i}"
+        s = g.relu(g.conv(x, f"{m}.squeeze", sq, 1, bias=True), f"{m}.squeeze_activation")
+        a = g.relu(g.conv(s, f"{m}.expand1x1", e1, 1, bias=True), f"{m}.expand1x1_activation")
+        b = g.relu(g.conv(s, f"{m}.expand3x3", e3, 3, 1, 1, bias=True,
+                          explicit_pad=g.zoo), f"{m}.expand3x3_activation")
+        return g.concat([a, b], m)
+
+    x = fire(x, 3, 16, 64, 64)
+    x = fire(x, 4, 16, 64, 64)
+    x = g.maxpool(x, "features.5", 3, 2, ceil=True)
+    x = fire(x, 6, 32, 128, 128)
+    x = fire(x, 7, 32, 128, 128)
+    x = g.maxpool(x, "features.8", 3, 2, ceil=True)
+    x = fire(x, 9, 48, 192, 192)
+    x = fire(x, 10, 48, 192, 192)
+    x = fire(x, 11, 64, 256, 256)
+    x = fire(x, 12, 64, 256, 256)
+    x = g.dropout(x, "classifier.0")
+    x = g.relu(g.conv(x, "classifier.1", num_classes, 1, bias=True, last_gain=2.0),
+               "classifier.2")
+    x = g.global_avgpool(x, "classifier.3")
+    n = g.shape[x][0]
+    x = g.reshape(x, "", [n, num_classes]) if g.zoo else g.flatten(x)
+    return g.softmax(x) if softmax else x
+
+
+# ========================================================================================= blocks
+def _densenet_block(g: _Graph, x: str, *, growth: int = 32, bn_size: int = 4, layers: int = 6,
+                    **_) -> str:
+    """DenseNet-121 stem, dense block 1 (6 layers) and transition 1, as torchvision writes it."""
+    x = g.conv(x, "features.conv0", 64, 7, 2, 3)
+    x = g.relu(g.bn(x, "features.norm0"), "features.relu0")
+    x = g.maxpool(x, "features.pool0", 3, 2, 1)
+    feats = [x]
+    for i in range(1, layers + 1):
+        m = f"features.denseblock1.denselayer{i}"
+        cat = g.concat(feats, m)  # torch.cat(prev_features, 1), one input for the first layer
+        # pre-activation BN: its input is a Concat (or a MaxPool), not a conv
+        y = g.relu(g.bn(cat, f"{m}.norm1"), f"{m}.relu1")
+        y = g.conv(y, f"{m}.conv1", bn_size * growth, 1)
+        y = g.relu(g.bn(y, f"{m}.norm2"), f"{m}.relu2")
+        y = g.conv(y, f"{m}.conv2", growth, 3, 1, 1)
+        feats.append(y)
+    x = g.concat(feats, "features.denseblock1")
+    c = g.shape[x][1]
+    x = g.relu(g.bn(x, "features.transition1.norm"), "features.transition1.relu")
+    x = g.conv(x, "features.transition1.conv", c // 2, 1)
+    return g.avgpool(x, "features.transition1.pool", 2, 2)
+
+
+def _inception_module(g: _Graph, x: str, m: str, c1: int, c3r: int, c3: int, c5r: int, c5: int,
+                      pp: int, pool: str) -> str:
+    b1 = g.relu(g.conv(x, f"{m}.1x1", c1, 1, bias=True), f"{m}.relu_1x1")
+    b2 = g.relu(g.conv(x, f"{m}.3x3_reduce", c3r, 1, bias=True), f"{m}.relu_3x3_reduce")
+    b2 = g.relu(g.conv(b2, f"{m}.3x3", c3, 3, 1, 1, bias=True), f"{m}.relu_3x3")
+    b3 = g.relu(g.conv(x, f"{m}.5x5_reduce", c5r, 1, bias=True), f"{m}.relu_5x5_reduce")
+    b3 = g.relu(g.conv(b3, f"{m}.5x5", c5, 5, 1, 2, bias=True), f"{m}.relu_5x5")
+    if pool == "max":
+        b4 = g.maxpool(x, f"{m}.pool", 3, 1, 1)
+    else:  # Inception-v3 style: F.avg_pool2d(x, 3, 1, 1), count_include_pad=True
+        b4 = g.avgpool(x, f"{m}.pool", 3, 1, 1, count_include_pad=1)
+    b4 = g.relu(g.conv(b4, f"{m}.pool_proj", pp, 1, bias=True), f"{m}.relu_pool_proj")
+    return g.concat([b1, b2, b3, b4], f"{m}.output")
+
+
+def _inception_block(g: _Graph, x: str, **_) -> str:
+    """GoogLeNet (BVLC) stem with LRN, inception 3a (exact), inception 3b with an Inception-v3
+    style average-pool branch (count_include_pad=1), then a TF-"SAME"-style average pool
+    (count_include_pad=0)."""
+    x = g.relu(g.conv(x, "conv1.7x7_s2", 64, 7, 2, 3, bias=True), "conv1.relu_7x7")
+    x = g.maxpool(x, "pool1.3x3_s2", 3, 2, ceil=True)
+    x = g.lrn(x, "pool1.norm1")
+    x = g.relu(g.conv(x, "conv2.3x3_reduce", 64, 1, bias=True), "conv2.relu_3x3_reduce")
+    x = g.relu(g.conv(x, "conv2.3x3", 192, 3, 1, 1, bias=True), "conv2.relu_3x3")
+    x = g.lrn(x, "conv2.norm2")
+    x = g.maxpool(x, "pool2.3x3_s2", 3, 2, ceil=True)
+    x = _inception_module(g, x, "inception_3a", 64, 96, 128, 16, 32, 32, pool="max")
+    x = _inception_module(g, x, "inception_3b", 128, 128, 192, 32, 96, 64, pool="avg")
+    return g.avgpool(x, "pool3.3x3_s2", 3, 2, 1, count_include_pad=0)
+
+
+def _channel_shuffle(g: _Graph, x: str, m: str, groups: int = 2) -> str:
+    n, c, h, w = g.shape[x]
+    dyn = g.style != "zoo"
+    x = g.reshape(x, m, [n, groups, c // groups, h, w], dynamic_batch=dyn)
+    x = g.transpose(x, m, [0, 2, 1, 3, 4])
+    return g.reshape(x, m, [n, -1, h, w], dynamic_batch=dyn)
+
+
+def _shufflenet_unit(g: _Graph, x: str, *, softmax: bool = False, num_classes: int = 1000,
+                     **_) -> str:
+    """ShuffleNetV2 1.0x: stem, stage 2 (one stride-2 unit, three stride-1 units), conv5,
+    mean over H, W (ReduceMean) and the classifier -- torchvision's layers."""
+    x = g.relu(g.bn(g.conv(x, "conv1.0", 24, 3, 2, 1), "conv1.1"), "conv1.2")
+    x = g.maxpool(x, "maxpool", 3, 2, 1)
+    out = 116
+    bf = out // 2
+    for u in range(4):
+        m = f"stage2.{u}"
+        if u == 0:
+            cin = g.shape[x][1]
+            b1 = g.bn(g.conv(x, f"{m}.branch1.0", cin, 3, 2, 1, g=cin), f"{m}.branch1.1")
+            b1 = g.relu(g.bn(g.conv(b1, f"{m}.branch1.2", bf, 1), f"{m}.branch1.3"),
+                        f"{m}.branch1.4")
+            src = x
+        else:
+            b1, src = g.split(x, m, [bf, bf])
+        stride = 2 if u == 0 else 1
+        y = g.relu(g.bn(g.conv(src, f"{m}.branch2.0", bf, 1), f"{m}.branch2.1"), f"{m}.branch2.2")
+        y = g.bn(g.conv(y, f"{m}.branch2.3", bf, 3, stride, 1, g=bf), f"{m}.branch2.4")
+        y = g.relu(g.bn(g.conv(y, f"{m}.branch2.5", bf, 1), f"{m}.branch2.6"), f"{m}.branch2.7")
+        x = _channel_shuffle(g, g.concat([b1, y], m), m)
+    x = g.relu(g.bn(g.conv(x, "conv5.0", 1024, 1), "conv5.1"), "conv5.2")
+    x = g.reduce_mean(x, "", [2, 3], keepdims=0)  # x.mean([2, 3])
+    y = g.gemm(x, "fc", num_classes)
+    return g.softmax(y) if softmax else y
+
+
+def _se(g: _Graph, x: str, m: str, squeeze: int, kind: str) -> str:
+    """Squeeze-excite: pool -> Conv -> Relu -> Conv -> gate -> Mul (N,C,1,1) x (N,C,H,W).
+
+    ``kind="hard"``: GlobalAveragePool + HardSigmoid (MobileNetV3); ``"sigmoid"``: ReduceMean
+    (keepdims) + Sigmoid (EfficientNet)."""
+    c = g.shape[x][1]
+    if kind == "hard":
+        s = g.global_avgpool(x, f"{m}.avgpool")
+    else:
+        s = g.reduce_mean(x, f"{m}", [2, 3], keepdims=1)
+    s = g.relu(g.conv(s, f"{m}.fc1", squeeze, 1, bias=True), f"{m}.relu")
+    s = g.conv(s, f"{m}.fc2", c, 1, bias=True)
+    s = g.hardsigmoid(s, f"{m}.scale_activation") if kind == "hard" else \
+        g.sigmoid(s, f"{m}.scale_activation")
+    return g.mul(s, x, m)
+
+
+def _mobilenetv3_block(g: _Graph, x: str, *, softmax: bool = False, num_classes: int = 1000,
+                       **_) -> str:
+    """MobileNetV3-Large stem and first inverted-residual units (torchvision configuration), with
+    activation variants so that every activation the importer knows appears: ReLU, LeakyReLU,
+    HardSwish, HardSigmoid / Sigmoid gates; then last conv, pooling and the classifier."""
+    def act(y: str, kind: str, m: str) -> str:
+        if kind == "RE":
+            return g.relu(y, m)
+        if kind == "LR":
+            return g.leaky_relu(y, m, 0.1)
+        if kind == "SW":
+            return g.swish(y, m)
+        return g.hardswish(y, m)
+
+    x = act(g.bn(g.conv(x, "features.0.0", 16, 3, 2, 1), "features.0.1"), "HS", "features.0.2")
+    # (kernel, expanded, out, se, activation, stride) -- MobileNetV3-Large units 1-7, with unit 3
+    # using LeakyReLU and unit 5 an EfficientNet-style sigmoid SE and Swish activation
+    conf = [(3, 16, 16, None, "RE", 1), (3, 64, 24, None, "RE", 2), (3, 72, 24, None, "LR", 1),
+            (5, 72, 40, "hard", "RE", 2), (5, 120, 40, "sigmoid", "SW", 1),
+            (5, 120, 40, "hard", "HS", 1), (3, 240, 80, None, "HS", 2)]
+    for i, (k, exp, out, se, a, s) in enumerate(conf, start=1):
+        m = f"features.{i}.block"
+        cin = g.shape[x][1]
+        y = x
+        j = 0
+        if exp != cin:
+            y = act(g.bn(g.conv(y, f"{m}.0.0", exp, 1), f"{m}.0.1"), a, f"{m}.0.2")
+            j = 1
+        y = act(g.bn(g.conv(y, f"{m}.{j}.0", exp, k, s, (k - 1) // 2, g=exp), f"{m}.{j}.1"), a,
+                f"{m}.{j}.2")
+        j += 1
+        if se:
+            y = _se(g, y, f"{m}.{j}", _make_divisible(exp // 4, 8), se)
+            j += 1
+        y = g.bn(g.conv(y, f"{m}.{j}.0", out, 1), f"{m}.{j}.1")
+        if s == 1 and cin == out:
+            y = g.add(y, x, f"features.{i}")
+        x = y
+    last = 6 * g.shape[x][1]
+    n = len(conf) + 1
+    x = act(g.bn(g.conv(x, f"features.{n}.0", last, 1), f"features.{n}.1"), "HS", f"features.{n}.2")
+    x = g.global_avgpool(x, "avgpool")
+    x = g.squeeze(x, "", [2, 3]) if not g.zoo else g.flatten(x)
+    x = g.hardswish(g.gemm(x, "classifier.0", 1280), "classifier.1")
+    x = g.dropout(x, "classifier.2", 0.2)
+    y = g.gemm(x, "classifier.3", num_classes)
+    return g.softmax(y) if softmax else y
+
+
+# ======================================================================================= registry
+_ARCH: dict[str, tuple[Callable, int, tuple[str, ...], str]] = {
+    # name: (body, default image size, styles, description)
+    "resnet18": (lambda g, x, **kw: _resnet(g, x, bottleneck=False, layers=[2, 2, 2, 2],
+                                             dynamic_flatten=False, **kw),
+                 224, ("default", "zoo", "preact"), "ResNet-18 (torchvision)"),
+    "resnet50": (lambda g, x, **kw: _resnet(g, x, bottleneck=True, layers=[3, 4, 6, 3],
+                                             dynamic_flatten=True, **kw),
+                 224, ("default", "zoo", "preact"), "ResNet-50 v1.5 (torchvision)"),
+    "vgg16": (_vgg16, 224, ("default", "zoo"), "VGG-16 (torchvision, configuration D)"),
+    "mobilenetv2": (_mobilenetv2, 224, ("default", "zoo"), "MobileNetV2 1.0 (torchvision)"),
+    "squeezenet": (_squeezenet, 224, ("default", "zoo"), "SqueezeNet 1.1 (torchvision)"),
+    "densenet_block": (_densenet_block, 56, ("default", "zoo"),
+                       "DenseNet-121 stem + dense block 1 + transition 1"),
+    "inception_block": (_inception_block, 56, ("default", "zoo"),
+                        "GoogLeNet stem (LRN) + inception 3a/3b + average pools"),
+    "shufflenet_unit": (_shufflenet_unit, 56, ("default", "zoo"),
+                        "ShuffleNetV2 1.0x stem + stage 2 + conv5 + classifier"),
+    "mobilenetv3_block": (_mobilenetv3_block, 56, ("default", "zoo"),
+                          "MobileNetV3-Large stem + units 1-7 (SE, HardSwish, ...) + classifier"),
+}
+
+#: styles each model supports (the first is the default).
+STYLES: dict[str, tuple[str, ...]] = {k: v[2] for k, v in _ARCH.items()}
+#: default input image size (square) of each model.
+DEFAULT_IMAGE_SIZE: dict[str, int] = {k: v[1] for k, v in _ARCH.items()}
+
+
+def build(name: str, *, batch: int = 1, image_size: int | None = None, opset: int | None = None,
+          seed: int = 0, style: str = "default", softmax: bool = False,
+          num_classes: int = 1000) -> onnx.ModelProto:
+    """Build model ``name`` (a key of :data:`MODELS`) as an ``onnx.ModelProto``.
+
+    ``opset`` defaults to 13 (9 for ``style="zoo"``); ``image_size`` to
+    ``DEFAULT_IMAGE_SIZE[name]``; ``softmax`` appends a Softmax to the classifiers. The same
+    arguments always give the same bytes."""
+    if name not in _ARCH:
+        raise KeyError(f"unknown model {name!r}; choose one of {', '.join(sorted(_ARCH))}")
+    body, default_size, styles, desc = _ARCH[name]
+    if style not in styles:
+        raise ValueError(f"model {name!r} has no style {style!r}; it has {', '.join(styles)}")
+    if opset is None:
+        opset = 9 if style == "zoo" else 13
+    if not _MIN_OPSET <= opset <= _MAX_OPSET:
+        raise ValueError(f"opset {opset} is outside the supported range "
+                         f"{_MIN_OPSET}..{_MAX_OPSET}")
+    size = int(image_size or default_size)
+    if size < 16 or batch < 1:
+        raise ValueError(f"image_size must be >= 16 and batch >= 1 (got {size}, {batch})")
+    g = _Graph(f"{name}_{style}", opset=opset, style=style, seed=seed, batch=batch)
+    x = g.input("input", (batch, 3, size, size))
+    y = body(g, x, softmax=softmax, num_classes=num_classes)
+    g.output(y)
+    meta = {"coacto.zoo.model": name, "coacto.zoo.style": style, "coacto.zoo.seed": str(seed),
+            "coacto.zoo.image_size": str(size)}
+    return g.model(f"{desc}, {style} style, opset {opset}, random weights (seed {seed})", meta)
+
+
+def _builder(name: str) -> Callable[..., onnx.ModelProto]:
+    def b(**kw) -> onnx.ModelProto:
+        return build(name, **kw)
+    b.__name__ = f"build_{name}"
+    b.__doc__ = f"{_ARCH[name][3]}: ``build({name!r}, **kw)``."
+    return b
+
+
+#: name -> builder; ``MODELS[name](**kw)`` is ``build(name, **kw)``.
+MODELS: dict[str, Callable[..., onnx.ModelProto]] = {k: _builder(k) for k in _ARCH}
+
+
+def save(name: str, path: str | pathlib.Path, **kw) -> pathlib.Path:
+    """Build model ``name`` with ``build(name, **kw)`` and write it to ``path``."""
+    p = pathlib.Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_bytes(build(name, **kw).SerializeToString())
+    return p
+
+
+def input_feeds(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
+    """Random ``N(0, 1)`` inputs for every graph input of ``model`` that is not an initializer.
+
+    Symbolic dimensions become 1."""
+    rng = np.random.default_rng(seed)
+    inits = {t.name for t in model.graph.initializer}
+    feeds: dict[str, np.ndarray] = {}
+    for vi in model.graph.input:
+        if vi.name in inits:
+            continue
+        tt = vi.type.tensor_type
+        shape = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else 1
+                 for d in tt.shape.dim]
+        dtype = helper.tensor_dtype_to_np_dtype(tt.elem_type)
+        if np.issubdtype(dtype, np.floating):
+            arr = rng.standard_normal(shape).astype(dtype)
+        else:
+            arr = rng.integers(0, 2, shape).astype(dtype)
+        feeds[vi.name] = arr
+    return feeds
+
+
+def count_params(model: onnx.ModelProto) -> int:
+    """Trainable parameters as torchvision counts them: float initializers with at least one
+    dimension, less BatchNormalization running statistics (buffers in PyTorch)."""
+    buffers = set()
+    for n in model.graph.node:
+        if n.op_type == "BatchNormalization":
+            buffers.update(n.input[3:5])
+    total = 0
+    for t in model.graph.initializer:
+        if t.name in buffers or len(t.dims) == 0:
+            continue
+        if t.data_type not in (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE):
+            continue
+        total += int(np.prod(t.dims))
+    return total

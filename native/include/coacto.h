@@ -1,0 +1,158 @@
+/* coacto native tile runtime: the one public header.
+ *
+ * Opaque handles with create/destroy pairs; every fallible call returns a coacto_status and never
+ * aborts on bad input. This file is also read by the cffi builder (coacto/_build.py), which drops
+ * the preprocessor lines: keep declarations plain (no macros in declarations, no inline bodies). */
+#ifndef COACTO_H
+#define COACTO_H
+#include <stddef.h>
+#include <stdint.h>
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum coacto_status {
+    COACTO_OK = 0,
+    COACTO_ERR_INVALID_ARGUMENT = 1,
+    COACTO_ERR_OUT_OF_MEMORY = 2,
+    COACTO_ERR_INVALID_GRAPH = 3,
+    COACTO_ERR_TIMEOUT = 4,
+    COACTO_ERR_CANCELLED = 5,
+    COACTO_ERR_DUPLICATE = 6,
+    COACTO_ERR_THREAD = 7,
+    COACTO_ERR_STATE = 8
+} coacto_status;
+
+/* Op codes: shared with coacto/ir.py (OP_*). */
+enum {
+    COACTO_OP_INPUT = 0,
+    COACTO_OP_CONV = 1,
+    COACTO_OP_POOL = 2,
+    COACTO_OP_GLOBAL_POOL = 3,
+    COACTO_OP_BINARY = 4,
+    COACTO_OP_AFFINE = 5,
+    COACTO_OP_CONCAT = 6,
+    COACTO_OP_GATHER = 7,
+    COACTO_OP_LRN = 8,
+    COACTO_OP_SOFTMAX = 9,
+    COACTO_OP_NOP = 10,
+    COACTO_OP_COUNT = 11
+};
+
+/* Activations: shared with coacto/ir.py (ACT_*). */
+enum {
+    COACTO_ACT_NONE = 0,
+    COACTO_ACT_RELU = 1,
+    COACTO_ACT_CLIP = 2,
+    COACTO_ACT_LEAKY = 3,
+    COACTO_ACT_SIGMOID = 4,
+    COACTO_ACT_HARDSIGMOID = 5,
+    COACTO_ACT_HARDSWISH = 6,
+    COACTO_ACT_TANH = 7
+};
+
+enum { COACTO_LAYER_KEEP = 1 };
+
+/* Tile states of one inference. */
+enum {
+    COACTO_TILE_NOT_READY = 0,
+    COACTO_TILE_READY = 1,
+    COACTO_TILE_RUNNING = 2,
+    COACTO_TILE_COMPLETED = 3
+};
+
+/* One layer of a tile graph. Its output is an (n, c, h, w) activation stored NHWC: column
+ * (ni*h + y)*w + x holds the c channels of that position contiguously.
+ * iparams / fparams / arrays are op-specific; their meaning per op is documented in
+ * native/src/ops.h. arrays[i] is a byte range [array_offset[i], array_offset[i] + array_size[i])
+ * of the graph's blob (64-byte aligned offsets). */
+typedef struct coacto_layer_desc {
+    int32_t op;
+    int32_t n_inputs;
+    int32_t inputs[8];
+    int32_t n, c, h, w;
+    int32_t iparams[16];
+    float fparams[8];
+    int64_t array_offset[4];
+    int64_t array_size[4];
+    int32_t flags; /* COACTO_LAYER_KEEP: a graph output; its buffer lives until the inference dies */
+} coacto_layer_desc;
+
+/* A whole tile graph. Tiles are numbered in topological order, grouped by layer (all tiles of a
+ * layer are contiguous and layers appear in order); each tile covers columns [col0, col1) and rows
+ * [row0, row1) of its layer's output; its parents (tile ids smaller than its own) are given in CSR
+ * form. Every tile of an INPUT layer is completed by coacto_inference_set_input. */
+typedef struct coacto_graph_desc {
+    int32_t n_layers;
+    const coacto_layer_desc *layers;
+    int32_t n_tiles;
+    const int32_t *tile_layer;     /* [n_tiles] */
+    const int32_t *tile_bounds;    /* [n_tiles * 4]: col0, col1, row0, row1 */
+    const int32_t *parent_offsets; /* [n_tiles + 1] */
+    const int32_t *parents;        /* [parent_offsets[n_tiles]] */
+    const uint8_t *blob;
+    int64_t blob_size;
+} coacto_graph_desc;
+
+typedef struct coacto_inference_stats {
+    int64_t tiles_total;
+    int64_t tiles_computed;  /* by this runtime's threads */
+    int64_t tiles_external;  /* completed by coacto_inference_put_tile */
+    int64_t tiles_dropped;   /* external copies that lost the race */
+    double seconds;          /* start to last completion */
+    int64_t peak_bytes;      /* activation memory high-water mark */
+} coacto_inference_stats;
+
+typedef struct coacto_runtime coacto_runtime;
+typedef struct coacto_graph coacto_graph;
+typedef struct coacto_inference coacto_inference;
+
+const char *coacto_status_string(coacto_status status);
+/* Name of the GEMM micro-kernel in use (e.g. "gemm_f32_12x32__avx512f"). Set
+ * COACTO_FORCE_SCALAR=1 in the environment before the first call to force the scalar kernels. */
+const char *coacto_gemm_kernel_name(void);
+
+/* A runtime owns the computing threads and the ready pool; any number of graphs and inferences
+ * share it. */
+coacto_status coacto_runtime_create(int32_t n_threads, coacto_runtime **out);
+void coacto_runtime_destroy(coacto_runtime *rt);
+int32_t coacto_runtime_threads(const coacto_runtime *rt);
+
+/* Validates the description completely (a corrupt file must not crash the runtime) and copies /
+ * packs what it needs; the description may be freed afterwards. On failure a message is written
+ * to err (may be NULL). */
+coacto_status coacto_graph_create(const coacto_graph_desc *desc, coacto_graph **out, char *err,
+                                  size_t err_size);
+void coacto_graph_destroy(coacto_graph *graph);
+int32_t coacto_graph_tile_count(const coacto_graph *graph);
+
+coacto_status coacto_inference_create(coacto_runtime *rt, coacto_graph *graph,
+                                      coacto_inference **out);
+/* Copies an input layer's NHWC data (exactly n*h*w*c floats) and completes its tiles. */
+coacto_status coacto_inference_set_input(coacto_inference *inf, int32_t layer, const float *data,
+                                         int64_t n_floats);
+/* Completes a tile from outside (e.g. received from the network): copies its (col1 - col0) *
+ * (row1 - row0) floats, column by column. Exactly once: returns COACTO_ERR_DUPLICATE when the tile
+ * was already completed or is being computed. */
+coacto_status coacto_inference_put_tile(coacto_inference *inf, int32_t tile, const float *data,
+                                        int64_t n_floats);
+/* Waits until every tile is completed (COACTO_OK), the timeout passes (COACTO_ERR_TIMEOUT;
+ * negative timeout waits forever), or the inference failed (its error). */
+coacto_status coacto_inference_wait(coacto_inference *inf, double timeout_s);
+coacto_status coacto_inference_get_output(coacto_inference *inf, int32_t layer, float *out,
+                                          int64_t n_floats);
+coacto_status coacto_inference_get_stats(const coacto_inference *inf, coacto_inference_stats *out);
+int32_t coacto_inference_tile_state(const coacto_inference *inf, int32_t tile);
+void coacto_inference_cancel(coacto_inference *inf);
+/* Cancels if still running and waits for tiles in flight on the computing threads. */
+void coacto_inference_destroy(coacto_inference *inf);
+
+/* Benchmark hook: runs C[m x n] = A[m x k] * B[k x n] with the selected kernel (B packed once,
+ * outside the timing) `repeats` times and returns the best time in seconds, or a negative value on
+ * bad arguments. */
+double coacto_gemm_benchmark(int32_t m, int32_t n, int32_t k, int32_t repeats);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,322 @@
+/* Tile graph load: validate a coacto_graph_desc completely (it may come from a corrupt or hostile
+ * file), copy what the runtime needs, derive children, depths and buffer lifetimes. */
+#define _POSIX_C_SOURCE 200809L
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "runtime_internal.h"
+
+#define MAX_LAYERS (1 << 20)
+#define MAX_TILES (1 << 26)
+#define MAX_EDGES ((int64_t)1 << 28)
+#define MAX_LAYER_FLOATS ((int64_t)1 << 31)
+
+double coacto_now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void *coacto_aligned_alloc(size_t bytes) {
+    size_t rounded = (bytes + COACTO_CACHE_LINE - 1) / COACTO_CACHE_LINE * COACTO_CACHE_LINE;
+    if (rounded == 0) rounded = COACTO_CACHE_LINE;
+    return aligned_alloc(COACTO_CACHE_LINE, rounded);
+}
+
+static coacto_status fail(char *err, size_t err_size, const char *fmt, ...) {
+    if (err && err_size) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, err_size, fmt, ap);
+        va_end(ap);
+    }
+    return COACTO_ERR_INVALID_GRAPH;
+}
+
+static void graph_free(coacto_graph *g) {
+    if (!g) return;
+    if (g->layers) {
+        for (int32_t i = 0; i < g->n_layers; i++) op_release(&g->layers[i]);
+    }
+    free(g->layers);
+    free(g->layer_flags);
+    free(g->layer_first_tile);
+    free(g->layer_uses);
+    free(g->layer_input_off);
+    free(g->layer_input_ids);
+    free(g->layer_floats);
+    free(g->tile_layer);
+    free(g->tile_bounds);
+    free(g->parent_off);
+    free(g->parents);
+    free(g->child_off);
+    free(g->children);
+    free(g->tile_bucket);
+    free(g->sources);
+    free(g->blob);
+    free(g);
+}
+
+void graph_release(coacto_graph *g) {
+    if (g && atomic_fetch_sub(&g->refs, 1) == 1) graph_free(g);
+}
+
+void coacto_graph_destroy(coacto_graph *g) { graph_release(g); }
+
+int32_t coacto_graph_tile_count(const coacto_graph *g) { return g ? g->n_tiles : 0; }
+
+static coacto_status load_layers(coacto_graph *g, const coacto_graph_desc *d, char *err,
+                                 size_t es) {
+    for (int32_t li = 0; li < d->n_layers; li++) {
+        const coacto_layer_desc *ld = &d->layers[li];
+        layer *l = &g->layers[li];
+        if (ld->op < 0 || ld->op >= COACTO_OP_COUNT)
+            return fail(err, es, "layer %d: unknown op code %d", li, ld->op);
+        if (ld->n_inputs < 0 || ld->n_inputs > COACTO_MAX_INPUTS)
+            return fail(err, es, "layer %d: %d inputs (0..%d allowed)", li, ld->n_inputs,
+                        COACTO_MAX_INPUTS);
+        if ((ld->op == COACTO_OP_INPUT) != (ld->n_inputs == 0) && ld->op != COACTO_OP_NOP)
+            return fail(err, es, "layer %d: input layers and only they have no inputs", li);
+        if (ld->n < 1 || ld->c < 1 || ld->h < 1 || ld->w < 1)
+            return fail(err, es, "layer %d: non-positive dims", li);
+        int64_t floats = (int64_t)ld->n * ld->c * ld->h * ld->w;
+        int64_t cols = (int64_t)ld->n * ld->h * ld->w;
+        if (floats > MAX_LAYER_FLOATS || cols > INT32_MAX)
+            return fail(err, es, "layer %d: too large (%lld values)", li, (long long)floats);
+        g->layer_floats[li] = floats;
+        g->layer_flags[li] = ld->flags;
+        memset(l, 0, sizeof *l);
+        l->op = ld->op;
+        l->n_inputs = ld->n_inputs;
+        l->n = ld->n;
+        l->c = ld->c;
+        l->h = ld->h;
+        l->w = ld->w;
+        memcpy(l->iparams, ld->iparams, sizeof l->iparams);
+        memcpy(l->fparams, ld->fparams, sizeof l->fparams);
+        for (int i = 0; i < ld->n_inputs; i++) {
+            int32_t p = ld->inputs[i];
+            if (p < 0 || p >= li)
+                return fail(err, es, "layer %d: input %d refers to layer %d (must be < %d)", li,
+                            i, p, li);
+            l->inputs[i] = p;
+            l->in_n[i] = d->layers[p].n;
+            l->in_c[i] = d->layers[p].c;
+            l->in_h[i] = d->layers[p].h;
+            l->in_w[i] = d->layers[p].w;
+        }
+        for (int a = 0; a < 4; a++) {
+            int64_t off = ld->array_offset[a], size = ld->array_size[a];
+            if (size == 0) continue;
+            if (size < 0 || off < 0 || off % COACTO_CACHE_LINE || off > d->blob_size ||
+                size > d->blob_size - off)
+                return fail(err, es, "layer %d: array %d [%lld, +%lld) outside the blob (%lld bytes)",
+                            li, a, (long long)off, (long long)size, (long long)d->blob_size);
+            l->arrays[a] = g->blob + off;
+            l->array_bytes[a] = size;
+        }
+        char op_err[256] = {0};
+        coacto_status st = op_prepare(l, op_err, sizeof op_err);
+        if (st != COACTO_OK) {
+            if (st == COACTO_ERR_OUT_OF_MEMORY) return st;
+            return fail(err, es, "layer %d: %s", li, op_err[0] ? op_err : "invalid parameters");
+        }
+    }
+    return COACTO_OK;
+}
+
+static coacto_status load_tiles(coacto_graph *g, const coacto_graph_desc *d, char *err,
+                                size_t es) {
+    int32_t nt = d->n_tiles;
+    int64_t *area = calloc((size_t)d->n_layers, sizeof *area);
+    if (!area) return COACTO_ERR_OUT_OF_MEMORY;
+    coacto_status st = COACTO_OK;
+    int32_t prev = 0;
+    for (int32_t t = 0; t < nt && st == COACTO_OK; t++) {
+        int32_t li = d->tile_layer[t];
+        if (li < 0 || li >= d->n_layers || li < prev) {
+            st = fail(err, es, "tile %d: layer %d out of order or out of range", t, li);
+            break;
+        }
+        for (int32_t k = prev + 1; k <= li; k++) g->layer_first_tile[k] = t;
+        prev = li;
+        const int32_t *b = &d->tile_bounds[4 * (size_t)t];
+        const layer *l = &g->layers[li];
+        int64_t cols = (int64_t)l->n * l->h * l->w;
+        if (b[0] < 0 || b[0] >= b[1] || b[1] > cols || b[2] < 0 || b[2] >= b[3] || b[3] > l->c) {
+            st = fail(err, es, "tile %d: bounds [%d,%d)x[%d,%d) outside layer %d (%lld x %d)", t,
+                      b[0], b[1], b[2], b[3], li, (long long)cols, l->c);
+            break;
+        }
+        area[li] += (int64_t)(b[1] - b[0]) * (b[3] - b[2]);
+        g->tile_layer[t] = li;
+        memcpy(&g->tile_bounds[4 * (size_t)t], b, 4 * sizeof(int32_t));
+    }
+    for (int32_t k = prev + 1; k <= d->n_layers; k++) g->layer_first_tile[k] = nt;
+    g->layer_first_tile[0] = 0;
+    for (int32_t li = 0; li < d->n_layers && st == COACTO_OK; li++) {
+        if (area[li] != g->layer_floats[li])
+            st = fail(err, es, "layer %d: its tiles cover %lld of %lld values", li,
+                      (long long)area[li], (long long)g->layer_floats[li]);
+    }
+    free(area);
+    return st;
+}
+
+static int layer_reads(const layer *l, int32_t producer) {
+    for (int i = 0; i < l->n_inputs; i++)
+        if (l->inputs[i] == producer) return 1;
+    return 0;
+}
+
+static coacto_status load_edges(coacto_graph *g, const coacto_graph_desc *d, char *err,
+                                size_t es) {
+    int32_t nt = d->n_tiles;
+    if (d->parent_offsets[0] != 0) return fail(err, es, "parent offsets must start at 0");
+    for (int32_t t = 0; t < nt; t++) {
+        if (d->parent_offsets[t + 1] < d->parent_offsets[t])
+            return fail(err, es, "parent offsets decrease at tile %d", t);
+    }
+    int64_t ne = d->parent_offsets[nt];
+    if (ne > MAX_EDGES) return fail(err, es, "too many dependencies (%lld)", (long long)ne);
+    g->parents = malloc(sizeof(int32_t) * (size_t)(ne ? ne : 1));
+    g->child_off = calloc((size_t)nt + 1, sizeof(int32_t));
+    g->children = malloc(sizeof(int32_t) * (size_t)(ne ? ne : 1));
+    if (!g->parents || !g->child_off || !g->children) return COACTO_ERR_OUT_OF_MEMORY;
+    memcpy(g->parent_off, d->parent_offsets, sizeof(int32_t) * ((size_t)nt + 1));
+    for (int32_t t = 0; t < nt; t++) {
+        const layer *l = &g->layers[g->tile_layer[t]];
+        if (l->op == COACTO_OP_INPUT && d->parent_offsets[t + 1] != d->parent_offsets[t])
+            return fail(err, es, "tile %d of an input layer has parents", t);
+        for (int32_t e = d->parent_offsets[t]; e < d->parent_offsets[t + 1]; e++) {
+            int32_t p = d->parents[e];
+            if (p < 0 || p >= t) return fail(err, es, "tile %d: parent %d (must be < %d)", t, p, t);
+            if (!layer_reads(l, g->tile_layer[p]))
+                return fail(err, es, "tile %d: parent %d is in layer %d, not an input of layer %d",
+                            t, p, g->tile_layer[p], g->tile_layer[t]);
+            g->parents[e] = p;
+            g->child_off[p + 1]++;
+        }
+    }
+    for (int32_t t = 0; t < nt; t++) g->child_off[t + 1] += g->child_off[t];
+    int32_t *fill = malloc(sizeof(int32_t) * ((size_t)nt + 1));
+    if (!fill) return COACTO_ERR_OUT_OF_MEMORY;
+    memcpy(fill, g->child_off, sizeof(int32_t) * ((size_t)nt + 1));
+    for (int32_t t = 0; t < nt; t++)
+        for (int32_t e = g->parent_off[t]; e < g->parent_off[t + 1]; e++)
+            g->children[fill[g->parents[e]]++] = t;
+    free(fill);
+    return COACTO_OK;
+}
+
+/* Depth (longest path from a source) decides the pool column: shallower tiles first. */
+static coacto_status derive_schedule(coacto_graph *g) {
+    int32_t nt = g->n_tiles;
+    int32_t *depth = calloc((size_t)nt, sizeof(int32_t));
+    g->tile_bucket = malloc((size_t)nt);
+    g->sources = malloc(sizeof(int32_t) * (size_t)nt);
+    if (!depth || !g->tile_bucket || !g->sources) {
+        free(depth);
+        return COACTO_ERR_OUT_OF_MEMORY;
+    }
+    int32_t max_depth = 0;
+    g->n_sources = 0;
+    for (int32_t t = 0; t < nt; t++) {
+        int32_t dpt = 0;
+        for (int32_t e = g->parent_off[t]; e < g->parent_off[t + 1]; e++)
+            if (depth[g->parents[e]] + 1 > dpt) dpt = depth[g->parents[e]] + 1;
+        depth[t] = dpt;
+        if (dpt > max_depth) max_depth = dpt;
+        if (g->parent_off[t] == g->parent_off[t + 1] &&
+            g->layers[g->tile_layer[t]].op != COACTO_OP_INPUT)
+            g->sources[g->n_sources++] = t;
+    }
+    for (int32_t t = 0; t < nt; t++)
+        g->tile_bucket[t] = (uint8_t)((int64_t)depth[t] * POOL_DEPTH_BUCKETS / (max_depth + 1));
+    free(depth);
+    return COACTO_OK;
+}
+
+/* A layer's buffer is freed when its own tiles and every tile of every layer reading it are
+ * completed (a tile no consumer reads still writes into the buffer). */
+static coacto_status derive_lifetimes(coacto_graph *g) {
+    int32_t nl = g->n_layers;
+    g->layer_input_off = calloc((size_t)nl + 1, sizeof(int32_t));
+    g->layer_input_ids = malloc(sizeof(int32_t) * (size_t)nl * COACTO_MAX_INPUTS + 1);
+    if (!g->layer_input_off || !g->layer_input_ids) return COACTO_ERR_OUT_OF_MEMORY;
+    int32_t k = 0;
+    for (int32_t li = 0; li < nl; li++) {
+        const layer *l = &g->layers[li];
+        int32_t ntiles = g->layer_first_tile[li + 1] - g->layer_first_tile[li];
+        g->layer_uses[li] += ntiles;
+        g->layer_input_off[li] = k;
+        for (int i = 0; i < l->n_inputs; i++) {
+            int dup = 0;
+            for (int j = 0; j < i; j++) dup |= l->inputs[j] == l->inputs[i];
+            if (dup) continue;
+            g->layer_input_ids[k++] = l->inputs[i];
+            g->layer_uses[l->inputs[i]] += ntiles;
+        }
+    }
+    g->layer_input_off[nl] = k;
+    return COACTO_OK;
+}
+
+coacto_status coacto_graph_create(const coacto_graph_desc *d, coacto_graph **out, char *err,
+                                  size_t es) {
+    if (err && es) err[0] = 0;
+    if (!out) return COACTO_ERR_INVALID_ARGUMENT;
+    *out = NULL;
+    if (!d || !d->layers || !d->tile_layer || !d->tile_bounds || !d->parent_offsets ||
+        (!d->parents && d->n_tiles > 0) || (!d->blob && d->blob_size > 0))
+        return fail(err, es, "graph description has NULL arrays");
+    if (d->n_layers < 1 || d->n_layers > MAX_LAYERS || d->n_tiles < 1 || d->n_tiles > MAX_TILES ||
+        d->blob_size < 0)
+        return fail(err, es, "graph has %d layers and %d tiles (1..%d and 1..%d allowed)",
+                    d->n_layers, d->n_tiles, MAX_LAYERS, MAX_TILES);
+    coacto_graph *g = calloc(1, sizeof *g);
+    if (!g) return COACTO_ERR_OUT_OF_MEMORY;
+    atomic_init(&g->refs, 1);
+    g->n_layers = d->n_layers;
+    g->n_tiles = d->n_tiles;
+    size_t nl = (size_t)d->n_layers, nt = (size_t)d->n_tiles;
+    g->layers = calloc(nl, sizeof(layer));
+    g->layer_flags = calloc(nl, sizeof(int32_t));
+    g->layer_first_tile = calloc(nl + 1, sizeof(int32_t));
+    g->layer_uses = calloc(nl, sizeof(int32_t));
+    g->layer_floats = calloc(nl, sizeof(int64_t));
+    g->tile_layer = malloc(nt * sizeof(int32_t));
+    g->tile_bounds = malloc(nt * 4 * sizeof(int32_t));
+    g->parent_off = malloc((nt + 1) * sizeof(int32_t));
+    g->blob = coacto_aligned_alloc((size_t)d->blob_size);
+    coacto_status st = COACTO_OK;
+    if (!g->layers || !g->layer_flags || !g->layer_first_tile || !g->layer_uses ||
+        !g->layer_floats || !g->tile_layer || !g->tile_bounds || !g->parent_off || !g->blob)
+        st = COACTO_ERR_OUT_OF_MEMORY;
+    if (st == COACTO_OK) {
+        if (d->blob_size) memcpy(g->blob, d->blob, (size_t)d->blob_size);
+        st = load_layers(g, d, err, es);
+    }
+    if (st == COACTO_OK) st = load_tiles(g, d, err, es);
+    if (st == COACTO_OK) {
+        for (int32_t li = 0; li < g->n_layers; li++)
+            if (g->layer_first_tile[li + 1] == g->layer_first_tile[li]) {
+                st = fail(err, es, "layer %d has no tiles", li);
+                break;
+            }
+    }
+    if (st == COACTO_OK) st = load_edges(g, d, err, es);
+    if (st == COACTO_OK) st = derive_schedule(g);
+    if (st == COACTO_OK) st = derive_lifetimes(g);
+    if (st != COACTO_OK) {
+        if (st == COACTO_ERR_OUT_OF_MEMORY && err && es && !err[0])
+            snprintf(err, es, "out of memory while loading the graph");
+        graph_free(g);
+        return st;
+    }
+    *out = g;
+    return COACTO_OK;
+}

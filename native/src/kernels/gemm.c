@@ -1,0 +1,185 @@
+/* GEMM driver: kernel selection, B packing, the blocked loop around the micro-kernels, and the
+ * benchmark hook of the public API. */
+#define _POSIX_C_SOURCE 200809L
+#include "kernels/gemm.h"
+
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "coacto.h"
+#include "kernels/cpu.h"
+
+static const gemm_kernel kernel_scalar = {"gemm_f32_4x8__scalar", 4, 8, gemm_f32_4x8__scalar};
+#if defined(__x86_64__) || defined(_M_X64)
+static const gemm_kernel kernel_avx2 = {"gemm_f32_6x16__avx2", 6, 16, gemm_f32_6x16__avx2};
+static const gemm_kernel kernel_avx512f = {"gemm_f32_14x32__avx512f", 14, 32,
+                                           gemm_f32_14x32__avx512f};
+#endif
+#if defined(__aarch64__)
+static const gemm_kernel kernel_neon = {"gemm_f32_6x16__neon", 6, 16, gemm_f32_6x16__neon};
+#endif
+
+/* Best first, NULL-terminated; room for every kernel plus the terminator. */
+static const gemm_kernel *available[5];
+static const gemm_kernel *selected;
+static pthread_once_t select_once = PTHREAD_ONCE_INIT;
+
+static int env_forces_scalar(void)
+{
+    const char *v = getenv("COACTO_FORCE_SCALAR");
+    return v != NULL && v[0] != '\0' && strcmp(v, "0") != 0;
+}
+
+static void init_kernels(void)
+{
+    const cpu_features *cpu = cpu_get_features();
+    size_t n = 0;
+#if defined(__x86_64__) || defined(_M_X64)
+    if (cpu->avx512f) available[n++] = &kernel_avx512f;
+    if (cpu->avx2_fma) available[n++] = &kernel_avx2;
+#endif
+#if defined(__aarch64__)
+    if (cpu->neon) available[n++] = &kernel_neon;
+#endif
+    (void)cpu;
+    available[n++] = &kernel_scalar;
+    available[n] = NULL;
+    selected = env_forces_scalar() ? &kernel_scalar : available[0];
+}
+
+const gemm_kernel *gemm_select(void)
+{
+    pthread_once(&select_once, init_kernels);
+    return selected;
+}
+
+const gemm_kernel *const *gemm_available(void)
+{
+    pthread_once(&select_once, init_kernels);
+    return available;
+}
+
+const char *coacto_gemm_kernel_name(void) { return gemm_select()->name; }
+
+/* The panel slice one ukernel call reads (kc x nr floats) stays in L1 while the row blocks walk
+ * over it: 256 x 32 floats is 32 KiB (AVX-512), 256 x 16 is 16 KiB (AVX2, NEON). Longer blocks
+ * measured no faster on the AVX-512 kernel; the C round trip between blocks is cheap. */
+size_t gemm_block_k(const gemm_kernel *kern)
+{
+    (void)kern;
+    return 256;
+}
+
+/* Rows per pass over the panels: their A block (256 x kc floats, 256 KiB for the AVX-512 kernel)
+ * stays in L2 while every panel of the channel range reuses it. */
+#define BLOCK_M 256
+
+size_t gemm_packed_size(const gemm_kernel *kern, size_t k, size_t n)
+{
+    const size_t panels = (n + kern->nr - 1) / kern->nr;
+    return panels * kern->nr * k;
+}
+
+void gemm_pack_b(const gemm_kernel *kern, size_t k, size_t n, const float *b, size_t ldb,
+                 float *packed)
+{
+    const size_t nr = kern->nr;
+    for (size_t j0 = 0; j0 < n; j0 += nr) {
+        const size_t w = n - j0 < nr ? n - j0 : nr;
+        float *panel = packed + j0 * k;
+        for (size_t p = 0; p < k; p++) {
+            float *dst = panel + p * nr;
+            memcpy(dst, b + p * ldb + j0, w * sizeof(float));
+            for (size_t j = w; j < nr; j++) dst[j] = 0.0f;
+        }
+    }
+}
+
+void gemm_run(const gemm_kernel *kern, size_t m, size_t j0, size_t j1, size_t k, const float *a,
+              size_t lda, const float *packed, float *c, size_t ldc, const gemm_epilogue *ep)
+{
+    const size_t mr_max = kern->mr, nr_max = kern->nr;
+    const size_t kc_max = gemm_block_k(kern);
+    const size_t mc_max = BLOCK_M / mr_max * mr_max;
+    if (m == 0 || j1 <= j0) return;
+    size_t kb = 0;
+    /* Loop order (BLIS): K blocks, then row chunks of BLOCK_M, then panels, then MR row blocks.
+     * Later K blocks accumulate into C; only the last applies the epilogue. k == 0 still runs
+     * once, so C = epilogue(0). */
+    do {
+        const size_t kc = k - kb < kc_max ? k - kb : kc_max;
+        const int last = kb + kc == k;
+        for (size_t ib = 0; ib < m; ib += mc_max) {
+            const size_t i_end = m - ib < mc_max ? m : ib + mc_max;
+            for (size_t j = j0; j < j1; j += nr_max) {
+                const size_t nr = j1 - j < nr_max ? j1 - j : nr_max;
+                const float *panel = packed + j * k + kb * nr_max;
+                for (size_t i = ib; i < i_end; i += mr_max) {
+                    const size_t mr = i_end - i < mr_max ? i_end - i : mr_max;
+                    gemm_epilogue block_ep;
+                    const gemm_epilogue *bep = NULL;
+                    if (last && ep) {
+                        block_ep = *ep;
+                        if (ep->bias) block_ep.bias = ep->bias + j;
+                        if (ep->residual)
+                            block_ep.residual = ep->residual + i * ep->ld_residual + j;
+                        bep = &block_ep;
+                    }
+                    kern->ukernel(mr, nr, kc, a + i * lda + kb, lda, panel, c + i * ldc + j,
+                                  ldc, kb > 0, bep);
+                }
+            }
+        }
+        kb += kc;
+    } while (kb < k);
+}
+
+static double now_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static float *alloc_floats(size_t n)
+{
+    size_t bytes = (n * sizeof(float) + 63) / 64 * 64;
+    return aligned_alloc(64, bytes ? bytes : 64);
+}
+
+double coacto_gemm_benchmark(int32_t m, int32_t n, int32_t k, int32_t repeats)
+{
+    if (m <= 0 || n <= 0 || k <= 0 || repeats <= 0) return -1.0;
+    const gemm_kernel *kern = gemm_select();
+    const size_t M = (size_t)m, N = (size_t)n, K = (size_t)k;
+    float *a = alloc_floats(M * K), *b = alloc_floats(K * N), *c = alloc_floats(M * N);
+    float *packed = alloc_floats(gemm_packed_size(kern, K, N));
+    double best = -1.0;
+    if (a && b && c && packed) {
+        uint32_t state = 12345u;
+        for (size_t i = 0; i < M * K; i++) {
+            state = state * 1664525u + 1013904223u;
+            a[i] = (float)(state >> 8) * (1.0f / 16777216.0f) - 0.5f;
+        }
+        for (size_t i = 0; i < K * N; i++) {
+            state = state * 1664525u + 1013904223u;
+            b[i] = (float)(state >> 8) * (1.0f / 16777216.0f) - 0.5f;
+        }
+        gemm_pack_b(kern, K, N, b, N, packed);
+        gemm_run(kern, M, 0, N, K, a, K, packed, c, N, NULL); /* warm caches and pages */
+        for (int32_t r = 0; r < repeats; r++) {
+            const double t0 = now_seconds();
+            gemm_run(kern, M, 0, N, K, a, K, packed, c, N, NULL);
+            const double t = now_seconds() - t0;
+            if (best < 0.0 || t < best) best = t;
+        }
+    }
+    free(a);
+    free(b);
+    free(c);
+    free(packed);
+    return best;
+}

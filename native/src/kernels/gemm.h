@@ -1,0 +1,80 @@
+/* GEMM for tiles: C[i, j] = clamp(sum_k A[i, k] * B[k, j] + bias[j] + R[i, j], lo, hi).
+ *
+ * In tile terms i is a column (an output position), j an output channel, k the reduction index:
+ * A row i is an im2col row (or the NHWC input itself for 1x1 convolutions), B the layer's weights,
+ * packed once at graph load by gemm_pack_b into panels of kernel->nr channels.
+ *
+ * Packed layout: panel p holds channels [p*nr, p*nr + nr) for all k: element (k, j) of the panel is
+ * at packed[p * k_total * nr + k * nr + (j - p*nr)]; channels beyond n are zero.
+ *
+ * Kernel names read contract__implementation (gemm_f32_6x16__avx2). Every SIMD kernel is tested
+ * against the scalar one (native/tests/test_gemm.c). */
+#ifndef COACTO_GEMM_H
+#define COACTO_GEMM_H
+#include <stddef.h>
+
+typedef struct gemm_epilogue {
+    const float *bias;     /* [n] indexed by absolute channel j, or NULL */
+    const float *residual; /* R, same indexing as C with leading dimension ld_residual, or NULL */
+    size_t ld_residual;
+    float lo, hi;          /* clamp bounds: -INFINITY/INFINITY for none, 0/INFINITY for ReLU */
+} gemm_epilogue;
+
+/* Micro-kernel: the mr x nr block (mr <= MR, nr <= NR) of C at c (row stride ldc) from a (row
+ * stride lda, kc values per row) and one packed panel (kc x NR). accumulate != 0 adds to C
+ * instead of overwriting; ep != NULL applies the epilogue after accumulating (bias/residual
+ * pointers already offset to the block's first row/channel). */
+typedef void (*gemm_ukernel_fn)(size_t mr, size_t nr, size_t kc, const float *a, size_t lda,
+                                const float *b_panel, float *c, size_t ldc, int accumulate,
+                                const gemm_epilogue *ep);
+
+typedef struct gemm_kernel {
+    const char *name;
+    size_t mr, nr;
+    gemm_ukernel_fn ukernel;
+} gemm_kernel;
+
+/* The best kernel this CPU and OS support (CPUID and XCR0 on x86-64; NEON on aarch64), or the
+ * scalar one when the environment has COACTO_FORCE_SCALAR set to a non-empty value other than 0.
+ * Chosen once, thread-safe. */
+const gemm_kernel *gemm_select(void);
+/* Every kernel compiled in and usable on this CPU, best first, NULL-terminated (for tests). */
+const gemm_kernel *const *gemm_available(void);
+
+/* Floats needed to pack a k x n matrix for kernel kern. */
+size_t gemm_packed_size(const gemm_kernel *kern, size_t k, size_t n);
+/* Packs B (k x n, row stride ldb: B[k, j] = b[k*ldb + j]) for kern. */
+void gemm_pack_b(const gemm_kernel *kern, size_t k, size_t n, const float *b, size_t ldb,
+                 float *packed);
+
+/* C[0:m, j0:j1] for channels j0 <= j < j1 (j0 a multiple of kern->nr). a: m rows, stride lda;
+ * packed: the whole packed B (k x n_total); c points at C[0, 0] (row stride ldc), so the block
+ * written starts at c + j0; ep->bias and ep->residual likewise index absolute channels and rows.
+ * Blocks over k internally so panels stay in cache. */
+void gemm_run(const gemm_kernel *kern, size_t m, size_t j0, size_t j1, size_t k, const float *a,
+              size_t lda, const float *packed, float *c, size_t ldc, const gemm_epilogue *ep);
+
+/* Notes for callers (additions to the contract above):
+ * - packed must be 64-byte aligned (the SIMD kernels use aligned loads on it); a, c, bias and
+ *   residual need only float alignment. ep may be NULL in gemm_run (plain product).
+ * - The block the ukernel writes is exactly mr x nr: neighbouring parts of C may be written by
+ *   other threads at the same time. */
+
+/* Reduction depth gemm_run hands to one ukernel call (tests sweep k around it). */
+size_t gemm_block_k(const gemm_kernel *kern);
+
+/* The micro-kernels (each compiled in only where its instruction set exists). */
+void gemm_f32_4x8__scalar(size_t mr, size_t nr, size_t kc, const float *a, size_t lda,
+                          const float *b_panel, float *c, size_t ldc, int accumulate,
+                          const gemm_epilogue *ep);
+void gemm_f32_6x16__avx2(size_t mr, size_t nr, size_t kc, const float *a, size_t lda,
+                         const float *b_panel, float *c, size_t ldc, int accumulate,
+                         const gemm_epilogue *ep);
+void gemm_f32_14x32__avx512f(size_t mr, size_t nr, size_t kc, const float *a, size_t lda,
+                             const float *b_panel, float *c, size_t ldc, int accumulate,
+                             const gemm_epilogue *ep);
+void gemm_f32_6x16__neon(size_t mr, size_t nr, size_t kc, const float *a, size_t lda,
+                         const float *b_panel, float *c, size_t ldc, int accumulate,
+                         const gemm_epilogue *ep);
+
+#endif

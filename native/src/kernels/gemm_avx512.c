@@ -1,0 +1,139 @@
+/* AVX-512F GEMM micro-kernel: 14 rows x 32 channels (two ZMM vectors), 28 accumulators.
+ *
+ * Per reduction step: two aligned loads of the packed panel, 14 scalar broadcasts of A, 28 FMAs.
+ * 14 rows fit the spatial sizes of CNN stages (7x7, 14x14, 28x28, 56x56 are multiples of 7), and
+ * every row count of 4 or more keeps at least 8 FMA chains in flight (two FMA ports x latency 4).
+ * Each row count gets its own fully unrolled body, so partial row blocks cost only their rows;
+ * partial channel blocks use masked loads and stores, never touching C outside the block.
+ *
+ * The function carries target("avx512f") rather than the file being built with -mavx512f: the
+ * package is built with one set of flags and must load on CPUs without AVX-512. */
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+
+#include "kernels/gemm.h"
+
+#define MR 14
+#define NR 32
+
+#if defined(__GNUC__) || defined(__clang__)
+#define TARGET_AVX512 __attribute__((target("avx512f")))
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+#else
+#define TARGET_AVX512
+#define ALWAYS_INLINE __forceinline
+#endif
+
+#define UNROLL _Pragma("GCC unroll 16")
+
+static TARGET_AVX512 ALWAYS_INLINE void ukernel_rows(const size_t rows, size_t nr, size_t kc,
+                                                     const float *a, size_t lda, const float *b,
+                                                     float *c, size_t ldc, int accumulate,
+                                                     const gemm_epilogue *ep)
+{
+    __m512 acc0[MR], acc1[MR];
+    UNROLL for (size_t i = 0; i < rows; i++)
+    {
+        acc0[i] = _mm512_setzero_ps();
+        acc1[i] = _mm512_setzero_ps();
+    }
+    /* Row i of A is addressed as base + index * scale with two bases (rows 0 and 5) and three
+     * strides (1, 3 and 5 rows): 5 registers instead of one pointer per row, so nothing spills. */
+    const char *a0 = (const char *)a;
+    const size_t s1 = lda * sizeof(float), s3 = 3 * s1, s5 = 5 * s1;
+    const char *a5 = a0 + s5;
+    for (size_t p = 0; p < kc; p++) {
+        const __m512 b0 = _mm512_load_ps(b);
+        const __m512 b1 = _mm512_load_ps(b + 16);
+        b += NR;
+        UNROLL for (size_t i = 0; i < rows; i++)
+        {
+            const char *ap;
+            switch (i) {
+            case 0: ap = a0; break;
+            case 1: ap = a0 + s1; break;
+            case 2: ap = a0 + 2 * s1; break;
+            case 3: ap = a0 + s3; break;
+            case 4: ap = a0 + 4 * s1; break;
+            case 5: ap = a5; break;
+            case 6: ap = a0 + 2 * s3; break;
+            case 7: ap = a5 + 2 * s1; break;
+            case 8: ap = a0 + 8 * s1; break;
+            case 9: ap = a5 + 4 * s1; break;
+            case 10: ap = a0 + 2 * s5; break;
+            case 11: ap = a5 + 2 * s3; break;
+            case 12: ap = a0 + 4 * s3; break;
+            default: ap = a5 + 8 * s1; break;
+            }
+            const __m512 ai = _mm512_set1_ps(*(const float *)ap);
+            acc0[i] = _mm512_fmadd_ps(ai, b0, acc0[i]);
+            acc1[i] = _mm512_fmadd_ps(ai, b1, acc1[i]);
+        }
+        a0 += sizeof(float);
+        a5 += sizeof(float);
+    }
+
+    const __mmask16 m0 = nr >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << nr) - 1u);
+    const __mmask16 m1 = nr >= 32   ? (__mmask16)0xFFFF
+                         : nr > 16 ? (__mmask16)((1u << (nr - 16)) - 1u)
+                                   : (__mmask16)0;
+    if (accumulate) {
+        UNROLL for (size_t i = 0; i < rows; i++)
+        {
+            acc0[i] = _mm512_add_ps(acc0[i], _mm512_maskz_loadu_ps(m0, c + i * ldc));
+            acc1[i] = _mm512_add_ps(acc1[i], _mm512_maskz_loadu_ps(m1, c + i * ldc + 16));
+        }
+    }
+    if (ep) {
+        if (ep->bias) {
+            const __m512 bias0 = _mm512_maskz_loadu_ps(m0, ep->bias);
+            const __m512 bias1 = _mm512_maskz_loadu_ps(m1, ep->bias + 16);
+            UNROLL for (size_t i = 0; i < rows; i++)
+            {
+                acc0[i] = _mm512_add_ps(acc0[i], bias0);
+                acc1[i] = _mm512_add_ps(acc1[i], bias1);
+            }
+        }
+        if (ep->residual) {
+            const float *r = ep->residual;
+            const size_t ldr = ep->ld_residual;
+            UNROLL for (size_t i = 0; i < rows; i++)
+            {
+                acc0[i] = _mm512_add_ps(acc0[i], _mm512_maskz_loadu_ps(m0, r + i * ldr));
+                acc1[i] = _mm512_add_ps(acc1[i], _mm512_maskz_loadu_ps(m1, r + i * ldr + 16));
+            }
+        }
+        /* max(lo, v) / min(hi, v) return v when v is NaN: NaN propagates like in the oracle. */
+        const __m512 lo = _mm512_set1_ps(ep->lo), hi = _mm512_set1_ps(ep->hi);
+        UNROLL for (size_t i = 0; i < rows; i++)
+        {
+            acc0[i] = _mm512_min_ps(hi, _mm512_max_ps(lo, acc0[i]));
+            acc1[i] = _mm512_min_ps(hi, _mm512_max_ps(lo, acc1[i]));
+        }
+    }
+    UNROLL for (size_t i = 0; i < rows; i++)
+    {
+        _mm512_mask_storeu_ps(c + i * ldc, m0, acc0[i]);
+        _mm512_mask_storeu_ps(c + i * ldc + 16, m1, acc1[i]);
+    }
+}
+
+#define ROWS_CASE(r)                                                                  \
+    case r:                                                                           \
+        ukernel_rows(r, nr, kc, a, lda, b_panel, c, ldc, accumulate, ep);             \
+        break;
+
+TARGET_AVX512 void gemm_f32_14x32__avx512f(size_t mr, size_t nr, size_t kc, const float *a,
+                                           size_t lda, const float *b_panel, float *c,
+                                           size_t ldc, int accumulate, const gemm_epilogue *ep)
+{
+    switch (mr) {
+        ROWS_CASE(1) ROWS_CASE(2) ROWS_CASE(3) ROWS_CASE(4) ROWS_CASE(5) ROWS_CASE(6) ROWS_CASE(7)
+        ROWS_CASE(8) ROWS_CASE(9) ROWS_CASE(10) ROWS_CASE(11) ROWS_CASE(12) ROWS_CASE(13)
+        ROWS_CASE(14)
+    default:
+        break;
+    }
+}
+
+#endif

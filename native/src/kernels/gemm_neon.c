@@ -1,0 +1,127 @@
+/* AArch64 NEON GEMM micro-kernel: 6 rows x 16 channels (four Q vectors), 24 accumulators.
+ *
+ * Per reduction step: four loads of the packed panel, 6 broadcast loads of A (ld1r), 24 FMAs;
+ * 24 accumulators + 4 panel vectors + 2 broadcasts stay within the 32 vector registers. Each row
+ * count gets its own unrolled body. A partial channel block runs the same full-width body on a
+ * small stack copy (C, bias and residual padded to 16) and copies back only its mr x nr values,
+ * so C outside the block is never touched. */
+#if defined(__aarch64__)
+#include <arm_neon.h>
+#include <string.h>
+
+#include "kernels/gemm.h"
+
+#define MR 6
+#define NR 16
+
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+#define UNROLL _Pragma("GCC unroll 8")
+
+static ALWAYS_INLINE void ukernel_rows(const size_t rows, size_t kc, const float *a, size_t lda,
+                                       const float *b, float *c, size_t ldc, int accumulate,
+                                       const gemm_epilogue *ep)
+{
+    float32x4_t acc[MR][4];
+    UNROLL for (size_t i = 0; i < rows; i++)
+    {
+        acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = vdupq_n_f32(0.0f);
+    }
+    for (size_t p = 0; p < kc; p++) {
+        const float32x4_t b0 = vld1q_f32(b), b1 = vld1q_f32(b + 4);
+        const float32x4_t b2 = vld1q_f32(b + 8), b3 = vld1q_f32(b + 12);
+        b += NR;
+        UNROLL for (size_t i = 0; i < rows; i++)
+        {
+            const float32x4_t ai = vld1q_dup_f32(a + i * lda + p);
+            acc[i][0] = vfmaq_f32(acc[i][0], b0, ai);
+            acc[i][1] = vfmaq_f32(acc[i][1], b1, ai);
+            acc[i][2] = vfmaq_f32(acc[i][2], b2, ai);
+            acc[i][3] = vfmaq_f32(acc[i][3], b3, ai);
+        }
+    }
+    if (accumulate) {
+        UNROLL for (size_t i = 0; i < rows; i++)
+        {
+            const float *cr = c + i * ldc;
+            for (int q = 0; q < 4; q++) acc[i][q] = vaddq_f32(acc[i][q], vld1q_f32(cr + 4 * q));
+        }
+    }
+    if (ep) {
+        if (ep->bias) {
+            float32x4_t bias[4];
+            for (int q = 0; q < 4; q++) bias[q] = vld1q_f32(ep->bias + 4 * q);
+            UNROLL for (size_t i = 0; i < rows; i++)
+            {
+                for (int q = 0; q < 4; q++) acc[i][q] = vaddq_f32(acc[i][q], bias[q]);
+            }
+        }
+        if (ep->residual) {
+            UNROLL for (size_t i = 0; i < rows; i++)
+            {
+                const float *r = ep->residual + i * ep->ld_residual;
+                for (int q = 0; q < 4; q++) acc[i][q] = vaddq_f32(acc[i][q], vld1q_f32(r + 4 * q));
+            }
+        }
+        /* FMAX/FMIN return NaN when either input is NaN: NaN propagates like in the oracle. */
+        const float32x4_t lo = vdupq_n_f32(ep->lo), hi = vdupq_n_f32(ep->hi);
+        UNROLL for (size_t i = 0; i < rows; i++)
+        {
+            for (int q = 0; q < 4; q++) acc[i][q] = vminq_f32(hi, vmaxq_f32(lo, acc[i][q]));
+        }
+    }
+    UNROLL for (size_t i = 0; i < rows; i++)
+    {
+        float *cr = c + i * ldc;
+        for (int q = 0; q < 4; q++) vst1q_f32(cr + 4 * q, acc[i][q]);
+    }
+}
+
+static ALWAYS_INLINE void ukernel_any_rows(size_t mr, size_t kc, const float *a, size_t lda,
+                                           const float *b, float *c, size_t ldc, int accumulate,
+                                           const gemm_epilogue *ep)
+{
+    switch (mr) {
+    case 1: ukernel_rows(1, kc, a, lda, b, c, ldc, accumulate, ep); break;
+    case 2: ukernel_rows(2, kc, a, lda, b, c, ldc, accumulate, ep); break;
+    case 3: ukernel_rows(3, kc, a, lda, b, c, ldc, accumulate, ep); break;
+    case 4: ukernel_rows(4, kc, a, lda, b, c, ldc, accumulate, ep); break;
+    case 5: ukernel_rows(5, kc, a, lda, b, c, ldc, accumulate, ep); break;
+    case 6: ukernel_rows(6, kc, a, lda, b, c, ldc, accumulate, ep); break;
+    default: break;
+    }
+}
+
+void gemm_f32_6x16__neon(size_t mr, size_t nr, size_t kc, const float *a, size_t lda,
+                         const float *b_panel, float *c, size_t ldc, int accumulate,
+                         const gemm_epilogue *ep)
+{
+    if (nr >= NR) {
+        ukernel_any_rows(mr, kc, a, lda, b_panel, c, ldc, accumulate, ep);
+        return;
+    }
+    if (mr > MR) mr = MR;
+    float tmp_c[MR * NR], tmp_bias[NR], tmp_res[MR * NR];
+    memset(tmp_c, 0, sizeof(tmp_c));
+    if (accumulate)
+        for (size_t i = 0; i < mr; i++) memcpy(tmp_c + i * NR, c + i * ldc, nr * sizeof(float));
+    gemm_epilogue tmp_ep;
+    if (ep) {
+        tmp_ep = *ep;
+        if (ep->bias) {
+            memset(tmp_bias, 0, sizeof(tmp_bias));
+            memcpy(tmp_bias, ep->bias, nr * sizeof(float));
+            tmp_ep.bias = tmp_bias;
+        }
+        if (ep->residual) {
+            memset(tmp_res, 0, sizeof(tmp_res));
+            for (size_t i = 0; i < mr; i++)
+                memcpy(tmp_res + i * NR, ep->residual + i * ep->ld_residual, nr * sizeof(float));
+            tmp_ep.residual = tmp_res;
+            tmp_ep.ld_residual = NR;
+        }
+    }
+    ukernel_any_rows(mr, kc, a, lda, b_panel, tmp_c, NR, accumulate, ep ? &tmp_ep : NULL);
+    for (size_t i = 0; i < mr; i++) memcpy(c + i * ldc, tmp_c + i * NR, nr * sizeof(float));
+}
+
+#endif

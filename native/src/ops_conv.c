@@ -1,0 +1,292 @@
+/* Convolution tiles (and Gemm / MatMul, which are convolutions whose kernel covers the input).
+ *
+ * A tile is columns (output positions) [col0, col1) x rows (output channels) [row0, row1). Three
+ * GEMM variants differ only in where the A matrix (one row per output position, K = kh*kw*cin_g
+ * values ordered (ky, kx, ci)) comes from:
+ *   CONV_POINTWISE  1x1, stride 1, no padding: A is the NHWC input itself (lda = C_in);
+ *   CONV_FC         the kernel covers the whole input, no padding: one A row per batch is that
+ *                   batch's whole input block (lda = H_in*W_in*C_in);
+ *   CONV_IM2COL     anything else: im2col of a block of the tile's positions into scratch.
+ * Depthwise convolutions (group == C_in == C_out) use a direct loop over contiguous channels. */
+#include <string.h>
+
+#include "ops_internal.h"
+
+enum { CONV_IM2COL = 0, CONV_POINTWISE = 1, CONV_FC = 2, CONV_DEPTHWISE = 3 };
+
+/* Target size of one im2col block: large enough to amortize streaming the packed weights once
+ * per block, small enough to stay in L2 between im2col and GEMM. */
+#define CONV_BLOCK_FLOATS ((size_t)1 << 17)
+#define CONV_BLOCK_MAX_COLS 512
+
+typedef struct conv_geometry {
+    int64_t kh, kw, sh, sw, pt, pl, pb, pr, dh, dw, group, act;
+    int64_t hin, win, cin, cin_g, cout_g, k;
+} conv_geometry;
+
+static conv_geometry geometry(const layer *l) {
+    const int32_t *p = l->iparams;
+    conv_geometry g = {
+        .kh = p[0], .kw = p[1], .sh = p[2], .sw = p[3], .pt = p[4], .pl = p[5], .pb = p[6],
+        .pr = p[7], .dh = p[8], .dw = p[9], .group = p[10], .act = p[11],
+        .hin = l->in_h[0], .win = l->in_w[0], .cin = l->in_c[0],
+    };
+    if (g.group > 0) {
+        g.cin_g = g.cin / g.group;
+        g.cout_g = l->c / g.group;
+    }
+    g.k = g.kh * g.kw * g.cin_g;
+    return g;
+}
+
+/* Output extent of a window sweep: (in + pads - dilated kernel) / stride + 1, or -1 if empty. */
+static int64_t conv_extent(int64_t in, int64_t pad0, int64_t pad1, int64_t k, int64_t d,
+                           int64_t s) {
+    int64_t span = in + pad0 + pad1 - d * (k - 1) - 1;
+    return span < 0 ? -1 : span / s + 1;
+}
+
+coacto_status conv_prepare(layer *l, char *err, size_t err_size) {
+    conv_geometry g = geometry(l);
+    OPS_REQUIRE(g.kh >= 1 && g.kw >= 1, "kernel %lldx%lld must be positive", (long long)g.kh,
+                (long long)g.kw);
+    OPS_REQUIRE(g.sh >= 1 && g.sw >= 1 && g.dh >= 1 && g.dw >= 1,
+                "strides (%lld, %lld) and dilations (%lld, %lld) must be >= 1", (long long)g.sh,
+                (long long)g.sw, (long long)g.dh, (long long)g.dw);
+    OPS_REQUIRE(g.pt >= 0 && g.pl >= 0 && g.pb >= 0 && g.pr >= 0, "pads must be >= 0");
+    OPS_REQUIRE(ops_act_valid((int32_t)g.act), "unknown activation %lld", (long long)g.act);
+    OPS_REQUIRE(g.group >= 1 && g.cin % g.group == 0 && l->c % g.group == 0,
+                "group %lld must divide input channels %lld and output channels %d",
+                (long long)g.group, (long long)g.cin, l->c);
+    OPS_REQUIRE(l->in_n[0] == l->n, "input batch %d differs from the output's %d", l->in_n[0],
+                l->n);
+    int64_t oh = conv_extent(g.hin, g.pt, g.pb, g.kh, g.dh, g.sh);
+    int64_t ow = conv_extent(g.win, g.pl, g.pr, g.kw, g.dw, g.sw);
+    OPS_REQUIRE(oh == l->h && ow == l->w,
+                "output %dx%d does not match input %lldx%lld under the kernel, strides, pads and "
+                "dilations (gives %lldx%lld)",
+                l->h, l->w, (long long)g.hin, (long long)g.win, (long long)oh, (long long)ow);
+    if (l->n_inputs == 2) {
+        coacto_status st = ops_check_same_dims(l, 1, err, err_size);
+        if (st != COACTO_OK) return st;
+    }
+    int64_t wcount = ops_mul(ops_mul(g.group, g.k), g.cout_g);
+    OPS_REQUIRE(wcount > 0, "weights too large");
+    coacto_status st = ops_check_array(l, 0, wcount * 4, "weights", err, err_size);
+    if (st != COACTO_OK) return st;
+    if (l->array_bytes[1] != 0) {
+        st = ops_check_array(l, 1, (int64_t)l->c * 4, "bias", err, err_size);
+        if (st != COACTO_OK) return st;
+    }
+
+    const float *w = l->arrays[0];
+    if (g.group == g.cin && g.group == l->c) {
+        /* Depthwise: re-lay [c][ky][kx] as [ky][kx][c] so each tap is a contiguous vector. */
+        l->variant = CONV_DEPTHWISE;
+        int64_t taps = g.kh * g.kw, c = l->c;
+        l->packed = ops_alloc_floats((size_t)(taps * c));
+        if (!l->packed) return COACTO_ERR_OUT_OF_MEMORY;
+        for (int64_t ch = 0; ch < c; ch++)
+            for (int64_t t = 0; t < taps; t++) l->packed[t * c + ch] = w[ch * taps + t];
+        return COACTO_OK;
+    }
+
+    const gemm_kernel *kern = gemm_select();
+    l->kern = kern;
+    if (g.kh == 1 && g.kw == 1 && g.sh == 1 && g.sw == 1 && g.pt + g.pl + g.pb + g.pr == 0)
+        l->variant = CONV_POINTWISE;
+    else if (g.group == 1 && g.kh == g.hin && g.kw == g.win && g.pt + g.pl + g.pb + g.pr == 0)
+        l->variant = CONV_FC; /* then h == w == 1 and the dilations do not matter */
+    else
+        l->variant = CONV_IM2COL;
+
+    size_t block = CONV_BLOCK_FLOATS / (size_t)g.k;
+    if (block > CONV_BLOCK_MAX_COLS) block = CONV_BLOCK_MAX_COLS;
+    block = ops_round_up(block ? block : 1, kern->mr);
+    l->block_cols = (int32_t)block;
+    /* A block of im2col rows, then an mr-aligned block x nr temporary for a tile whose first
+     * channel is not at a panel boundary. */
+    l->scratch_fixed = block * kern->nr;
+    if (l->variant == CONV_IM2COL) l->scratch_fixed += ops_round_up(block * (size_t)g.k, 16);
+
+    size_t stride = ops_round_up(gemm_packed_size(kern, (size_t)g.k, (size_t)g.cout_g), 16);
+    l->packed_group_stride = stride;
+    l->packed = ops_alloc_floats(stride * (size_t)g.group);
+    if (!l->packed) return COACTO_ERR_OUT_OF_MEMORY;
+    for (int64_t gi = 0; gi < g.group; gi++)
+        gemm_pack_b(kern, (size_t)g.k, (size_t)g.cout_g, w + gi * g.k * g.cout_g,
+                    (size_t)g.cout_g, l->packed + (size_t)gi * stride);
+    return COACTO_OK;
+}
+
+/* im2col of m output positions starting at column col, channels of group gi: row i of a holds
+ * the k values of position col + i, zeros where the window leaves the input. */
+static void conv_im2col(const layer *l, const conv_geometry *g, const float *x, int64_t col,
+                        int64_t m, int64_t gi, float *restrict a) {
+    ops_position p = ops_position_of(col, l->h, l->w);
+    size_t cin_g = (size_t)g->cin_g, kw = (size_t)g->kw;
+    int whole_rows = g->dw == 1 && g->cin_g == g->cin; /* a window row is one contiguous run */
+    for (int64_t i = 0; i < m; i++, ops_position_next(&p, l->h, l->w)) {
+        float *row = a + i * g->k;
+        const float *xb = x + p.n * g->hin * g->win * g->cin + gi * g->cin_g;
+        int64_t iy0 = p.y * g->sh - g->pt, ix0 = p.x * g->sw - g->pl;
+        int inside_x = ix0 >= 0 && ix0 + g->kw <= g->win;
+        for (int64_t ky = 0; ky < g->kh; ky++) {
+            int64_t iy = iy0 + ky * g->dh;
+            float *dst = row + ky * g->kw * g->cin_g;
+            if (iy < 0 || iy >= g->hin) {
+                memset(dst, 0, kw * cin_g * sizeof(float));
+                continue;
+            }
+            const float *src = xb + iy * g->win * g->cin;
+            if (whole_rows && inside_x) {
+                memcpy(dst, src + ix0 * g->cin, kw * cin_g * sizeof(float));
+                continue;
+            }
+            for (int64_t kx = 0; kx < g->kw; kx++) {
+                int64_t ix = ix0 + kx * g->dw;
+                if (ix < 0 || ix >= g->win)
+                    memset(dst + kx * g->cin_g, 0, cin_g * sizeof(float));
+                else
+                    memcpy(dst + kx * g->cin_g, src + ix * g->cin, cin_g * sizeof(float));
+            }
+        }
+    }
+}
+
+/* Output channels [jlo, jhi) of group gi (group-relative) for m positions: c and r point at the
+ * group's channel 0 of the first position (row stride l->c). gemm_run wants a panel-aligned
+ * first channel; when jlo is not, the channels before the next panel boundary are computed into
+ * tmp (m x nr) and copied, so nothing outside the tile is written. */
+static void conv_gemm(const layer *l, const conv_geometry *g, size_t m, const float *a,
+                      size_t lda, int64_t gi, size_t jlo, size_t jhi, float *c, const float *r,
+                      float *tmp) {
+    const gemm_kernel *kern = l->kern;
+    size_t nr = kern->nr, k = (size_t)g->k, ldc = (size_t)l->c;
+    const float *packed = l->packed + (size_t)gi * l->packed_group_stride;
+    const float *bias = l->arrays[1] ? (const float *)l->arrays[1] + gi * g->cout_g : NULL;
+    float lo, hi;
+    ops_act_bounds((int32_t)g->act, l->fparams[0], l->fparams[1], &lo, &hi);
+
+    size_t jmid = ops_round_up(jlo, nr);
+    if (jmid > jhi) jmid = jhi;
+    if (jlo < jmid) {
+        size_t base = jlo / nr * nr;
+        gemm_epilogue ep = {bias ? bias + base : NULL, NULL, 0, -INFINITY, INFINITY};
+        gemm_run(kern, m, 0, jmid - base, k, a, lda, packed + base * k, tmp, nr, &ep);
+        for (size_t i = 0; i < m; i++) {
+            const float *t = tmp + i * nr;
+            float *ci = c + i * ldc;
+            const float *ri = r ? r + i * ldc : NULL;
+            for (size_t j = jlo; j < jmid; j++) {
+                float v = t[j - base] + (ri ? ri[j] : 0.0f);
+                v = v < lo ? lo : v;
+                ci[j] = v > hi ? hi : v;
+            }
+        }
+    }
+    if (jmid < jhi) {
+        gemm_epilogue ep = {bias ? bias + jmid : NULL, r ? r + jmid : NULL, ldc, lo, hi};
+        gemm_run(kern, m, 0, jhi - jmid, k, a, lda, packed + jmid * k, c + jmid, ldc, &ep);
+    }
+}
+
+static void conv_execute_gemm(const layer *l, const float *const *in, float *out, int64_t col0,
+                              int64_t col1, int64_t row0, int64_t row1, float *scratch) {
+    conv_geometry g = geometry(l);
+    const float *x = in[0], *res = l->n_inputs > 1 ? in[1] : NULL;
+    int64_t c = l->c, block = l->block_cols;
+    float *acol = scratch;
+    float *tmp = scratch;
+    if (l->variant == CONV_IM2COL) tmp += ops_round_up((size_t)(block * g.k), 16);
+    int64_t g0 = row0 / g.cout_g, g1 = (row1 - 1) / g.cout_g;
+
+    for (int64_t b0 = col0; b0 < col1; b0 += block) {
+        int64_t m = col1 - b0 < block ? col1 - b0 : block;
+        for (int64_t gi = g0; gi <= g1; gi++) {
+            int64_t first = gi * g.cout_g;
+            int64_t jlo = (row0 > first ? row0 : first) - first;
+            int64_t jhi = (row1 < first + g.cout_g ? row1 : first + g.cout_g) - first;
+            const float *a;
+            size_t lda;
+            if (l->variant == CONV_POINTWISE) {
+                a = x + b0 * g.cin + gi * g.cin_g;
+                lda = (size_t)g.cin;
+            } else if (l->variant == CONV_FC) {
+                a = x + b0 * g.k; /* column b0 is batch b0 */
+                lda = (size_t)g.k;
+            } else {
+                conv_im2col(l, &g, x, b0, m, gi, acol);
+                a = acol;
+                lda = (size_t)g.k;
+            }
+            conv_gemm(l, &g, (size_t)m, a, lda, gi, (size_t)jlo, (size_t)jhi,
+                      out + b0 * c + first, res ? res + b0 * c + first : NULL, tmp);
+        }
+        if (!ops_act_is_clamp((int32_t)g.act))
+            for (int64_t i = b0; i < b0 + m; i++)
+                ops_act_apply(out + i * c + row0, (size_t)(row1 - row0), (int32_t)g.act,
+                              l->fparams[0], l->fparams[1]);
+    }
+}
+
+/* Channels [c0, c0 + nc) of one depthwise output position; nc <= OPS_CHANNEL_BLOCK. Inlined with
+ * a constant nc for full blocks so the accumulators stay in registers. */
+static inline __attribute__((always_inline)) void
+dw_channels(const layer *l, const conv_geometry *g, const float *xb, const ops_position *p,
+            int64_t c0, int64_t nc, const float *bias, const float *r, float *o, float lo,
+            float hi) {
+    const float *wdw = l->packed;
+    int64_t c = l->c;
+    float acc[OPS_CHANNEL_BLOCK];
+    for (int64_t i = 0; i < nc; i++) acc[i] = bias ? bias[c0 + i] : 0.0f;
+    int64_t iy0 = p->y * g->sh - g->pt, ix0 = p->x * g->sw - g->pl;
+    for (int64_t ky = 0; ky < g->kh; ky++) {
+        int64_t iy = iy0 + ky * g->dh;
+        if (iy < 0 || iy >= g->hin) continue;
+        for (int64_t kx = 0; kx < g->kw; kx++) {
+            int64_t ix = ix0 + kx * g->dw;
+            if (ix < 0 || ix >= g->win) continue;
+            const float *xs = xb + (iy * g->win + ix) * c + c0;
+            const float *ws = wdw + (ky * g->kw + kx) * c + c0;
+            for (int64_t i = 0; i < nc; i++) acc[i] += xs[i] * ws[i];
+        }
+    }
+    for (int64_t i = 0; i < nc; i++) {
+        float v = acc[i] + (r ? r[c0 + i] : 0.0f);
+        v = v < lo ? lo : v;
+        o[c0 + i] = v > hi ? hi : v;
+    }
+}
+
+OPS_CLONES static void
+conv_execute_depthwise(const layer *l, const float *const *in, float *out, int64_t col0,
+                       int64_t col1, int64_t row0, int64_t row1) {
+    conv_geometry g = geometry(l);
+    const float *x = in[0], *res = l->n_inputs > 1 ? in[1] : NULL;
+    const float *bias = l->arrays[1];
+    int64_t c = l->c;
+    float lo, hi;
+    ops_act_bounds((int32_t)g.act, l->fparams[0], l->fparams[1], &lo, &hi);
+    ops_position p = ops_position_of(col0, l->h, l->w);
+    for (int64_t col = col0; col < col1; col++, ops_position_next(&p, l->h, l->w)) {
+        const float *xb = x + p.n * g.hin * g.win * c;
+        const float *r = res ? res + col * c : NULL;
+        float *o = out + col * c;
+        int64_t c0 = row0;
+        for (; c0 + OPS_CHANNEL_BLOCK <= row1; c0 += OPS_CHANNEL_BLOCK)
+            dw_channels(l, &g, xb, &p, c0, OPS_CHANNEL_BLOCK, bias, r, o, lo, hi);
+        if (c0 < row1) dw_channels(l, &g, xb, &p, c0, row1 - c0, bias, r, o, lo, hi);
+        if (!ops_act_is_clamp((int32_t)g.act))
+            ops_act_apply(o + row0, (size_t)(row1 - row0), (int32_t)g.act, l->fparams[0],
+                          l->fparams[1]);
+    }
+}
+
+void conv_execute(const layer *l, const float *const *in, float *out, int32_t col0, int32_t col1,
+                  int32_t row0, int32_t row1, float *scratch) {
+    if (l->variant == CONV_DEPTHWISE)
+        conv_execute_depthwise(l, in, out, col0, col1, row0, row1);
+    else
+        conv_execute_gemm(l, in, out, col0, col1, row0, row1, scratch);
+}

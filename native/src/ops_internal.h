@@ -1,0 +1,127 @@
+/* Shared by the tile executors (ops*.c): per-family prepare / execute entry points, parameter
+ * checks, activations. Not part of the runtime's interface (that is ops.h). */
+#ifndef COACTO_OPS_INTERNAL_H
+#define COACTO_OPS_INTERNAL_H
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ops.h"
+
+/* Executors never handle more elements per layer than this: keeps every index product inside
+ * int64 with room to spare, whatever a graph file claims. */
+#define OPS_MAX_ELEMENTS ((int64_t)1 << 40)
+
+/* Channels one pass of the direct (depthwise, pooling) loops keeps in registers. */
+#define OPS_CHANNEL_BLOCK 16
+
+/* The direct loops (depthwise, pooling) get an AVX2 + FMA clone next to the baseline build,
+ * picked at load time, where the toolchain and platform support function multiversioning. */
+#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(COACTO_NO_CLONES)
+#define OPS_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define OPS_CLONES
+#endif
+
+/* Writes the message (printf format) and returns COACTO_ERR_INVALID_GRAPH. */
+coacto_status ops_fail(char *err, size_t err_size, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Returns from the calling prepare function (which has err, err_size in scope) when cond fails. */
+#define OPS_REQUIRE(cond, ...)                                   \
+    do {                                                         \
+        if (!(cond)) return ops_fail(err, err_size, __VA_ARGS__); \
+    } while (0)
+
+/* a * b for non-negative a, b; -1 when the product exceeds OPS_MAX_ELEMENTS (or either is < 0). */
+int64_t ops_mul(int64_t a, int64_t b);
+/* Array `index` must hold exactly `bytes` bytes (0: must be absent), float aligned. */
+coacto_status ops_check_array(const layer *l, int index, int64_t bytes, const char *what,
+                              char *err, size_t err_size);
+/* Input i must have exactly the output's dims. */
+coacto_status ops_check_same_dims(const layer *l, int i, char *err, size_t err_size);
+/* 64-byte aligned allocation of `floats` floats (rounded up to whole cache lines), or NULL. */
+float *ops_alloc_floats(size_t floats);
+
+static inline size_t ops_round_up(size_t x, size_t m) { return (x + m - 1) / m * m; }
+
+/* Column index -> (batch, y, x) of a layer with h x w positions per batch. */
+typedef struct ops_position {
+    int64_t n, y, x;
+} ops_position;
+
+static inline ops_position ops_position_of(int64_t col, int64_t h, int64_t w) {
+    ops_position p;
+    p.x = col % w;
+    p.y = (col / w) % h;
+    p.n = col / (w * h);
+    return p;
+}
+
+/* Advances p to the next column without dividing. */
+static inline void ops_position_next(ops_position *p, int64_t h, int64_t w) {
+    if (++p->x == w) {
+        p->x = 0;
+        if (++p->y == h) {
+            p->y = 0;
+            p->n++;
+        }
+    }
+}
+
+/* Activations. NONE, RELU and CLIP are clamps (fused into GEMM epilogues and direct loops); the
+ * others are applied to the finished values. */
+static inline int ops_act_valid(int32_t act) {
+    return act >= COACTO_ACT_NONE && act <= COACTO_ACT_TANH;
+}
+
+static inline int ops_act_is_clamp(int32_t act) {
+    return act == COACTO_ACT_NONE || act == COACTO_ACT_RELU || act == COACTO_ACT_CLIP;
+}
+
+/* Clamp bounds of act; (-inf, inf) for activations that are not clamps. */
+static inline void ops_act_bounds(int32_t act, float alpha, float beta, float *lo, float *hi) {
+    *lo = -INFINITY;
+    *hi = INFINITY;
+    if (act == COACTO_ACT_RELU) {
+        *lo = 0.0f;
+    } else if (act == COACTO_ACT_CLIP) {
+        *lo = alpha;
+        *hi = beta;
+    }
+}
+
+/* Applies act in place to x[0:n]. */
+void ops_act_apply(float *x, size_t n, int32_t act, float alpha, float beta);
+
+/* Per family: prepare validates (the common checks of op_prepare already passed) and fills the
+ * prepared fields; execute computes one tile (arguments as op_execute). */
+coacto_status conv_prepare(layer *l, char *err, size_t err_size);
+void conv_execute(const layer *l, const float *const *in, float *out, int32_t col0, int32_t col1,
+                  int32_t row0, int32_t row1, float *scratch);
+coacto_status pool_prepare(layer *l, char *err, size_t err_size);
+void pool_execute(const layer *l, const float *const *in, float *out, int32_t col0, int32_t col1,
+                  int32_t row0, int32_t row1);
+coacto_status global_pool_prepare(layer *l, char *err, size_t err_size);
+void global_pool_execute(const layer *l, const float *const *in, float *out, int32_t col0,
+                         int32_t col1, int32_t row0, int32_t row1);
+coacto_status binary_prepare(layer *l, char *err, size_t err_size);
+void binary_execute(const layer *l, const float *const *in, float *out, int32_t col0, int32_t col1,
+                    int32_t row0, int32_t row1);
+coacto_status affine_prepare(layer *l, char *err, size_t err_size);
+void affine_execute(const layer *l, const float *const *in, float *out, int32_t col0, int32_t col1,
+                    int32_t row0, int32_t row1);
+coacto_status concat_prepare(layer *l, char *err, size_t err_size);
+void concat_execute(const layer *l, const float *const *in, float *out, int32_t col0, int32_t col1,
+                    int32_t row0, int32_t row1);
+coacto_status gather_prepare(layer *l, char *err, size_t err_size);
+void gather_execute(const layer *l, const float *const *in, float *out, int32_t col0, int32_t col1,
+                    int32_t row0, int32_t row1);
+coacto_status lrn_prepare(layer *l, char *err, size_t err_size);
+void lrn_execute(const layer *l, const float *const *in, float *out, int32_t col0, int32_t col1,
+                 int32_t row0, int32_t row1);
+coacto_status softmax_prepare(layer *l, char *err, size_t err_size);
+void softmax_execute(const layer *l, const float *const *in, float *out, int32_t col0,
+                     int32_t col1, int32_t row0, int32_t row1, float *scratch);
+
+#endif

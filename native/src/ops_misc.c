@@ -1,0 +1,282 @@
+/* Per-column tiles: elementwise binary ops with broadcasting, per-channel affine, channel concat,
+ * index gathers, local response normalisation, softmax. Each loops over the tile's columns and,
+ * inside, over the tile's contiguous rows. */
+#include <string.h>
+
+#include "ops_internal.h"
+
+enum { BIN_ADD = 0, BIN_SUB = 1, BIN_MUL = 2, BIN_DIV = 3 };
+
+/* ---- BINARY ---------------------------------------------------------------------------------- */
+
+static int broadcasts(int32_t d, int32_t out) { return d == 1 || d == out; }
+
+coacto_status binary_prepare(layer *l, char *err, size_t err_size) {
+    const int32_t *p = l->iparams;
+    OPS_REQUIRE(p[0] >= BIN_ADD && p[0] <= BIN_DIV, "unknown binary kind %d", p[0]);
+    OPS_REQUIRE(ops_act_valid(p[1]), "unknown activation %d", p[1]);
+    for (int i = 0; i < l->n_inputs; i++)
+        OPS_REQUIRE(broadcasts(l->in_n[i], l->n) && broadcasts(l->in_c[i], l->c) &&
+                        broadcasts(l->in_h[i], l->h) && broadcasts(l->in_w[i], l->w),
+                    "input %d (%dx%dx%dx%d NCHW) does not broadcast to the output %dx%dx%dx%d", i,
+                    l->in_n[i], l->in_c[i], l->in_h[i], l->in_w[i], l->n, l->c, l->h, l->w);
+    if (l->n_inputs == 2) return ops_check_array(l, 0, 0, "constant", err, err_size);
+
+    int32_t kn = p[4], kc = p[5], kh = p[6], kw = p[7];
+    OPS_REQUIRE(p[2] == 0 || p[2] == 1, "const_first must be 0 or 1");
+    OPS_REQUIRE(kn >= 1 && kc >= 1 && kh >= 1 && kw >= 1 && broadcasts(kn, l->n) &&
+                    broadcasts(kc, l->c) && broadcasts(kh, l->h) && broadcasts(kw, l->w),
+                "constant %dx%dx%dx%d (NCHW) does not broadcast to the output %dx%dx%dx%d", kn,
+                kc, kh, kw, l->n, l->c, l->h, l->w);
+    int64_t count = (int64_t)kn * kc * kh * kw; /* each factor <= the output's */
+    coacto_status st = ops_check_array(l, 0, count * 4, "constant", err, err_size);
+    if (st != COACTO_OK) return st;
+    /* Re-lay NCHW as NHWC so the constant reads like an activation input. */
+    const float *k = l->arrays[0];
+    l->packed = ops_alloc_floats((size_t)count);
+    if (!l->packed) return COACTO_ERR_OUT_OF_MEMORY;
+    for (int64_t n = 0; n < kn; n++)
+        for (int64_t c = 0; c < kc; c++)
+            for (int64_t y = 0; y < kh; y++)
+                for (int64_t x = 0; x < kw; x++)
+                    l->packed[((n * kh + y) * kw + x) * kc + c] = k[((n * kc + c) * kh + y) * kw + x];
+    return COACTO_OK;
+}
+
+/* An operand read with broadcasting: stride 0 on every dim it broadcasts along. */
+typedef struct operand {
+    const float *base;
+    int64_t sn, sy, sx, sc;
+} operand;
+
+static operand operand_of(const layer *l, const float *base, int64_t n, int64_t c, int64_t h,
+                          int64_t w) {
+    operand o = {base, n == l->n ? h * w * c : 0, h == l->h ? w * c : 0, w == l->w ? c : 0,
+                 c == l->c ? 1 : 0};
+    return o;
+}
+
+#define BIN_ADD_OP(x, y) ((x) + (y))
+#define BIN_SUB_OP(x, y) ((x) - (y))
+#define BIN_MUL_OP(x, y) ((x) * (y))
+#define BIN_DIV_OP(x, y) ((x) / (y))
+/* One loop per operand shape (vector or broadcast scalar) so each vectorizes. */
+#define BIN_LOOPS(OP)                                                       \
+    do {                                                                    \
+        if (sa && sb) {                                                     \
+            for (size_t i = 0; i < n; i++) o[i] = OP(a[i], b[i]);           \
+        } else if (sa) {                                                    \
+            const float bv = b[0];                                          \
+            for (size_t i = 0; i < n; i++) o[i] = OP(a[i], bv);             \
+        } else if (sb) {                                                    \
+            const float av = a[0];                                          \
+            for (size_t i = 0; i < n; i++) o[i] = OP(av, b[i]);             \
+        } else {                                                            \
+            const float v = OP(a[0], b[0]);                                 \
+            for (size_t i = 0; i < n; i++) o[i] = v;                        \
+        }                                                                   \
+    } while (0)
+
+static void binary_span(int32_t kind, const float *restrict a, int sa, const float *restrict b,
+                        int sb, float *restrict o, size_t n) {
+    switch (kind) {
+    case BIN_ADD: BIN_LOOPS(BIN_ADD_OP); break;
+    case BIN_SUB: BIN_LOOPS(BIN_SUB_OP); break;
+    case BIN_MUL: BIN_LOOPS(BIN_MUL_OP); break;
+    default: BIN_LOOPS(BIN_DIV_OP); break;
+    }
+}
+
+void binary_execute(const layer *l, const float *const *in, float *out, int32_t col0, int32_t col1,
+                    int32_t row0, int32_t row1) {
+    const int32_t *p = l->iparams;
+    operand ops[2];
+    ops[0] = operand_of(l, in[0], l->in_n[0], l->in_c[0], l->in_h[0], l->in_w[0]);
+    if (l->n_inputs == 2) {
+        ops[1] = operand_of(l, in[1], l->in_n[1], l->in_c[1], l->in_h[1], l->in_w[1]);
+    } else {
+        ops[1] = operand_of(l, l->packed, p[4], p[5], p[6], p[7]);
+        if (p[2]) { /* constant OP input */
+            operand t = ops[0];
+            ops[0] = ops[1];
+            ops[1] = t;
+        }
+    }
+    const operand *A = &ops[0], *B = &ops[1];
+    int64_t c = l->c;
+    size_t n = (size_t)(row1 - row0);
+    ops_position q = ops_position_of(col0, l->h, l->w);
+    for (int64_t col = col0; col < col1; col++, ops_position_next(&q, l->h, l->w)) {
+        const float *a = A->base + q.n * A->sn + q.y * A->sy + q.x * A->sx + row0 * A->sc;
+        const float *b = B->base + q.n * B->sn + q.y * B->sy + q.x * B->sx + row0 * B->sc;
+        float *o = out + col * c + row0;
+        binary_span(p[0], a, A->sc != 0, b, B->sc != 0, o, n);
+        ops_act_apply(o, n, p[1], l->fparams[0], l->fparams[1]);
+    }
+}
+
+/* ---- AFFINE ---------------------------------------------------------------------------------- */
+
+coacto_status affine_prepare(layer *l, char *err, size_t err_size) {
+    OPS_REQUIRE(ops_act_valid(l->iparams[0]), "unknown activation %d", l->iparams[0]);
+    coacto_status st = ops_check_same_dims(l, 0, err, err_size);
+    if (st == COACTO_OK) st = ops_check_array(l, 0, (int64_t)l->c * 4, "scale", err, err_size);
+    if (st == COACTO_OK) st = ops_check_array(l, 1, (int64_t)l->c * 4, "shift", err, err_size);
+    return st;
+}
+
+void affine_execute(const layer *l, const float *const *in, float *out, int32_t col0, int32_t col1,
+                    int32_t row0, int32_t row1) {
+    const float *restrict scale = (const float *)l->arrays[0] + row0;
+    const float *restrict shift = (const float *)l->arrays[1] + row0;
+    int64_t c = l->c;
+    size_t n = (size_t)(row1 - row0);
+    for (int64_t col = col0; col < col1; col++) {
+        const float *restrict x = in[0] + col * c + row0;
+        float *restrict o = out + col * c + row0;
+        for (size_t i = 0; i < n; i++) o[i] = x[i] * scale[i] + shift[i];
+        ops_act_apply(o, n, l->iparams[0], l->fparams[0], l->fparams[1]);
+    }
+}
+
+/* ---- CONCAT ---------------------------------------------------------------------------------- */
+
+coacto_status concat_prepare(layer *l, char *err, size_t err_size) {
+    int64_t total = 0;
+    for (int i = 0; i < l->n_inputs; i++) {
+        OPS_REQUIRE(l->in_n[i] == l->n && l->in_h[i] == l->h && l->in_w[i] == l->w,
+                    "input %d is %dx_x%dx%d (NCHW), the output %dx_x%dx%d: only channels may "
+                    "differ",
+                    i, l->in_n[i], l->in_h[i], l->in_w[i], l->n, l->h, l->w);
+        total += l->in_c[i];
+    }
+    OPS_REQUIRE(total == l->c, "input channels sum to %lld, the output has %d", (long long)total,
+                l->c);
+    return COACTO_OK;
+}
+
+void concat_execute(const layer *l, const float *const *in, float *out, int32_t col0, int32_t col1,
+                    int32_t row0, int32_t row1) {
+    int64_t c = l->c, first = 0;
+    for (int i = 0; i < l->n_inputs; i++) {
+        int64_t ci = l->in_c[i];
+        int64_t lo = row0 > first ? row0 : first, hi = row1 < first + ci ? row1 : first + ci;
+        if (lo < hi)
+            for (int64_t col = col0; col < col1; col++)
+                memcpy(out + col * c + lo, in[i] + col * ci + (lo - first),
+                       (size_t)(hi - lo) * sizeof(float));
+        first += ci;
+    }
+}
+
+/* ---- GATHER ---------------------------------------------------------------------------------- */
+
+coacto_status gather_prepare(layer *l, char *err, size_t err_size) {
+    int64_t total = 0;
+    for (int i = 0; i < l->n_inputs; i++)
+        total += (int64_t)l->in_n[i] * l->in_c[i] * l->in_h[i] * l->in_w[i];
+    OPS_REQUIRE(total <= INT32_MAX, "inputs hold %lld values, more than an int32 index reaches",
+                (long long)total);
+    int64_t count = (int64_t)l->n * l->c * l->h * l->w;
+    coacto_status st = ops_check_array(l, 0, count * 4, "index", err, err_size);
+    if (st != COACTO_OK) return st;
+    const int32_t *index = l->arrays[0];
+    for (int64_t i = 0; i < count; i++)
+        OPS_REQUIRE(index[i] >= -1 && index[i] < total,
+                    "index[%lld] = %d is outside [-1, %lld) (the inputs' values)", (long long)i,
+                    index[i], (long long)total);
+    return COACTO_OK;
+}
+
+void gather_execute(const layer *l, const float *const *in, float *out, int32_t col0, int32_t col1,
+                    int32_t row0, int32_t row1) {
+    const int32_t *index = l->arrays[0];
+    const float fill = l->fparams[0];
+    int64_t c = l->c;
+    /* first[i]: flat index of input i's first value in the concatenated storages. */
+    int64_t first[COACTO_MAX_INPUTS + 1] = {0};
+    for (int i = 0; i < l->n_inputs; i++)
+        first[i + 1] = first[i] + (int64_t)l->in_n[i] * l->in_c[i] * l->in_h[i] * l->in_w[i];
+    for (int64_t col = col0; col < col1; col++) {
+        const int32_t *ix = index + col * c;
+        float *o = out + col * c;
+        if (l->n_inputs == 1) {
+            const float *x = in[0];
+            for (int64_t r = row0; r < row1; r++) o[r] = ix[r] < 0 ? fill : x[ix[r]];
+            continue;
+        }
+        for (int64_t r = row0; r < row1; r++) {
+            int64_t v = ix[r];
+            if (v < 0) {
+                o[r] = fill;
+                continue;
+            }
+            int i = 0;
+            while (v >= first[i + 1]) i++;
+            o[r] = in[i][v - first[i]];
+        }
+    }
+}
+
+/* ---- LRN ------------------------------------------------------------------------------------- */
+
+coacto_status lrn_prepare(layer *l, char *err, size_t err_size) {
+    const float *f = l->fparams;
+    OPS_REQUIRE(l->iparams[0] >= 1, "LRN size %d must be >= 1", l->iparams[0]);
+    OPS_REQUIRE(isfinite(f[0]) && isfinite(f[1]) && isfinite(f[2]),
+                "LRN alpha, beta and bias must be finite");
+    return ops_check_same_dims(l, 0, err, err_size);
+}
+
+/* y = x / (bias + alpha / size * sum of x^2 over channels [c - (size-1)/2, c + ceil((size-1)/2)]).
+ */
+void lrn_execute(const layer *l, const float *const *in, float *out, int32_t col0, int32_t col1,
+                 int32_t row0, int32_t row1) {
+    int64_t c = l->c, size = l->iparams[0];
+    int64_t before = (size - 1) / 2, after = size - 1 - before;
+    float alpha = l->fparams[0] / (float)size, beta = l->fparams[1], bias = l->fparams[2];
+    for (int64_t col = col0; col < col1; col++) {
+        const float *x = in[0] + col * c;
+        float *o = out + col * c;
+        for (int64_t r = row0; r < row1; r++) {
+            int64_t lo = r - before < 0 ? 0 : r - before;
+            int64_t hi = r + after >= c ? c - 1 : r + after;
+            float sum = 0.0f;
+            for (int64_t j = lo; j <= hi; j++) sum += x[j] * x[j];
+            o[r] = x[r] * powf(bias + alpha * sum, -beta);
+        }
+    }
+}
+
+/* ---- SOFTMAX --------------------------------------------------------------------------------- */
+
+coacto_status softmax_prepare(layer *l, char *err, size_t err_size) {
+    OPS_REQUIRE(l->iparams[0] == 0 || l->iparams[0] == 1, "softmax log flag must be 0 or 1");
+    l->scratch_fixed = (size_t)l->c;
+    return ops_check_same_dims(l, 0, err, err_size);
+}
+
+/* Over all channels of each column (max-subtracted); a row-split tile still reads them all. */
+void softmax_execute(const layer *l, const float *const *in, float *out, int32_t col0,
+                     int32_t col1, int32_t row0, int32_t row1, float *scratch) {
+    int64_t c = l->c;
+    float *restrict e = scratch;
+    for (int64_t col = col0; col < col1; col++) {
+        const float *restrict x = in[0] + col * c;
+        float *restrict o = out + col * c;
+        float max = x[0];
+        for (int64_t j = 1; j < c; j++) max = x[j] > max ? x[j] : max;
+        double sum = 0.0;
+        for (int64_t j = 0; j < c; j++) {
+            e[j] = expf(x[j] - max);
+            sum += e[j];
+        }
+        if (l->iparams[0]) {
+            float shift = max + (float)log(sum);
+            for (int64_t r = row0; r < row1; r++) o[r] = x[r] - shift;
+        } else {
+            float inv = (float)(1.0 / sum);
+            for (int64_t r = row0; r < row1; r++) o[r] = e[r] * inv;
+        }
+    }
+}

@@ -1,0 +1,545 @@
+/* Computing engines, ready pool and per-inference tile state (ASPEN Algorithm 1).
+ *
+ * A worker pops a ready tile (its own pool row first, shallowest depth bucket first, then steals),
+ * runs it, and completes it; of the children that became ready it continues depth-first with one
+ * and pushes the others. Completion is exactly once: a tile goes READY -> RUNNING by compare-and-
+ * swap, and coacto_inference_put_tile claims NOT_READY/READY -> RUNNING the same way, so a tile that
+ * arrives from outside and the same tile computed here complete it once; the loser is dropped. */
+#define _POSIX_C_SOURCE 200809L
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "runtime_internal.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define cpu_relax() _mm_pause()
+#elif defined(__aarch64__)
+#define cpu_relax() __asm__ __volatile__("yield")
+#else
+#define cpu_relax() ((void)0)
+#endif
+
+/* Spin this many polls of the pool before sleeping: a wake-up costs tens of microseconds, and
+ * during an inference new tiles appear every few microseconds. */
+#define SPIN_POLLS 4000
+
+static _Thread_local int32_t tls_worker = -1;
+
+const char *coacto_status_string(coacto_status s) {
+    switch (s) {
+    case COACTO_OK: return "ok";
+    case COACTO_ERR_INVALID_ARGUMENT: return "invalid argument";
+    case COACTO_ERR_OUT_OF_MEMORY: return "out of memory";
+    case COACTO_ERR_INVALID_GRAPH: return "invalid tile graph";
+    case COACTO_ERR_TIMEOUT: return "timed out";
+    case COACTO_ERR_CANCELLED: return "cancelled";
+    case COACTO_ERR_DUPLICATE: return "tile already completed";
+    case COACTO_ERR_THREAD: return "could not start a thread";
+    case COACTO_ERR_STATE: return "operation not valid in this state";
+    }
+    return "unknown status";
+}
+
+/* ---------------------------------------------------------------- ready pool */
+
+static int fifo_push(task_fifo *q, task t) {
+    if (q->count == q->cap) {
+        uint32_t cap = q->cap ? q->cap * 2 : 64;
+        task *items = malloc(sizeof(task) * cap);
+        if (!items) return 0;
+        for (uint32_t i = 0; i < q->count; i++) items[i] = q->items[(q->head + i) % q->cap];
+        free(q->items);
+        q->items = items;
+        q->cap = cap;
+        q->head = 0;
+    }
+    q->items[(q->head + q->count) % q->cap] = t;
+    q->count++;
+    return 1;
+}
+
+static int row_pop(pool_row *row, task *out) {
+    if (atomic_load_explicit(&row->count, memory_order_relaxed) == 0) return 0;
+    int got = 0;
+    pthread_mutex_lock(&row->mu);
+    for (int b = 0; b < POOL_DEPTH_BUCKETS; b++) {
+        task_fifo *q = &row->q[b];
+        if (q->count) {
+            *out = q->items[q->head];
+            q->head = (q->head + 1) % q->cap;
+            q->count--;
+            atomic_fetch_sub_explicit(&row->count, 1, memory_order_relaxed);
+            got = 1;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&row->mu);
+    return got;
+}
+
+static int pool_pop(coacto_runtime *rt, int32_t self, task *out) {
+    if (atomic_load(&rt->pending) == 0) return 0;
+    for (int32_t i = 0; i < rt->n_threads; i++) {
+        if (row_pop(&rt->rows[(self + i) % rt->n_threads], out)) {
+            atomic_fetch_sub(&rt->pending, 1);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static void wake_one(coacto_runtime *rt) {
+    if (atomic_load(&rt->sleepers) > 0) {
+        pthread_mutex_lock(&rt->sleep_mu);
+        pthread_cond_signal(&rt->sleep_cv);
+        pthread_mutex_unlock(&rt->sleep_mu);
+    }
+}
+
+static void inference_fail(coacto_inference *inf, coacto_status st);
+
+/* The caller holds one inflight reference for the task, which the pool takes over. */
+static void pool_push(coacto_runtime *rt, coacto_inference *inf, int32_t tile) {
+    int32_t r = tls_worker >= 0 ? tls_worker
+                                : (int32_t)(atomic_fetch_add(&rt->push_cursor, 1) % rt->n_threads);
+    pool_row *row = &rt->rows[r];
+    task t = {inf, tile};
+    pthread_mutex_lock(&row->mu);
+    int ok = fifo_push(&row->q[inf->g->tile_bucket[tile]], t);
+    if (ok) atomic_fetch_add_explicit(&row->count, 1, memory_order_relaxed);
+    pthread_mutex_unlock(&row->mu);
+    if (!ok) {
+        inference_fail(inf, COACTO_ERR_OUT_OF_MEMORY);
+        return;
+    }
+    atomic_fetch_add(&rt->pending, 1);
+    wake_one(rt);
+}
+
+/* ---------------------------------------------------------------- inference state */
+
+static void signal_done(coacto_inference *inf) {
+    pthread_mutex_lock(&inf->mu);
+    inf->done = 1;
+    pthread_cond_broadcast(&inf->cv);
+    pthread_mutex_unlock(&inf->mu);
+}
+
+static void inference_fail(coacto_inference *inf, coacto_status st) {
+    int expected = COACTO_OK;
+    atomic_compare_exchange_strong(&inf->error, &expected, (int)st);
+    signal_done(inf);
+}
+
+static void release_inflight(coacto_inference *inf) {
+    if (atomic_fetch_sub(&inf->inflight, 1) == 1) {
+        pthread_mutex_lock(&inf->mu);
+        pthread_cond_broadcast(&inf->cv);
+        pthread_mutex_unlock(&inf->mu);
+    }
+}
+
+static float *ensure_buffer(coacto_inference *inf, int32_t li) {
+    float *buf = atomic_load_explicit(&inf->buffers[li], memory_order_acquire);
+    if (buf) return buf;
+    size_t bytes = (size_t)inf->g->layer_floats[li] * sizeof(float);
+    float *fresh = coacto_aligned_alloc(bytes);
+    if (!fresh) return NULL;
+    float *expected = NULL;
+    if (!atomic_compare_exchange_strong(&inf->buffers[li], &expected, fresh)) {
+        free(fresh);
+        return expected;
+    }
+    long now = atomic_fetch_add(&inf->bytes_now, (long)bytes) + (long)bytes;
+    long peak = atomic_load(&inf->bytes_peak);
+    while (now > peak && !atomic_compare_exchange_weak(&inf->bytes_peak, &peak, now)) {
+    }
+    return fresh;
+}
+
+static void use_done(coacto_inference *inf, int32_t li) {
+    if (inf->g->layer_flags[li] & COACTO_LAYER_KEEP) return;
+    if (atomic_fetch_sub(&inf->uses_left[li], 1) == 1) {
+        float *buf = atomic_exchange(&inf->buffers[li], NULL);
+        if (buf) {
+            atomic_fetch_sub(&inf->bytes_now, (long)(inf->g->layer_floats[li] * sizeof(float)));
+            free(buf);
+        }
+    }
+}
+
+/* Called once per tile by whoever completed it. Readies children: the first becomes *next (when
+ * next != NULL, the caller continues with it depth-first), the others go to the pool. */
+static void complete_tile(coacto_inference *inf, int32_t tile, int32_t *next) {
+    const coacto_graph *g = inf->g;
+    int32_t li = g->tile_layer[tile];
+    atomic_store_explicit(&inf->state[tile], COACTO_TILE_COMPLETED, memory_order_release);
+    for (int32_t k = g->layer_input_off[li]; k < g->layer_input_off[li + 1]; k++)
+        use_done(inf, g->layer_input_ids[k]);
+    use_done(inf, li);
+    for (int32_t e = g->child_off[tile]; e < g->child_off[tile + 1]; e++) {
+        int32_t child = g->children[e];
+        if (atomic_fetch_sub_explicit(&inf->parents_left[child], 1, memory_order_acq_rel) != 1)
+            continue;
+        int expected = COACTO_TILE_NOT_READY;
+        if (!atomic_compare_exchange_strong(&inf->state[child], &expected, COACTO_TILE_READY))
+            continue; /* already completed from outside */
+        if (next && *next < 0) {
+            *next = child;
+        } else {
+            atomic_fetch_add(&inf->inflight, 1);
+            pool_push(inf->rt, inf, child);
+        }
+    }
+    if (atomic_fetch_add(&inf->completed, 1) + 1 == g->n_tiles) {
+        inf->t_end = coacto_now_seconds();
+        signal_done(inf);
+    }
+}
+
+static int scratch_reserve(worker *w, size_t floats) {
+    if (floats <= w->scratch_cap) return 1;
+    free(w->scratch);
+    w->scratch = coacto_aligned_alloc(floats * sizeof(float));
+    w->scratch_cap = w->scratch ? floats : 0;
+    return w->scratch != NULL;
+}
+
+static coacto_status execute_tile(worker *w, coacto_inference *inf, int32_t tile) {
+    const coacto_graph *g = inf->g;
+    int32_t li = g->tile_layer[tile];
+    const layer *l = &g->layers[li];
+    const int32_t *b = &g->tile_bounds[4 * (size_t)tile];
+    if (l->op == COACTO_OP_NOP) return COACTO_OK;
+    const float *in[COACTO_MAX_INPUTS];
+    for (int i = 0; i < l->n_inputs; i++) {
+        in[i] = ensure_buffer(inf, l->inputs[i]);
+        if (!in[i]) return COACTO_ERR_OUT_OF_MEMORY;
+    }
+    float *out = ensure_buffer(inf, li);
+    if (!out) return COACTO_ERR_OUT_OF_MEMORY;
+    size_t need = l->scratch_fixed + l->scratch_per_col * (size_t)(b[1] - b[0]);
+    if (need && !scratch_reserve(w, need)) return COACTO_ERR_OUT_OF_MEMORY;
+    op_execute(l, in, out, b[0], b[1], b[2], b[3], w->scratch);
+    return COACTO_OK;
+}
+
+/* Runs a popped task and the depth-first chain behind it; holds one inflight reference. */
+static void run_chain(worker *w, coacto_inference *inf, int32_t tile) {
+    while (tile >= 0) {
+        if (atomic_load_explicit(&inf->cancelled, memory_order_relaxed) ||
+            atomic_load_explicit(&inf->error, memory_order_relaxed))
+            break;
+        int expected = COACTO_TILE_READY;
+        if (!atomic_compare_exchange_strong(&inf->state[tile], &expected, COACTO_TILE_RUNNING))
+            break; /* completed from outside meanwhile */
+        coacto_status st = execute_tile(w, inf, tile);
+        if (st != COACTO_OK) {
+            inference_fail(inf, st);
+            break;
+        }
+        atomic_fetch_add_explicit(&inf->tiles_computed, 1, memory_order_relaxed);
+        int32_t next = -1;
+        complete_tile(inf, tile, &next);
+        tile = next;
+    }
+    release_inflight(inf);
+}
+
+static void *worker_main(void *arg) {
+    worker *w = arg;
+    coacto_runtime *rt = w->rt;
+    tls_worker = w->index;
+    task t;
+    for (;;) {
+        int got = 0;
+        for (int spin = 0; spin < SPIN_POLLS && !got; spin++) {
+            got = pool_pop(rt, w->index, &t);
+            if (!got) {
+                if (atomic_load_explicit(&rt->stop, memory_order_relaxed)) break;
+                cpu_relax();
+            }
+        }
+        if (got) {
+            run_chain(w, t.inf, t.tile);
+            continue;
+        }
+        pthread_mutex_lock(&rt->sleep_mu);
+        atomic_fetch_add(&rt->sleepers, 1);
+        while (atomic_load(&rt->pending) == 0 && !atomic_load(&rt->stop))
+            pthread_cond_wait(&rt->sleep_cv, &rt->sleep_mu);
+        atomic_fetch_sub(&rt->sleepers, 1);
+        pthread_mutex_unlock(&rt->sleep_mu);
+        if (atomic_load(&rt->stop) && atomic_load(&rt->pending) == 0) break;
+    }
+    free(w->scratch);
+    w->scratch = NULL;
+    return NULL;
+}
+
+/* ---------------------------------------------------------------- runtime */
+
+coacto_status coacto_runtime_create(int32_t n_threads, coacto_runtime **out) {
+    if (!out) return COACTO_ERR_INVALID_ARGUMENT;
+    *out = NULL;
+    if (n_threads < 1 || n_threads > 1024) return COACTO_ERR_INVALID_ARGUMENT;
+    coacto_runtime *rt = calloc(1, sizeof *rt);
+    if (!rt) return COACTO_ERR_OUT_OF_MEMORY;
+    rt->n_threads = n_threads;
+    rt->rows = aligned_alloc(COACTO_CACHE_LINE, sizeof(pool_row) * (size_t)n_threads);
+    rt->workers = aligned_alloc(COACTO_CACHE_LINE, sizeof(worker) * (size_t)n_threads);
+    if (!rt->rows || !rt->workers) {
+        free(rt->rows);
+        free(rt->workers);
+        free(rt);
+        return COACTO_ERR_OUT_OF_MEMORY;
+    }
+    memset(rt->rows, 0, sizeof(pool_row) * (size_t)n_threads);
+    memset(rt->workers, 0, sizeof(worker) * (size_t)n_threads);
+    for (int32_t i = 0; i < n_threads; i++) pthread_mutex_init(&rt->rows[i].mu, NULL);
+    pthread_mutex_init(&rt->sleep_mu, NULL);
+    pthread_cond_init(&rt->sleep_cv, NULL);
+    int32_t started = 0;
+    for (; started < n_threads; started++) {
+        worker *w = &rt->workers[started];
+        w->rt = rt;
+        w->index = started;
+        if (pthread_create(&w->thread, NULL, worker_main, w) != 0) break;
+    }
+    if (started < n_threads) {
+        rt->n_threads = started;
+        coacto_runtime_destroy(rt);
+        return COACTO_ERR_THREAD;
+    }
+    *out = rt;
+    return COACTO_OK;
+}
+
+void coacto_runtime_destroy(coacto_runtime *rt) {
+    if (!rt) return;
+    pthread_mutex_lock(&rt->sleep_mu);
+    atomic_store(&rt->stop, 1);
+    pthread_cond_broadcast(&rt->sleep_cv);
+    pthread_mutex_unlock(&rt->sleep_mu);
+    for (int32_t i = 0; i < rt->n_threads; i++) pthread_join(rt->workers[i].thread, NULL);
+    for (int32_t i = 0; i < rt->n_threads; i++) {
+        for (int b = 0; b < POOL_DEPTH_BUCKETS; b++) free(rt->rows[i].q[b].items);
+        pthread_mutex_destroy(&rt->rows[i].mu);
+    }
+    pthread_mutex_destroy(&rt->sleep_mu);
+    pthread_cond_destroy(&rt->sleep_cv);
+    free(rt->rows);
+    free(rt->workers);
+    free(rt);
+}
+
+int32_t coacto_runtime_threads(const coacto_runtime *rt) { return rt ? rt->n_threads : 0; }
+
+/* ---------------------------------------------------------------- inference API */
+
+coacto_status coacto_inference_create(coacto_runtime *rt, coacto_graph *g,
+                                      coacto_inference **out) {
+    if (!out) return COACTO_ERR_INVALID_ARGUMENT;
+    *out = NULL;
+    if (!rt || !g) return COACTO_ERR_INVALID_ARGUMENT;
+    coacto_inference *inf = calloc(1, sizeof *inf);
+    if (!inf) return COACTO_ERR_OUT_OF_MEMORY;
+    size_t nt = (size_t)g->n_tiles, nl = (size_t)g->n_layers;
+    inf->state = malloc(nt * sizeof(atomic_int));
+    inf->parents_left = malloc(nt * sizeof(atomic_int));
+    inf->buffers = calloc(nl, sizeof(*inf->buffers));
+    inf->uses_left = malloc(nl * sizeof(atomic_int));
+    if (!inf->state || !inf->parents_left || !inf->buffers || !inf->uses_left) {
+        free(inf->state);
+        free(inf->parents_left);
+        free(inf->buffers);
+        free(inf->uses_left);
+        free(inf);
+        return COACTO_ERR_OUT_OF_MEMORY;
+    }
+    for (size_t t = 0; t < nt; t++) {
+        atomic_init(&inf->state[t], COACTO_TILE_NOT_READY);
+        atomic_init(&inf->parents_left[t], g->parent_off[t + 1] - g->parent_off[t]);
+    }
+    for (size_t li = 0; li < nl; li++) {
+        atomic_init(&inf->buffers[li], NULL);
+        atomic_init(&inf->uses_left[li], g->layer_uses[li]);
+    }
+    inf->rt = rt;
+    inf->g = g;
+    atomic_fetch_add(&g->refs, 1);
+    pthread_mutex_init(&inf->mu, NULL);
+    pthread_cond_init(&inf->cv, NULL);
+    *out = inf;
+    return COACTO_OK;
+}
+
+static void mark_started(coacto_inference *inf) {
+    int expected = 0;
+    if (!atomic_compare_exchange_strong(&inf->started, &expected, 1)) return;
+    inf->t_start = coacto_now_seconds();
+    for (int32_t i = 0; i < inf->g->n_sources; i++) {
+        int32_t t = inf->g->sources[i];
+        int st = COACTO_TILE_NOT_READY;
+        if (atomic_compare_exchange_strong(&inf->state[t], &st, COACTO_TILE_READY)) {
+            atomic_fetch_add(&inf->inflight, 1);
+            pool_push(inf->rt, inf, t);
+        }
+    }
+}
+
+/* Claims a tile for completion from outside; the caller then writes its data and completes it. */
+static int claim_tile(coacto_inference *inf, int32_t tile) {
+    int s = atomic_load(&inf->state[tile]);
+    while (s == COACTO_TILE_NOT_READY || s == COACTO_TILE_READY) {
+        if (atomic_compare_exchange_weak(&inf->state[tile], &s, COACTO_TILE_RUNNING)) return 1;
+    }
+    return 0;
+}
+
+static int inference_usable(const coacto_inference *inf) {
+    return !atomic_load(&inf->cancelled) && !atomic_load(&inf->error);
+}
+
+coacto_status coacto_inference_set_input(coacto_inference *inf, int32_t li, const float *data,
+                                         int64_t n_floats) {
+    if (!inf || !data || li < 0 || li >= inf->g->n_layers) return COACTO_ERR_INVALID_ARGUMENT;
+    const coacto_graph *g = inf->g;
+    if (g->layers[li].op != COACTO_OP_INPUT || n_floats != g->layer_floats[li])
+        return COACTO_ERR_INVALID_ARGUMENT;
+    if (!inference_usable(inf)) return COACTO_ERR_CANCELLED;
+    mark_started(inf);
+    float *buf = ensure_buffer(inf, li);
+    if (!buf) return COACTO_ERR_OUT_OF_MEMORY;
+    int32_t first = g->layer_first_tile[li], end = g->layer_first_tile[li + 1];
+    for (int32_t t = first; t < end; t++)
+        if (atomic_load(&inf->state[t]) != COACTO_TILE_NOT_READY) return COACTO_ERR_STATE;
+    memcpy(buf, data, (size_t)n_floats * sizeof(float));
+    atomic_fetch_add(&inf->inflight, 1); /* pushes below happen on this thread's reference */
+    for (int32_t t = first; t < end; t++) {
+        if (claim_tile(inf, t)) complete_tile(inf, t, NULL);
+    }
+    release_inflight(inf);
+    return COACTO_OK;
+}
+
+coacto_status coacto_inference_put_tile(coacto_inference *inf, int32_t tile, const float *data,
+                                        int64_t n_floats) {
+    if (!inf || !data || tile < 0 || tile >= inf->g->n_tiles) return COACTO_ERR_INVALID_ARGUMENT;
+    const coacto_graph *g = inf->g;
+    const int32_t *b = &g->tile_bounds[4 * (size_t)tile];
+    int32_t li = g->tile_layer[tile];
+    int64_t rows = b[3] - b[2];
+    if (n_floats != (int64_t)(b[1] - b[0]) * rows) return COACTO_ERR_INVALID_ARGUMENT;
+    if (!inference_usable(inf)) return COACTO_ERR_CANCELLED;
+    mark_started(inf);
+    atomic_fetch_add(&inf->inflight, 1);
+    coacto_status st = COACTO_OK;
+    if (!claim_tile(inf, tile)) {
+        atomic_fetch_add(&inf->tiles_dropped, 1);
+        st = COACTO_ERR_DUPLICATE;
+    } else {
+        float *buf = ensure_buffer(inf, li);
+        if (!buf) {
+            inference_fail(inf, COACTO_ERR_OUT_OF_MEMORY);
+            st = COACTO_ERR_OUT_OF_MEMORY;
+        } else {
+            int32_t c = g->layers[li].c;
+            for (int32_t col = b[0]; col < b[1]; col++)
+                memcpy(buf + (size_t)col * c + b[2], data + (size_t)(col - b[0]) * rows,
+                       (size_t)rows * sizeof(float));
+            atomic_fetch_add(&inf->tiles_external, 1);
+            complete_tile(inf, tile, NULL);
+        }
+    }
+    release_inflight(inf);
+    return st;
+}
+
+coacto_status coacto_inference_wait(coacto_inference *inf, double timeout_s) {
+    if (!inf) return COACTO_ERR_INVALID_ARGUMENT;
+    struct timespec deadline;
+    if (timeout_s >= 0) {
+        clock_gettime(CLOCK_REALTIME, &deadline);
+        double whole = floor(timeout_s);
+        deadline.tv_sec += (time_t)whole;
+        deadline.tv_nsec += (long)((timeout_s - whole) * 1e9);
+        if (deadline.tv_nsec >= 1000000000L) {
+            deadline.tv_sec++;
+            deadline.tv_nsec -= 1000000000L;
+        }
+    }
+    coacto_status st = COACTO_OK;
+    pthread_mutex_lock(&inf->mu);
+    while (!inf->done) {
+        int rc = timeout_s >= 0 ? pthread_cond_timedwait(&inf->cv, &inf->mu, &deadline)
+                                : pthread_cond_wait(&inf->cv, &inf->mu);
+        if (rc == ETIMEDOUT && !inf->done) {
+            st = COACTO_ERR_TIMEOUT;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&inf->mu);
+    if (st != COACTO_OK) return st;
+    int err = atomic_load(&inf->error);
+    if (err) return (coacto_status)err;
+    if (atomic_load(&inf->cancelled)) return COACTO_ERR_CANCELLED;
+    return COACTO_OK;
+}
+
+coacto_status coacto_inference_get_output(coacto_inference *inf, int32_t li, float *out,
+                                          int64_t n_floats) {
+    if (!inf || !out || li < 0 || li >= inf->g->n_layers) return COACTO_ERR_INVALID_ARGUMENT;
+    const coacto_graph *g = inf->g;
+    if (n_floats != g->layer_floats[li]) return COACTO_ERR_INVALID_ARGUMENT;
+    if (!(g->layer_flags[li] & COACTO_LAYER_KEEP)) return COACTO_ERR_INVALID_ARGUMENT;
+    for (int32_t t = g->layer_first_tile[li]; t < g->layer_first_tile[li + 1]; t++)
+        if (atomic_load(&inf->state[t]) != COACTO_TILE_COMPLETED) return COACTO_ERR_STATE;
+    const float *buf = atomic_load(&inf->buffers[li]);
+    if (!buf) return COACTO_ERR_STATE;
+    memcpy(out, buf, (size_t)n_floats * sizeof(float));
+    return COACTO_OK;
+}
+
+coacto_status coacto_inference_get_stats(const coacto_inference *inf, coacto_inference_stats *out) {
+    if (!inf || !out) return COACTO_ERR_INVALID_ARGUMENT;
+    out->tiles_total = inf->g->n_tiles;
+    out->tiles_computed = atomic_load(&inf->tiles_computed);
+    out->tiles_external = atomic_load(&inf->tiles_external);
+    out->tiles_dropped = atomic_load(&inf->tiles_dropped);
+    out->seconds = (inf->t_end > 0 && inf->t_start > 0) ? inf->t_end - inf->t_start : 0.0;
+    out->peak_bytes = atomic_load(&inf->bytes_peak);
+    return COACTO_OK;
+}
+
+int32_t coacto_inference_tile_state(const coacto_inference *inf, int32_t tile) {
+    if (!inf || tile < 0 || tile >= inf->g->n_tiles) return -1;
+    return atomic_load(&inf->state[tile]);
+}
+
+void coacto_inference_cancel(coacto_inference *inf) {
+    if (!inf) return;
+    atomic_store(&inf->cancelled, 1);
+    signal_done(inf);
+}
+
+void coacto_inference_destroy(coacto_inference *inf) {
+    if (!inf) return;
+    coacto_inference_cancel(inf);
+    pthread_mutex_lock(&inf->mu);
+    while (atomic_load(&inf->inflight) > 0) pthread_cond_wait(&inf->cv, &inf->mu);
+    pthread_mutex_unlock(&inf->mu);
+    for (int32_t li = 0; li < inf->g->n_layers; li++) free(atomic_load(&inf->buffers[li]));
+    pthread_mutex_destroy(&inf->mu);
+    pthread_cond_destroy(&inf->cv);
+    graph_release(inf->g);
+    free(inf->state);
+    free(inf->parents_left);
+    free(inf->buffers);
+    free(inf->uses_left);
+    free(inf);
+}

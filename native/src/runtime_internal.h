@@ -1,0 +1,99 @@
+/* Internal structures shared by graph.c (load, validate) and runtime.c (threads, ready pool,
+ * inference state). */
+#ifndef COACTO_RUNTIME_INTERNAL_H
+#define COACTO_RUNTIME_INTERNAL_H
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "coacto.h"
+#include "ops.h"
+
+#define COACTO_CACHE_LINE 64
+/* Columns of the ready pool: depth buckets, shallower first. */
+#define POOL_DEPTH_BUCKETS 16
+
+struct coacto_graph {
+    atomic_int refs;
+    int32_t n_layers;
+    layer *layers;
+    int32_t *layer_flags;
+    int32_t *layer_first_tile;     /* [n_layers + 1] */
+    int32_t *layer_uses;           /* [n_layers]: own tiles + tiles of every consumer layer */
+    int32_t *layer_input_off;      /* [n_layers + 1] CSR of distinct input layers */
+    int32_t *layer_input_ids;
+    int64_t *layer_floats;         /* [n_layers] */
+    int32_t n_tiles;
+    int32_t *tile_layer;
+    int32_t *tile_bounds;          /* col0, col1, row0, row1 */
+    int32_t *parent_off, *parents;
+    int32_t *child_off, *children;
+    uint8_t *tile_bucket;          /* depth bucket of the ready pool */
+    int32_t n_sources;             /* non-INPUT tiles without parents */
+    int32_t *sources;
+    uint8_t *blob;                 /* 64-byte aligned copy */
+};
+
+typedef struct task {
+    coacto_inference *inf;
+    int32_t tile;
+} task;
+
+typedef struct task_fifo {
+    task *items;
+    uint32_t cap, head, count;
+} task_fifo;
+
+/* One row of the ready pool: owned by one computing thread, stolen from by the others. */
+typedef struct pool_row {
+    pthread_mutex_t mu;
+    atomic_int count;
+    task_fifo q[POOL_DEPTH_BUCKETS];
+} __attribute__((aligned(COACTO_CACHE_LINE))) pool_row;
+
+typedef struct worker {
+    coacto_runtime *rt;
+    int32_t index;
+    pthread_t thread;
+    float *scratch;
+    size_t scratch_cap; /* floats */
+} __attribute__((aligned(COACTO_CACHE_LINE))) worker;
+
+struct coacto_runtime {
+    int32_t n_threads;
+    pool_row *rows;
+    worker *workers;
+    _Alignas(COACTO_CACHE_LINE) atomic_long pending; /* tasks in the pool */
+    _Alignas(COACTO_CACHE_LINE) atomic_int sleepers;
+    atomic_uint push_cursor;
+    pthread_mutex_t sleep_mu;
+    pthread_cond_t sleep_cv;
+    atomic_int stop;
+};
+
+struct coacto_inference {
+    coacto_runtime *rt;
+    coacto_graph *g;
+    atomic_int *state;           /* [n_tiles] COACTO_TILE_* */
+    atomic_int *parents_left;    /* [n_tiles] */
+    _Atomic(float *) *buffers;   /* [n_layers] */
+    atomic_int *uses_left;       /* [n_layers] */
+    _Alignas(COACTO_CACHE_LINE) atomic_long completed;
+    _Alignas(COACTO_CACHE_LINE) atomic_int inflight; /* pool entries + chains being run */
+    atomic_int cancelled;
+    atomic_int error;            /* first coacto_status failure */
+    atomic_long tiles_computed, tiles_external, tiles_dropped;
+    atomic_long bytes_now, bytes_peak;
+    double t_start, t_end;
+    atomic_int started;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int done;
+};
+
+/* graph.c */
+void graph_release(coacto_graph *g);
+double coacto_now_seconds(void);
+void *coacto_aligned_alloc(size_t bytes);
+
+#endif

@@ -1,0 +1,837 @@
+/* Tile executors against naive oracles.
+ *
+ * Every case builds a layer by hand, prepares it, and computes its whole output as tiles of three
+ * tilings (one tile; random column x row cuts; column cuts x row cuts at GEMM panel boundaries).
+ * Each tile runs on a fresh output buffer filled with a sentinel: the tile's rectangle must match
+ * the oracle (computed in double, in NCHW index terms) and nothing outside it may change. Scratch
+ * is allocated at exactly the declared size so the sanitizers see any overrun. A second part checks
+ * that op_prepare rejects corrupt parameters, arrays and dims.
+ *
+ * Usage: test_ops [seed] */
+#define _POSIX_C_SOURCE 200809L
+#include <float.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ops.h"
+
+static int passed, failed;
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+
+static uint32_t rnd(void) {
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (uint32_t)(rng >> 16);
+}
+static int irand(int lo, int hi) { return lo + (int)(rnd() % (uint32_t)(hi - lo + 1)); }
+static float frand(float lo, float hi) { return lo + (hi - lo) * (float)(rnd() & 0xffffff) / 16777216.0f; }
+
+/* ---- tensors (NHWC storage) ------------------------------------------------------------------ */
+
+typedef struct tensor {
+    int n, c, h, w;
+    float *d;
+} tensor;
+
+static tensor t_rand(int n, int c, int h, int w, float lo, float hi) {
+    tensor t = {n, c, h, w, malloc(sizeof(float) * (size_t)n * c * h * w)};
+    for (size_t i = 0; i < (size_t)n * c * h * w; i++) t.d[i] = frand(lo, hi);
+    return t;
+}
+static size_t t_size(const tensor *t) { return (size_t)t->n * t->c * t->h * t->w; }
+static size_t idx(int c, int h, int w, int ni, int ci, int y, int x) {
+    return (((size_t)ni * h + y) * w + x) * c + ci;
+}
+static float t_at(const tensor *t, int ni, int ci, int y, int x) {
+    return t->d[idx(t->c, t->h, t->w, ni, ci, y, x)];
+}
+
+/* Expected output: values and magnitudes (sum of |terms|, scales the tolerance), NHWC order. */
+typedef struct expected {
+    double *v, *mag;
+} expected;
+
+static expected e_new(const layer *l) {
+    size_t n = (size_t)l->n * l->c * l->h * l->w;
+    expected e = {calloc(n, sizeof(double)), calloc(n, sizeof(double))};
+    return e;
+}
+static void e_free(expected *e) {
+    free(e->v);
+    free(e->mag);
+}
+
+static layer mk(int op, int n, int c, int h, int w) {
+    layer l;
+    memset(&l, 0, sizeof l);
+    l.op = op;
+    l.n = n;
+    l.c = c;
+    l.h = h;
+    l.w = w;
+    return l;
+}
+static void set_input(layer *l, int i, const tensor *t) {
+    l->in_n[i] = t->n;
+    l->in_c[i] = t->c;
+    l->in_h[i] = t->h;
+    l->in_w[i] = t->w;
+    if (l->n_inputs < i + 1) l->n_inputs = i + 1;
+}
+static void set_array(layer *l, int i, const void *p, size_t bytes) {
+    l->arrays[i] = p;
+    l->array_bytes[i] = (int64_t)bytes;
+}
+
+/* 64-byte aligned copy of an array, as the graph's blob holds it. */
+static void *blob_copy(const void *p, size_t bytes) {
+    void *q = NULL;
+    if (posix_memalign(&q, 64, bytes ? bytes : 64)) abort();
+    memcpy(q, p, bytes);
+    return q;
+}
+
+static double act_ref(double v, int act, double alpha, double beta) {
+    switch (act) {
+    case COACTO_ACT_RELU: return v < 0 ? 0 : v;
+    case COACTO_ACT_CLIP: return fmin(fmax(v, alpha), beta);
+    case COACTO_ACT_LEAKY: return v < 0 ? alpha * v : v;
+    case COACTO_ACT_SIGMOID: return 1.0 / (1.0 + exp(-v));
+    case COACTO_ACT_HARDSIGMOID: return fmax(0.0, fmin(1.0, alpha * v + beta));
+    case COACTO_ACT_HARDSWISH: return v * fmax(0.0, fmin(1.0, v / 6.0 + 0.5));
+    case COACTO_ACT_TANH: return tanh(v);
+    default: return v;
+    }
+}
+
+/* ---- the tile harness ------------------------------------------------------------------------ */
+
+#define SENTINEL 0x7fc0dead
+
+static int cmp_int(const void *a, const void *b) { return *(const int *)a - *(const int *)b; }
+
+/* Cuts of [0, total): 0 = c[0] < c[1] < ... < c[k] = total. step > 0 puts inner cuts on its
+ * multiples. Returns k. */
+static int cuts(int total, int max_tiles, int step, int *c) {
+    int k = 1;
+    c[0] = 0;
+    int want = irand(1, max_tiles);
+    int inner[64], m = 0;
+    for (int i = 1; i < want && m < 62; i++) {
+        int v = step > 0 ? step * irand(1, (total - 1) / step > 0 ? (total - 1) / step : 1)
+                         : irand(1, total - 1 > 1 ? total - 1 : 1);
+        if (v > 0 && v < total) inner[m++] = v;
+    }
+    qsort(inner, (size_t)m, sizeof(int), cmp_int);
+    for (int i = 0; i < m; i++)
+        if (inner[i] != c[k - 1]) c[k++] = inner[i];
+    c[k] = total;
+    return k;
+}
+
+/* Runs one tile on a sentinel-filled buffer and compares; returns the number of mismatches. */
+static int run_tile(const char *name, const layer *l, const float *const *in, const expected *e,
+                    double rtol, int col0, int col1, int row0, int row1) {
+    size_t total = (size_t)l->n * l->c * l->h * l->w;
+    float *out = malloc(total * sizeof(float));
+    uint32_t s = SENTINEL;
+    for (size_t i = 0; i < total; i++) memcpy(&out[i], &s, 4);
+    size_t need = l->scratch_fixed + l->scratch_per_col * (size_t)(col1 - col0);
+    float *scratch = NULL;
+    if (need && posix_memalign((void **)&scratch, 64, need * sizeof(float))) abort();
+    op_execute(l, in, out, col0, col1, row0, row1, scratch);
+    int bad = 0;
+    for (size_t i = 0; i < total && bad < 5; i++) {
+        int64_t col = (int64_t)(i / (size_t)l->c), row = (int64_t)(i % (size_t)l->c);
+        int inside = col >= col0 && col < col1 && row >= row0 && row < row1;
+        uint32_t bits;
+        memcpy(&bits, &out[i], 4);
+        if (!inside) {
+            if (bits != SENTINEL) {
+                fprintf(stderr, "%s: tile [%d,%d)x[%d,%d) wrote column %lld row %lld outside\n",
+                        name, col0, col1, row0, row1, (long long)col, (long long)row);
+                bad++;
+            }
+            continue;
+        }
+        double ref = e->v[i], tol = rtol * (1.0 + e->mag[i] + fabs(ref));
+        if (!(fabs((double)out[i] - ref) <= tol)) {
+            fprintf(stderr, "%s: tile [%d,%d)x[%d,%d) column %lld row %lld: got %.7g expected %.7g\n",
+                    name, col0, col1, row0, row1, (long long)col, (long long)row, out[i], ref);
+            bad++;
+        }
+    }
+    free(scratch);
+    free(out);
+    return bad;
+}
+
+/* Prepares l, runs every tiling, releases l. row_split = 0 keeps rows whole. */
+static void check_tiles(const char *name, layer *l, const float *const *in, const expected *e,
+                        double rtol, int row_split) {
+    char err[256] = {0};
+    coacto_status st = op_prepare(l, err, sizeof err);
+    if (st != COACTO_OK) {
+        fprintf(stderr, "%s: op_prepare failed (%d): %s\n", name, st, err);
+        failed++;
+        op_release(l);
+        return;
+    }
+    int cols = l->n * l->h * l->w;
+    int nr = l->kern ? (int)l->kern->nr : 16;
+    int bad = 0;
+    for (int tiling = 0; tiling < 3 && !bad; tiling++) {
+        int cc[66], rc[66];
+        int kc = tiling == 0 ? (cc[0] = 0, cc[1] = cols, 1) : cuts(cols, 6, 0, cc);
+        int kr;
+        if (tiling == 0 || !row_split)
+            kr = (rc[0] = 0, rc[1] = l->c, 1);
+        else
+            kr = cuts(l->c, 5, tiling == 2 && l->c > nr ? nr : 0, rc);
+        for (int i = 0; i < kc && !bad; i++)
+            for (int j = 0; j < kr && !bad; j++)
+                bad += run_tile(name, l, in, e, rtol, cc[i], cc[i + 1], rc[j], rc[j + 1]);
+    }
+    op_release(l);
+    if (bad) failed++;
+    else passed++;
+}
+
+/* ---- CONV ------------------------------------------------------------------------------------ */
+
+typedef struct conv_case {
+    const char *name;
+    int n, cin, hin, win, cout, kh, kw, sh, sw, pt, pl, pb, pr, dh, dw, group, act;
+    int residual, bias;
+    float alpha, beta;
+} conv_case;
+
+static void test_conv(const conv_case *cc) {
+    int oh = (cc->hin + cc->pt + cc->pb - cc->dh * (cc->kh - 1) - 1) / cc->sh + 1;
+    int ow = (cc->win + cc->pl + cc->pr - cc->dw * (cc->kw - 1) - 1) / cc->sw + 1;
+    int cin_g = cc->cin / cc->group, cout_g = cc->cout / cc->group;
+    tensor x = t_rand(cc->n, cc->cin, cc->hin, cc->win, -1, 1);
+    tensor r = t_rand(cc->n, cc->cout, oh, ow, -1, 1);
+    size_t wn = (size_t)cc->group * cc->kh * cc->kw * cin_g * cout_g;
+    float *w = malloc(wn * sizeof(float)), *b = malloc((size_t)cc->cout * sizeof(float));
+    for (size_t i = 0; i < wn; i++) w[i] = frand(-0.5f, 0.5f);
+    for (int i = 0; i < cc->cout; i++) b[i] = frand(-1, 1);
+
+    layer l = mk(COACTO_OP_CONV, cc->n, cc->cout, oh, ow);
+    set_input(&l, 0, &x);
+    if (cc->residual) set_input(&l, 1, &r);
+    int32_t ip[12] = {cc->kh, cc->kw, cc->sh, cc->sw, cc->pt, cc->pl,  cc->pb,
+                      cc->pr, cc->dh, cc->dw, cc->group, cc->act};
+    memcpy(l.iparams, ip, sizeof ip);
+    l.fparams[0] = cc->alpha;
+    l.fparams[1] = cc->beta;
+    void *wb = blob_copy(w, wn * 4), *bb = blob_copy(b, (size_t)cc->cout * 4);
+    set_array(&l, 0, wb, wn * 4);
+    if (cc->bias) set_array(&l, 1, bb, (size_t)cc->cout * 4);
+
+    expected e = e_new(&l);
+    for (int ni = 0; ni < cc->n; ni++)
+        for (int co = 0; co < cc->cout; co++)
+            for (int y = 0; y < oh; y++)
+                for (int xo = 0; xo < ow; xo++) {
+                    int g = co / cout_g, j = co % cout_g;
+                    double s = cc->bias ? b[co] : 0, mag = fabs(s);
+                    for (int ky = 0; ky < cc->kh; ky++)
+                        for (int kx = 0; kx < cc->kw; kx++) {
+                            int iy = y * cc->sh - cc->pt + ky * cc->dh;
+                            int ix = xo * cc->sw - cc->pl + kx * cc->dw;
+                            if (iy < 0 || iy >= cc->hin || ix < 0 || ix >= cc->win) continue;
+                            for (int ci = 0; ci < cin_g; ci++) {
+                                double t = (double)t_at(&x, ni, g * cin_g + ci, iy, ix) *
+                                           w[(((size_t)(g * cc->kh + ky) * cc->kw + kx) * cin_g + ci) *
+                                                 cout_g + j];
+                                s += t;
+                                mag += fabs(t);
+                            }
+                        }
+                    if (cc->residual) {
+                        s += t_at(&r, ni, co, y, xo);
+                        mag += 1;
+                    }
+                    size_t i = idx(cc->cout, oh, ow, ni, co, y, xo);
+                    e.v[i] = act_ref(s, cc->act, cc->alpha, cc->beta);
+                    e.mag[i] = mag;
+                }
+    const float *in[2] = {x.d, r.d};
+    check_tiles(cc->name, &l, in, &e, 2e-6, 1);
+    e_free(&e);
+    free(x.d), free(r.d), free(w), free(b), free(wb), free(bb);
+}
+
+static void conv_cases(void) {
+    static const conv_case cases[] = {
+        /* name n cin hin win cout kh kw sh sw pt pl pb pr dh dw group act res bias alpha beta */
+        {"conv 3x3 s1 p1 relu", 1, 16, 9, 11, 40, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 1, 0, 0},
+        {"conv 3x3 s2 asym pads", 2, 5, 10, 9, 19, 3, 3, 2, 2, 0, 1, 1, 0, 1, 1, 1, 0, 0, 1, 0, 0},
+        {"conv 1x1 residual relu", 2, 24, 7, 6, 72, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 0, 0},
+        {"conv 1x1 s2", 1, 20, 9, 9, 33, 1, 1, 2, 2, 0, 0, 0, 0, 1, 1, 1, 0, 0, 1, 0, 0},
+        {"conv 3x3 dilation 2", 1, 8, 12, 10, 21, 3, 3, 1, 1, 2, 2, 2, 2, 2, 2, 1, 0, 0, 1, 0, 0},
+        {"conv 3x2 dilation (2,3) s(1,2)", 1, 6, 11, 13, 17, 3, 2, 1, 2, 1, 3, 0, 2, 2, 3, 1, 0, 1, 1, 0, 0},
+        {"conv 7x7 s2 p3 (stem)", 1, 3, 23, 21, 64, 7, 7, 2, 2, 3, 3, 3, 3, 1, 1, 1, 1, 0, 1, 0, 0},
+        {"conv grouped 4", 2, 16, 8, 7, 24, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 4, 1, 1, 1, 0, 0},
+        {"conv grouped 3 odd", 1, 9, 7, 8, 15, 3, 3, 2, 1, 1, 0, 1, 1, 1, 1, 3, 0, 0, 1, 0, 0},
+        {"conv grouped 1x1", 1, 32, 6, 6, 48, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 2, 1, 1, 1, 0, 0},
+        {"conv grouped big groups", 1, 64, 5, 5, 128, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 2, 1, 0, 1, 0, 0},
+        {"conv channel multiplier", 1, 8, 9, 9, 16, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 8, 0, 0, 1, 0, 0},
+        {"depthwise 3x3 relu6", 2, 37, 9, 10, 37, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 37, 2, 0, 1, 0, 6},
+        {"depthwise 3x3 s2", 1, 48, 11, 11, 48, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, 48, 1, 0, 1, 0, 0},
+        {"depthwise 5x5 residual hardswish", 1, 20, 8, 9, 20, 5, 5, 1, 1, 2, 2, 2, 2, 1, 1, 20, 6, 1, 1, 0, 0},
+        {"depthwise dilation 2 no bias", 1, 33, 10, 10, 33, 3, 3, 1, 1, 2, 2, 2, 2, 2, 2, 33, 0, 0, 0, 0, 0},
+        {"fc whole input", 3, 7, 4, 5, 70, 4, 5, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 1, 0, 0},
+        {"fc gemm 1x1", 2, 100, 1, 1, 70, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 0, 1, 1, 0, 0},
+        {"fc large k", 1, 300, 2, 2, 50, 2, 2, 1, 1, 0, 0, 0, 0, 1, 1, 1, 0, 0, 1, 0, 0},
+        {"conv no bias", 1, 4, 6, 6, 9, 3, 3, 1, 1, 0, 0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 0},
+        {"conv clip", 1, 12, 6, 7, 20, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 1, 1, -0.5f, 0.7f},
+        {"conv leaky", 1, 12, 6, 7, 20, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 3, 1, 1, 0.1f, 0},
+        {"conv sigmoid", 1, 12, 6, 7, 20, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 4, 1, 1, 0, 0},
+        {"conv hardsigmoid", 1, 12, 6, 7, 20, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 5, 1, 1, 0.2f, 0.5f},
+        {"conv hardswish", 1, 12, 6, 7, 20, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 6, 1, 1, 0, 0},
+        {"conv tanh", 1, 12, 6, 7, 20, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 7, 1, 1, 0, 0},
+        {"pointwise leaky residual", 1, 40, 5, 5, 50, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 3, 1, 1, 0.2f, 0},
+        {"depthwise sigmoid", 1, 17, 5, 5, 17, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 17, 4, 0, 1, 0, 0},
+        {"conv many columns", 1, 64, 30, 30, 40, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0},
+        {"conv deep k", 1, 160, 5, 6, 35, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 0, 0},
+        {"pointwise many columns", 2, 16, 25, 25, 24, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 1, 0, 0},
+        {"conv 1x1 output", 1, 4, 3, 3, 5, 3, 3, 1, 1, 0, 0, 0, 0, 1, 1, 1, 0, 0, 1, 0, 0},
+        {"conv single channel", 1, 1, 6, 6, 1, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 1, 0, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) test_conv(&cases[i]);
+}
+
+/* ---- POOL / GLOBAL_POOL ---------------------------------------------------------------------- */
+
+typedef struct pool_case {
+    const char *name;
+    int n, c, hin, win, kh, kw, sh, sw, pt, pl, pb, pr, dh, dw, kind, count_pad, ceil_mode;
+} pool_case;
+
+static int pool_extent(int in, int p0, int p1, int k, int d, int s, int ceil_mode) {
+    int span = in + p0 + p1 - d * (k - 1) - 1;
+    return (ceil_mode ? (span + s - 1) / s : span / s) + 1;
+}
+
+static void test_pool(const pool_case *pc) {
+    int oh = pool_extent(pc->hin, pc->pt, pc->pb, pc->kh, pc->dh, pc->sh, pc->ceil_mode);
+    int ow = pool_extent(pc->win, pc->pl, pc->pr, pc->kw, pc->dw, pc->sw, pc->ceil_mode);
+    tensor x = t_rand(pc->n, pc->c, pc->hin, pc->win, -1, 1);
+    layer l = mk(COACTO_OP_POOL, pc->n, pc->c, oh, ow);
+    set_input(&l, 0, &x);
+    int32_t ip[12] = {pc->kh, pc->kw, pc->sh, pc->sw, pc->pt,   pc->pl,
+                      pc->pb, pc->pr, pc->dh, pc->dw, pc->kind, pc->count_pad};
+    memcpy(l.iparams, ip, sizeof ip);
+    expected e = e_new(&l);
+    for (int ni = 0; ni < pc->n; ni++)
+        for (int ci = 0; ci < pc->c; ci++)
+            for (int y = 0; y < oh; y++)
+                for (int xo = 0; xo < ow; xo++) {
+                    double s = pc->kind == 0 ? -FLT_MAX : 0;
+                    int count = 0;
+                    for (int ky = 0; ky < pc->kh; ky++)
+                        for (int kx = 0; kx < pc->kw; kx++) {
+                            int iy = y * pc->sh - pc->pt + ky * pc->dh;
+                            int ix = xo * pc->sw - pc->pl + kx * pc->dw;
+                            int in_pad = iy >= -pc->pt && iy < pc->hin + pc->pb &&
+                                         ix >= -pc->pl && ix < pc->win + pc->pr;
+                            int in_x = iy >= 0 && iy < pc->hin && ix >= 0 && ix < pc->win;
+                            count += pc->count_pad ? in_pad : in_x;
+                            if (!in_x) continue;
+                            double v = t_at(&x, ni, ci, iy, ix);
+                            s = pc->kind == 0 ? fmax(s, v) : s + v;
+                        }
+                    size_t i = idx(pc->c, oh, ow, ni, ci, y, xo);
+                    e.v[i] = pc->kind == 0 ? s : (count ? s / count : 0);
+                    e.mag[i] = pc->kind == 0 ? 0 : 1;
+                }
+    const float *in[1] = {x.d};
+    check_tiles(pc->name, &l, in, &e, 2e-6, 1);
+    e_free(&e);
+    free(x.d);
+}
+
+static void pool_cases(void) {
+    static const pool_case cases[] = {
+        /* name n c hin win kh kw sh sw pt pl pb pr dh dw kind count_pad ceil */
+        {"maxpool 3x3 s2 p1", 2, 21, 11, 12, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, 0, 0, 0},
+        {"maxpool 2x2 s2", 1, 40, 8, 8, 2, 2, 2, 2, 0, 0, 0, 0, 1, 1, 0, 0, 0},
+        {"maxpool 3x3 s2 ceil", 1, 17, 10, 10, 3, 3, 2, 2, 0, 0, 0, 0, 1, 1, 0, 0, 1},
+        {"maxpool dilation 2", 1, 9, 10, 11, 3, 2, 1, 2, 1, 0, 1, 1, 2, 2, 0, 0, 0},
+        {"avgpool 3x3 s1 p1", 1, 35, 7, 9, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0},
+        {"avgpool 3x3 s1 p1 count pad", 1, 35, 7, 9, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0},
+        {"avgpool 3x3 s2 ceil count pad", 2, 19, 8, 9, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1, 1},
+        {"avgpool 2x3 s(2,1) asym ceil", 1, 6, 9, 7, 2, 3, 2, 1, 1, 0, 0, 2, 1, 1, 1, 0, 1},
+        {"avgpool 5x5 s3 count pad", 1, 16, 13, 13, 5, 5, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0},
+        {"avgpool 1x1", 1, 7, 4, 4, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 0, 0},
+        {"avgpool dilation 2 count pad", 1, 10, 9, 9, 3, 3, 1, 1, 2, 2, 2, 2, 2, 2, 1, 1, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) test_pool(&cases[i]);
+
+    for (int kind = 0; kind < 2; kind++) {
+        tensor x = t_rand(3, 45, 5, 7, -1, 1);
+        layer l = mk(COACTO_OP_GLOBAL_POOL, 3, 45, 1, 1);
+        set_input(&l, 0, &x);
+        l.iparams[0] = kind;
+        expected e = e_new(&l);
+        for (int ni = 0; ni < 3; ni++)
+            for (int ci = 0; ci < 45; ci++) {
+                double s = kind == 0 ? -INFINITY : 0;
+                for (int y = 0; y < 5; y++)
+                    for (int xo = 0; xo < 7; xo++) {
+                        double v = t_at(&x, ni, ci, y, xo);
+                        s = kind == 0 ? fmax(s, v) : s + v / 35.0;
+                    }
+                e.v[ni * 45 + ci] = s;
+                e.mag[ni * 45 + ci] = 1;
+            }
+        const float *in[1] = {x.d};
+        check_tiles(kind ? "global avgpool" : "global maxpool", &l, in, &e, 2e-6, 1);
+        e_free(&e);
+        free(x.d);
+    }
+}
+
+/* ---- BINARY / AFFINE ------------------------------------------------------------------------- */
+
+static double bin_ref(int kind, double a, double b) {
+    switch (kind) {
+    case 0: return a + b;
+    case 1: return a - b;
+    case 2: return a * b;
+    default: return a / b;
+    }
+}
+
+/* Value of a broadcast operand at output (n, c, y, x). */
+static double bcast(const tensor *t, int ni, int ci, int y, int x) {
+    return t_at(t, t->n == 1 ? 0 : ni, t->c == 1 ? 0 : ci, t->h == 1 ? 0 : y, t->w == 1 ? 0 : x);
+}
+
+typedef struct binary_case {
+    const char *name;
+    int kind, act;
+    int on, oc, oh, ow;
+    int a[4], b[4]; /* NCHW dims of the operands */
+    int constant, const_first;
+} binary_case;
+
+static void test_binary(const binary_case *bc) {
+    /* Divisors stay away from 0. */
+    tensor a = t_rand(bc->a[0], bc->a[1], bc->a[2], bc->a[3], -1, 1);
+    tensor b = t_rand(bc->b[0], bc->b[1], bc->b[2], bc->b[3], 0.5f, 2);
+    if (bc->constant && bc->const_first) {
+        for (size_t i = 0; i < t_size(&a); i++) a.d[i] = frand(0.5f, 2);
+        for (size_t i = 0; i < t_size(&b); i++) b.d[i] = frand(-1, 1);
+    }
+    layer l = mk(COACTO_OP_BINARY, bc->on, bc->oc, bc->oh, bc->ow);
+    l.iparams[0] = bc->kind;
+    l.iparams[1] = bc->act;
+    l.fparams[0] = 0.1f;
+    l.fparams[1] = 0.6f;
+    set_input(&l, 0, &a);
+    float *kblob = NULL;
+    if (bc->constant) {
+        /* b becomes the constant: NCHW order. */
+        l.iparams[2] = bc->const_first;
+        memcpy(&l.iparams[4], bc->b, sizeof bc->b);
+        float *k = malloc(t_size(&b) * sizeof(float));
+        for (int ni = 0; ni < b.n; ni++)
+            for (int ci = 0; ci < b.c; ci++)
+                for (int y = 0; y < b.h; y++)
+                    for (int x = 0; x < b.w; x++)
+                        k[((ni * b.c + ci) * b.h + y) * b.w + x] = t_at(&b, ni, ci, y, x);
+        kblob = blob_copy(k, t_size(&b) * 4);
+        free(k);
+        set_array(&l, 0, kblob, t_size(&b) * 4);
+    } else {
+        set_input(&l, 1, &b);
+    }
+    expected e = e_new(&l);
+    for (int ni = 0; ni < bc->on; ni++)
+        for (int ci = 0; ci < bc->oc; ci++)
+            for (int y = 0; y < bc->oh; y++)
+                for (int x = 0; x < bc->ow; x++) {
+                    double va = bcast(&a, ni, ci, y, x), vb = bcast(&b, ni, ci, y, x);
+                    double v = bc->constant && bc->const_first ? bin_ref(bc->kind, vb, va)
+                                                               : bin_ref(bc->kind, va, vb);
+                    size_t i = idx(bc->oc, bc->oh, bc->ow, ni, ci, y, x);
+                    e.v[i] = act_ref(v, bc->act, 0.1, 0.6);
+                    e.mag[i] = 1;
+                }
+    const float *in[2] = {a.d, b.d};
+    check_tiles(bc->name, &l, in, &e, 2e-6, 1);
+    e_free(&e);
+    free(a.d), free(b.d), free(kblob);
+}
+
+static void binary_cases(void) {
+    static const binary_case cases[] = {
+        {"add same shape relu", 0, 1, 2, 21, 4, 5, {2, 21, 4, 5}, {2, 21, 4, 5}, 0, 0},
+        {"mul per channel (SE)", 2, 0, 2, 33, 3, 4, {2, 33, 3, 4}, {2, 33, 1, 1}, 0, 0},
+        {"sub spatial broadcast a", 1, 0, 2, 9, 4, 3, {1, 1, 4, 3}, {2, 9, 4, 3}, 0, 0},
+        {"div scalar b", 3, 7, 1, 18, 3, 3, {1, 18, 3, 3}, {1, 1, 1, 1}, 0, 0},
+        {"add both broadcast", 0, 0, 2, 6, 5, 7, {2, 1, 5, 1}, {1, 6, 1, 7}, 0, 0},
+        {"mul scalar a hardsigmoid", 2, 5, 1, 20, 2, 2, {1, 1, 1, 1}, {1, 20, 2, 2}, 0, 0},
+        {"const per channel add", 0, 0, 2, 25, 3, 3, {2, 25, 3, 3}, {1, 25, 1, 1}, 1, 0},
+        {"const full sub const_first", 1, 0, 1, 11, 4, 5, {1, 11, 4, 5}, {1, 11, 4, 5}, 1, 1},
+        {"const batch-spatial div const_first", 3, 0, 2, 5, 3, 4, {2, 5, 3, 4}, {2, 1, 3, 4}, 1, 1},
+        {"const scalar mul tanh", 2, 7, 1, 13, 2, 3, {1, 13, 2, 3}, {1, 1, 1, 1}, 1, 0},
+        {"const row broadcast div", 3, 3, 1, 8, 3, 6, {1, 8, 3, 6}, {1, 8, 1, 6}, 1, 0},
+        {"add broadcast input const", 0, 2, 2, 10, 3, 3, {1, 10, 1, 1}, {2, 10, 3, 3}, 1, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) test_binary(&cases[i]);
+
+    /* AFFINE with every activation. */
+    for (int act = 0; act <= COACTO_ACT_TANH; act++) {
+        tensor x = t_rand(2, 29, 3, 4, -3, 3);
+        float sc[29], sh[29];
+        for (int i = 0; i < 29; i++) sc[i] = frand(-2, 2), sh[i] = frand(-1, 1);
+        layer l = mk(COACTO_OP_AFFINE, 2, 29, 3, 4);
+        set_input(&l, 0, &x);
+        l.iparams[0] = act;
+        float alpha = act == COACTO_ACT_CLIP ? -1.0f : 0.2f, beta = act == COACTO_ACT_CLIP ? 2.0f : 0.5f;
+        l.fparams[0] = alpha;
+        l.fparams[1] = beta;
+        void *sb = blob_copy(sc, sizeof sc), *tb = blob_copy(sh, sizeof sh);
+        set_array(&l, 0, sb, sizeof sc);
+        set_array(&l, 1, tb, sizeof sh);
+        expected e = e_new(&l);
+        for (size_t i = 0; i < t_size(&x); i++) {
+            int ci = (int)(i % 29);
+            e.v[i] = act_ref((double)x.d[i] * sc[ci] + sh[ci], act, alpha, beta);
+            e.mag[i] = 4;
+        }
+        char name[64];
+        snprintf(name, sizeof name, "affine act %d", act);
+        const float *in[1] = {x.d};
+        check_tiles(name, &l, in, &e, 2e-6, 1);
+        e_free(&e);
+        free(x.d), free(sb), free(tb);
+    }
+}
+
+/* ---- CONCAT / GATHER ------------------------------------------------------------------------- */
+
+static void data_cases(void) {
+    {
+        int cs[3] = {5, 16, 3};
+        tensor x[3];
+        layer l = mk(COACTO_OP_CONCAT, 2, 24, 3, 5);
+        for (int i = 0; i < 3; i++) {
+            x[i] = t_rand(2, cs[i], 3, 5, -1, 1);
+            set_input(&l, i, &x[i]);
+        }
+        expected e = e_new(&l);
+        for (int ni = 0; ni < 2; ni++)
+            for (int y = 0; y < 3; y++)
+                for (int xo = 0; xo < 5; xo++)
+                    for (int i = 0, first = 0; i < 3; first += cs[i], i++)
+                        for (int ci = 0; ci < cs[i]; ci++)
+                            e.v[idx(24, 3, 5, ni, first + ci, y, xo)] = t_at(&x[i], ni, ci, y, xo);
+        const float *in[3] = {x[0].d, x[1].d, x[2].d};
+        check_tiles("concat 3 inputs", &l, in, &e, 0, 1);
+        e_free(&e);
+        for (int i = 0; i < 3; i++) free(x[i].d);
+    }
+    for (int inputs = 1; inputs <= 3; inputs++) {
+        tensor x[3];
+        layer l = mk(COACTO_OP_GATHER, 2, 7, 4, 3);
+        int64_t total = 0;
+        for (int i = 0; i < inputs; i++) {
+            x[i] = t_rand(1, 3 + i, 5, 2 + i, -1, 1);
+            set_input(&l, i, &x[i]);
+            total += (int64_t)t_size(&x[i]);
+        }
+        size_t count = 2 * 7 * 4 * 3;
+        int32_t *index = malloc(count * sizeof(int32_t));
+        for (size_t i = 0; i < count; i++)
+            index[i] = rnd() % 5 == 0 ? -1 : (int32_t)(rnd() % (uint32_t)total);
+        void *ib = blob_copy(index, count * 4);
+        set_array(&l, 0, ib, count * 4);
+        l.fparams[0] = -7.5f;
+        expected e = e_new(&l);
+        for (size_t i = 0; i < count; i++) {
+            int64_t v = index[i];
+            if (v < 0) {
+                e.v[i] = -7.5;
+                continue;
+            }
+            int k = 0;
+            while (v >= (int64_t)t_size(&x[k])) v -= (int64_t)t_size(&x[k++]);
+            e.v[i] = x[k].d[v];
+        }
+        char name[64];
+        snprintf(name, sizeof name, "gather %d inputs with fill", inputs);
+        const float *in[3] = {x[0].d, inputs > 1 ? x[1].d : NULL, inputs > 2 ? x[2].d : NULL};
+        check_tiles(name, &l, in, &e, 0, 1);
+        e_free(&e);
+        for (int i = 0; i < inputs; i++) free(x[i].d);
+        free(index), free(ib);
+    }
+}
+
+/* ---- LRN / SOFTMAX / NOP --------------------------------------------------------------------- */
+
+static void norm_cases(void) {
+    static const int sizes[] = {5, 4, 1, 3, 40};
+    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
+        int size = sizes[s];
+        tensor x = t_rand(2, 23, 3, 4, -2, 2);
+        layer l = mk(COACTO_OP_LRN, 2, 23, 3, 4);
+        set_input(&l, 0, &x);
+        l.iparams[0] = size;
+        l.fparams[0] = 0.7f, l.fparams[1] = 0.75f, l.fparams[2] = s == 3 ? 2.0f : 1.0f;
+        expected e = e_new(&l);
+        for (size_t i = 0; i < t_size(&x); i++) {
+            int c = (int)(i % 23);
+            size_t col = i / 23;
+            double sum = 0;
+            for (int j = c - (size - 1) / 2; j <= c + size / 2; j++)
+                if (j >= 0 && j < 23) sum += (double)x.d[col * 23 + j] * x.d[col * 23 + j];
+            e.v[i] = x.d[i] / pow(l.fparams[2] + 0.7 / size * sum, 0.75);
+            e.mag[i] = 1;
+        }
+        char name[64];
+        snprintf(name, sizeof name, "lrn size %d", size);
+        const float *in[1] = {x.d};
+        check_tiles(name, &l, in, &e, 1e-5, 1);
+        e_free(&e);
+        free(x.d);
+    }
+    for (int lg = 0; lg < 2; lg++) {
+        tensor x = t_rand(3, 37, 2, 3, -8, 8);
+        layer l = mk(COACTO_OP_SOFTMAX, 3, 37, 2, 3);
+        set_input(&l, 0, &x);
+        l.iparams[0] = lg;
+        expected e = e_new(&l);
+        for (size_t col = 0; col < 18; col++) {
+            double max = -INFINITY, sum = 0;
+            for (int j = 0; j < 37; j++) max = fmax(max, x.d[col * 37 + j]);
+            for (int j = 0; j < 37; j++) sum += exp(x.d[col * 37 + j] - max);
+            for (int j = 0; j < 37; j++) {
+                double v = x.d[col * 37 + j] - max;
+                e.v[col * 37 + j] = lg ? v - log(sum) : exp(v) / sum;
+                e.mag[col * 37 + j] = lg ? 10 : 0;
+            }
+        }
+        const float *in[1] = {x.d};
+        check_tiles(lg ? "logsoftmax" : "softmax", &l, in, &e, 1e-5, 1);
+        e_free(&e);
+        free(x.d);
+    }
+    {
+        /* NOP computes nothing: every tile leaves the sentinel. */
+        layer l = mk(COACTO_OP_NOP, 1, 4, 2, 2);
+        char err[128];
+        int ok = op_prepare(&l, err, sizeof err) == COACTO_OK;
+        float out[16];
+        uint32_t s = SENTINEL, bits;
+        for (int i = 0; i < 16; i++) memcpy(&out[i], &s, 4);
+        op_execute(&l, NULL, out, 0, 4, 0, 4, NULL);
+        for (int i = 0; i < 16; i++) {
+            memcpy(&bits, &out[i], 4);
+            ok &= bits == SENTINEL;
+        }
+        op_release(&l);
+        if (ok) passed++;
+        else {
+            failed++;
+            fprintf(stderr, "nop: failed\n");
+        }
+    }
+}
+
+/* ---- op_prepare rejections ------------------------------------------------------------------- */
+
+static float zeros[4096] __attribute__((aligned(64)));
+static int32_t izeros[4096] __attribute__((aligned(64)));
+
+static void expect_reject(const char *name, layer l) {
+    char err[256] = {0};
+    coacto_status st = op_prepare(&l, err, sizeof err);
+    op_release(&l);
+    if (st == COACTO_ERR_INVALID_GRAPH && err[0]) {
+        passed++;
+    } else {
+        failed++;
+        fprintf(stderr, "reject %s: status %d, message '%s'\n", name, st, err);
+    }
+}
+
+static void expect_accept(const char *name, layer l) {
+    char err[256] = {0};
+    coacto_status st = op_prepare(&l, err, sizeof err);
+    op_release(&l);
+    if (st == COACTO_OK) {
+        passed++;
+    } else {
+        failed++;
+        fprintf(stderr, "accept %s: status %d, message '%s'\n", name, st, err);
+    }
+}
+
+static void rejections(void) {
+    /* A valid 3x3 conv: 8 -> 12 channels, 6x6 -> 6x6, group 2. */
+    tensor x = {1, 8, 6, 6, NULL}, r = {1, 12, 6, 6, NULL};
+    layer conv = mk(COACTO_OP_CONV, 1, 12, 6, 6);
+    set_input(&conv, 0, &x);
+    int32_t ip[12] = {3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 2, 1};
+    memcpy(conv.iparams, ip, sizeof ip);
+    set_array(&conv, 0, zeros, 2 * 9 * 4 * 6 * 4);
+    set_array(&conv, 1, zeros, 12 * 4);
+    expect_accept("conv baseline", conv);
+    layer t;
+#define MUTATE(name, stmt) \
+    do {                   \
+        t = conv;          \
+        stmt;              \
+        expect_reject(name, t); \
+    } while (0)
+    MUTATE("conv weights short", t.array_bytes[0] -= 4);
+    MUTATE("conv weights long", t.array_bytes[0] += 4);
+    MUTATE("conv weights null", t.arrays[0] = NULL);
+    MUTATE("conv bias size", t.array_bytes[1] = 11 * 4);
+    MUTATE("conv extra array", set_array(&t, 2, zeros, 64));
+    MUTATE("conv group not dividing", t.iparams[10] = 3);
+    MUTATE("conv group 0", t.iparams[10] = 0);
+    MUTATE("conv kernel 0", t.iparams[0] = 0);
+    MUTATE("conv stride 0", t.iparams[3] = 0);
+    MUTATE("conv dilation 0", t.iparams[8] = 0);
+    MUTATE("conv pad -1", t.iparams[5] = -1);
+    MUTATE("conv act 99", t.iparams[11] = 99);
+    MUTATE("conv act -1", t.iparams[11] = -1);
+    MUTATE("conv output h", t.h = 5);
+    MUTATE("conv output w", t.w = 7);
+    MUTATE("conv batch", t.in_n[0] = 2);
+    MUTATE("conv kernel larger than padded input", (t.iparams[0] = 9, t.iparams[4] = 0));
+    MUTATE("conv residual dims", (set_input(&t, 1, &r), t.in_c[1] = 11));
+    MUTATE("conv three inputs", (set_input(&t, 1, &r), set_input(&t, 2, &r)));
+    MUTATE("conv no input", t.n_inputs = 0);
+    MUTATE("conv huge dims", (t.in_h[0] = INT32_MAX, t.in_w[0] = INT32_MAX));
+    MUTATE("conv negative dims", t.c = -12);
+    MUTATE("conv huge stride overflow", (t.iparams[2] = INT32_MAX, t.iparams[6] = INT32_MAX));
+    MUTATE("unknown op", t.op = 99);
+    MUTATE("negative op", t.op = -1);
+    t = conv;
+    set_input(&t, 1, &r);
+    expect_accept("conv residual", t);
+#undef MUTATE
+
+    layer pool = mk(COACTO_OP_POOL, 1, 8, 3, 3);
+    set_input(&pool, 0, &x);
+    int32_t pp[12] = {3, 3, 2, 2, 1, 1, 1, 1, 1, 1, 0, 0};
+    memcpy(pool.iparams, pp, sizeof pp);
+    expect_accept("pool baseline", pool);
+    t = pool, t.h = 4, expect_accept("pool ceil extent", t);
+    t = pool, t.h = 5, expect_reject("pool output h", t);
+    t = pool, t.iparams[10] = 2, expect_reject("pool kind", t);
+    t = pool, t.iparams[11] = 2, expect_reject("pool count_include_pad", t);
+    t = pool, t.c = 9, expect_reject("pool channels", t);
+    t = pool, t.iparams[9] = 0, expect_reject("pool dilation", t);
+    t = pool, t.iparams[6] = -1, expect_reject("pool pad", t);
+    t = pool, set_array(&t, 0, zeros, 64), expect_reject("pool array", t);
+    t = pool, set_input(&t, 1, &x), expect_reject("pool two inputs", t);
+
+    layer gp = mk(COACTO_OP_GLOBAL_POOL, 1, 8, 1, 1);
+    set_input(&gp, 0, &x);
+    expect_accept("global pool baseline", gp);
+    t = gp, t.h = 2, expect_reject("global pool h", t);
+    t = gp, t.iparams[0] = 5, expect_reject("global pool kind", t);
+    t = gp, t.in_n[0] = 3, expect_reject("global pool batch", t);
+
+    layer bin = mk(COACTO_OP_BINARY, 2, 8, 6, 6);
+    tensor a = {2, 8, 6, 6, NULL}, b = {1, 8, 1, 1, NULL};
+    set_input(&bin, 0, &a);
+    set_input(&bin, 1, &b);
+    expect_accept("binary baseline", bin);
+    t = bin, t.in_c[1] = 3, expect_reject("binary non-broadcast channels", t);
+    t = bin, t.in_h[0] = 12, expect_reject("binary input larger than output", t);
+    t = bin, t.iparams[0] = 4, expect_reject("binary kind", t);
+    t = bin, t.iparams[1] = 8, expect_reject("binary act", t);
+    t = bin, set_array(&t, 0, zeros, 32), expect_reject("binary constant with two inputs", t);
+    layer bc = mk(COACTO_OP_BINARY, 2, 8, 6, 6);
+    set_input(&bc, 0, &a);
+    int32_t kd[4] = {1, 8, 1, 1};
+    memcpy(&bc.iparams[4], kd, sizeof kd);
+    set_array(&bc, 0, zeros, 8 * 4);
+    expect_accept("binary constant baseline", bc);
+    t = bc, t.array_bytes[0] = 7 * 4, expect_reject("binary constant bytes", t);
+    t = bc, t.iparams[5] = 4, expect_reject("binary constant dims", t);
+    t = bc, t.iparams[6] = 0, expect_reject("binary constant dim 0", t);
+    t = bc, t.iparams[2] = 2, expect_reject("binary const_first", t);
+    t = bc, set_array(&t, 0, NULL, 0), expect_reject("binary constant missing", t);
+
+    layer af = mk(COACTO_OP_AFFINE, 2, 8, 6, 6);
+    set_input(&af, 0, &a);
+    set_array(&af, 0, zeros, 32);
+    set_array(&af, 1, zeros, 32);
+    expect_accept("affine baseline", af);
+    t = af, t.array_bytes[1] = 28, expect_reject("affine shift bytes", t);
+    t = af, set_array(&t, 1, NULL, 0), expect_reject("affine shift missing", t);
+    t = af, t.in_w[0] = 5, expect_reject("affine dims", t);
+    t = af, t.iparams[0] = 12, expect_reject("affine act", t);
+
+    layer cat = mk(COACTO_OP_CONCAT, 2, 16, 6, 6);
+    set_input(&cat, 0, &a);
+    set_input(&cat, 1, &a);
+    expect_accept("concat baseline", cat);
+    t = cat, t.c = 15, expect_reject("concat channel sum", t);
+    t = cat, t.in_h[1] = 5, expect_reject("concat h", t);
+    t = cat, t.in_n[0] = 1, expect_reject("concat batch", t);
+
+    layer ga = mk(COACTO_OP_GATHER, 1, 4, 2, 2);
+    tensor g1 = {1, 2, 2, 2, NULL};
+    set_input(&ga, 0, &g1);
+    set_input(&ga, 1, &g1);
+    int32_t *gi = izeros;
+    for (int i = 0; i < 16; i++) gi[i] = i - 1;
+    set_array(&ga, 0, gi, 16 * 4);
+    expect_accept("gather baseline", ga);
+    t = ga, t.array_bytes[0] = 15 * 4, expect_reject("gather index bytes", t);
+    gi[3] = 16;
+    expect_reject("gather index past the inputs", ga);
+    gi[3] = -2;
+    expect_reject("gather index -2", ga);
+    gi[3] = 2;
+    t = ga, t.in_n[0] = 40000, t.in_c[0] = 40000, expect_reject("gather inputs beyond int32", t);
+
+    layer lrn = mk(COACTO_OP_LRN, 2, 8, 6, 6);
+    set_input(&lrn, 0, &a);
+    lrn.iparams[0] = 5;
+    lrn.fparams[0] = 1e-4f, lrn.fparams[1] = 0.75f, lrn.fparams[2] = 1.0f;
+    expect_accept("lrn baseline", lrn);
+    t = lrn, t.iparams[0] = 0, expect_reject("lrn size 0", t);
+    t = lrn, t.fparams[0] = NAN, expect_reject("lrn alpha nan", t);
+    t = lrn, t.in_c[0] = 7, expect_reject("lrn dims", t);
+
+    layer sm = mk(COACTO_OP_SOFTMAX, 2, 8, 6, 6);
+    set_input(&sm, 0, &a);
+    expect_accept("softmax baseline", sm);
+    t = sm, t.iparams[0] = 2, expect_reject("softmax log flag", t);
+    t = sm, t.in_h[0] = 3, expect_reject("softmax dims", t);
+
+    layer inp = mk(COACTO_OP_INPUT, 1, 3, 4, 4);
+    expect_accept("input baseline", inp);
+    t = inp, set_input(&t, 0, &x), expect_reject("input with inputs", t);
+    t = inp, t.n = 0, expect_reject("input zero batch", t);
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1) rng = strtoull(argv[1], NULL, 0) | 1;
+    printf("gemm kernel: %s\n", gemm_select()->name);
+    conv_cases();
+    pool_cases();
+    binary_cases();
+    data_cases();
+    norm_cases();
+    rejections();
+    printf("ops: %d passed, %d failed\n", passed, failed);
+    return failed ? 1 : 0;
+}
