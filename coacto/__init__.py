@@ -43,8 +43,9 @@ def __getattr__(name):
         from .runtime import Runtime
         return Runtime
     if name == "zoo":
-        from . import zoo
-        return zoo
+        import importlib
+
+        return importlib.import_module(".zoo", __name__)
     raise AttributeError(f"module 'coacto' has no attribute {name!r}")
 
 

@@ -351,16 +351,15 @@ class _Importer:
     def _dispatch(self, node, op, ins):
         if op in _PASS_THROUGH:
             return _PASS_THROUGH[op](self, ins)
-        consts = all(v is None or isinstance(v, np.ndarray) for v in ins)
-        if consts and (op in _FOLD or op in _LAYOUT):
-            fn = _FOLD.get(op) or _LAYOUT[op]
-            return [None if r is None else np.asarray(r) for r in fn(self, ins)]
         if op in _SHAPE_OPS:
             return _SHAPE_OPS[op](self, ins)
-        if op in _LAYOUT:
-            return self._layout(op, ins)
+        if all(v is None or isinstance(v, np.ndarray) for v in ins) and (op in _FOLD or op in _LAYOUT):
+            fn = _FOLD.get(op) or _LAYOUT[op]
+            return [None if r is None else np.asarray(r) for r in fn(self, ins)]
         if op in _COMPUTE:
             return _COMPUTE[op](self, ins)
+        if op in _LAYOUT:
+            return self._layout(op, ins)
         if op in _FOLD:
             raise _Unsupported("supported on constants only; here an input is computed from the "
                                "model's inputs")
@@ -376,31 +375,33 @@ class _Importer:
         args = list(ins)
         for p, idx in zip(data_pos, indices):
             args[p] = idx
-        self.indexing = True
+        self.indexing, self.last_pad = True, None
         try:
             outs = _LAYOUT[op](self, args)
         finally:
             self.indexing = False
+        pad = None
+        if op == "Pad" and self.last_pad[0] == "constant":
+            new_fill = self.last_pad[2]
+            if (views[0].index < 0).any() and views[0].fill != new_fill:
+                # one fill value per view: make the input a layer first
+                return self._layout(op, [self._materialize(views[0])] + list(ins[1:]))
+            fill = new_fill
+            if isinstance(ins[0], _Act):
+                pad = self._zero_pad_hint(ins[0])
         res = []
         for r in outs:
-            if r is None:
-                res.append(None)
-                continue
-            v = _View(srcs, np.asarray(r), fill)
-            if op == "Pad" and isinstance(ins[0], _Act):
-                v.pad = self._zero_pad_hint(ins[0], r)
-            res.append(v)
+            res.append(None if r is None else _View(srcs, np.asarray(r), fill, pad=pad))
         return res
 
-    def _zero_pad_hint(self, src: _Act, out_index: np.ndarray):
-        if len(src.shape) != 4 or self.last_pad is None:
-            return None
+    def _zero_pad_hint(self, src: _Act):
+        """(src, (pt, pl, pb, pr)) when the Pad just applied is a zero spatial pad of src."""
         mode, pads, value = self.last_pad
-        if mode != "constant" or value != 0.0 or any(p < 0 for p in pads):
+        if len(src.shape) != 4 or value != 0.0 or any(p < 0 for p in pads):
             return None
-        if any(pads[a] or pads[a + 4] for a in (0, 1)):
+        if pads[0] or pads[1] or pads[4] or pads[5]:
             return None
-        return (src.layer, (pads[2], pads[3], pads[6], pads[7]))
+        return (src, (pads[2], pads[3], pads[6], pads[7]))
 
     # -- values
     def _value(self, name):

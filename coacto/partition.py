@@ -163,7 +163,8 @@ def _broadcast_pairs(layer: ir.Layer, src: ir.Layer) -> tuple[np.ndarray, np.nda
         return cols, cols
     nn, yy, xx = _positions(layer.shape)
     in_col = ((nn if sn > 1 else 0) * sh + (yy if sh > 1 else 0)) * sw + (xx if sw > 1 else 0)
-    return np.arange(layer.columns, dtype=np.int64), np.asarray(in_col, dtype=np.int64)
+    in_col = np.broadcast_to(np.asarray(in_col, dtype=np.int64), (layer.columns,))
+    return np.arange(layer.columns, dtype=np.int64), in_col
 
 
 def _batch_pairs(layer: ir.Layer, src: ir.Layer) -> tuple[np.ndarray, np.ndarray]:

@@ -71,8 +71,16 @@ static void input_range(int32_t op, int *lo, int *hi) {
     }
 }
 
+/* A kernel the caller picked (tests sweep every one) is kept when it is one of gemm_available(). */
+static const gemm_kernel *known_kernel(const gemm_kernel *k) {
+    if (k)
+        for (const gemm_kernel *const *a = gemm_available(); *a; a++)
+            if (*a == k) return k;
+    return NULL;
+}
+
 coacto_status op_prepare(layer *l, char *err, size_t err_size) {
-    l->kern = NULL;
+    l->kern = known_kernel(l->kern);
     l->packed = NULL;
     l->packed_group_stride = 0;
     l->scratch_per_col = 0;

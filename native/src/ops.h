@@ -43,7 +43,7 @@ typedef struct layer {
     const void *arrays[4];    /* into the graph's own copy of the blob (64-byte aligned) */
     int64_t array_bytes[4];
     /* Filled by op_prepare: */
-    const gemm_kernel *kern;  /* CONV */
+    const gemm_kernel *kern;  /* CONV: gemm_select(), or the caller's if one of gemm_available() */
     float *packed;            /* CONV: packed weights, one block per group */
     size_t packed_group_stride;
     size_t scratch_per_col;   /* floats of scratch a tile needs per output column */

@@ -91,7 +91,7 @@ coacto_status conv_prepare(layer *l, char *err, size_t err_size) {
         return COACTO_OK;
     }
 
-    const gemm_kernel *kern = gemm_select();
+    const gemm_kernel *kern = l->kern ? l->kern : gemm_select();
     l->kern = kern;
     if (g.kh == 1 && g.kw == 1 && g.sh == 1 && g.sw == 1 && g.pt + g.pl + g.pb + g.pr == 0)
         l->variant = CONV_POINTWISE;
@@ -230,56 +230,53 @@ static void conv_execute_gemm(const layer *l, const float *const *in, float *out
     }
 }
 
-/* Channels [c0, c0 + nc) of one depthwise output position; nc <= OPS_CHANNEL_BLOCK. Inlined with
- * a constant nc for full blocks so the accumulators stay in registers. */
-static inline __attribute__((always_inline)) void
-dw_channels(const layer *l, const conv_geometry *g, const float *xb, const ops_position *p,
-            int64_t c0, int64_t nc, const float *bias, const float *r, float *o, float lo,
-            float hi) {
-    const float *wdw = l->packed;
-    int64_t c = l->c;
-    float acc[OPS_CHANNEL_BLOCK];
-    for (int64_t i = 0; i < nc; i++) acc[i] = bias ? bias[c0 + i] : 0.0f;
-    int64_t iy0 = p->y * g->sh - g->pt, ix0 = p->x * g->sw - g->pl;
-    for (int64_t ky = 0; ky < g->kh; ky++) {
-        int64_t iy = iy0 + ky * g->dh;
-        if (iy < 0 || iy >= g->hin) continue;
-        for (int64_t kx = 0; kx < g->kw; kx++) {
-            int64_t ix = ix0 + kx * g->dw;
-            if (ix < 0 || ix >= g->win) continue;
-            const float *xs = xb + (iy * g->win + ix) * c + c0;
-            const float *ws = wdw + (ky * g->kw + kx) * c + c0;
-            for (int64_t i = 0; i < nc; i++) acc[i] += xs[i] * ws[i];
-        }
-    }
-    for (int64_t i = 0; i < nc; i++) {
-        float v = acc[i] + (r ? r[c0 + i] : 0.0f);
-        v = v < lo ? lo : v;
-        o[c0 + i] = v > hi ? hi : v;
-    }
+/* Taps t of a window starting at i0 (step d) with 0 <= i0 + t*d < n: [*t0, *t1). */
+static inline void window_taps(int64_t i0, int64_t k, int64_t d, int64_t n, int64_t *t0,
+                               int64_t *t1) {
+    int64_t a = 0, b = k;
+    while (a < k && i0 + a * d < 0) a++;
+    while (b > a && i0 + (b - 1) * d >= n) b--;
+    *t0 = a;
+    *t1 = b;
 }
 
-OPS_CLONES static void
-conv_execute_depthwise(const layer *l, const float *const *in, float *out, int64_t col0,
-                       int64_t col1, int64_t row0, int64_t row1) {
+/* Each output position accumulates its taps straight into its own (L1-resident) output
+ * channels: one simple multiply-add loop over contiguous channels per tap, which vectorizes. */
+OPS_CLONES static void conv_execute_depthwise(const layer *l, const float *const *in, float *out,
+                                              int64_t col0, int64_t col1, int64_t row0,
+                                              int64_t row1) {
     conv_geometry g = geometry(l);
     const float *x = in[0], *res = l->n_inputs > 1 ? in[1] : NULL;
     const float *bias = l->arrays[1];
     int64_t c = l->c;
+    size_t nc = (size_t)(row1 - row0);
     float lo, hi;
     ops_act_bounds((int32_t)g.act, l->fparams[0], l->fparams[1], &lo, &hi);
     ops_position p = ops_position_of(col0, l->h, l->w);
     for (int64_t col = col0; col < col1; col++, ops_position_next(&p, l->h, l->w)) {
-        const float *xb = x + p.n * g.hin * g.win * c;
-        const float *r = res ? res + col * c : NULL;
-        float *o = out + col * c;
-        int64_t c0 = row0;
-        for (; c0 + OPS_CHANNEL_BLOCK <= row1; c0 += OPS_CHANNEL_BLOCK)
-            dw_channels(l, &g, xb, &p, c0, OPS_CHANNEL_BLOCK, bias, r, o, lo, hi);
-        if (c0 < row1) dw_channels(l, &g, xb, &p, c0, row1 - c0, bias, r, o, lo, hi);
-        if (!ops_act_is_clamp((int32_t)g.act))
-            ops_act_apply(o + row0, (size_t)(row1 - row0), (int32_t)g.act, l->fparams[0],
-                          l->fparams[1]);
+        const float *xb = x + p.n * g.hin * g.win * c + row0;
+        float *restrict o = out + col * c + row0;
+        if (bias)
+            memcpy(o, bias + row0, nc * sizeof(float));
+        else
+            memset(o, 0, nc * sizeof(float));
+        int64_t iy0 = p.y * g.sh - g.pt, ix0 = p.x * g.sw - g.pl, ky0, ky1, kx0, kx1;
+        window_taps(iy0, g.kh, g.dh, g.hin, &ky0, &ky1);
+        window_taps(ix0, g.kw, g.dw, g.win, &kx0, &kx1);
+        for (int64_t ky = ky0; ky < ky1; ky++) {
+            const float *xrow = xb + (iy0 + ky * g.dh) * g.win * c;
+            for (int64_t kx = kx0; kx < kx1; kx++) {
+                const float *restrict xs = xrow + (ix0 + kx * g.dw) * c;
+                const float *restrict ws = l->packed + (ky * g.kw + kx) * c + row0;
+                for (size_t i = 0; i < nc; i++) o[i] += xs[i] * ws[i];
+            }
+        }
+        if (res) {
+            const float *restrict r = res + col * c + row0;
+            for (size_t i = 0; i < nc; i++) o[i] += r[i];
+        }
+        if (g.act != COACTO_ACT_NONE)
+            ops_act_apply(o, nc, (int32_t)g.act, l->fparams[0], l->fparams[1]);
     }
 }
 

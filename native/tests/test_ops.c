@@ -4,7 +4,9 @@
  * tilings (one tile; random column x row cuts; column cuts x row cuts at GEMM panel boundaries).
  * Each tile runs on a fresh output buffer filled with a sentinel: the tile's rectangle must match
  * the oracle (computed in double, in NCHW index terms) and nothing outside it may change. Scratch
- * is allocated at exactly the declared size so the sanitizers see any overrun. A second part checks
+ * is allocated at exactly the declared size so the sanitizers see any overrun. Convolutions run
+ * with every GEMM kernel the CPU supports (op_prepare keeps a kernel the caller sets in
+ * layer.kern when it is one of gemm_available()). A second part checks
  * that op_prepare rejects corrupt parameters, arrays and dims.
  *
  * Usage: test_ops [seed] */
@@ -210,7 +212,7 @@ typedef struct conv_case {
     float alpha, beta;
 } conv_case;
 
-static void test_conv(const conv_case *cc) {
+static void test_conv(const conv_case *cc, const gemm_kernel *kern) {
     int oh = (cc->hin + cc->pt + cc->pb - cc->dh * (cc->kh - 1) - 1) / cc->sh + 1;
     int ow = (cc->win + cc->pl + cc->pr - cc->dw * (cc->kw - 1) - 1) / cc->sw + 1;
     int cin_g = cc->cin / cc->group, cout_g = cc->cout / cc->group;
@@ -262,7 +264,10 @@ static void test_conv(const conv_case *cc) {
                     e.mag[i] = mag;
                 }
     const float *in[2] = {x.d, r.d};
-    check_tiles(cc->name, &l, in, &e, 2e-6, 1);
+    char name[128];
+    snprintf(name, sizeof name, "%s [%s]", cc->name, kern->name);
+    l.kern = kern;
+    check_tiles(name, &l, in, &e, 2e-6, 1);
     e_free(&e);
     free(x.d), free(r.d), free(w), free(b), free(wb), free(bb);
 }
@@ -304,7 +309,9 @@ static void conv_cases(void) {
         {"conv 1x1 output", 1, 4, 3, 3, 5, 3, 3, 1, 1, 0, 0, 0, 0, 1, 1, 1, 0, 0, 1, 0, 0},
         {"conv single channel", 1, 1, 6, 6, 1, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 1, 0, 0},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) test_conv(&cases[i]);
+    /* Every GEMM kernel this CPU has: each has its own panel width, so its own misaligned rows. */
+    for (const gemm_kernel *const *k = gemm_available(); *k; k++)
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) test_conv(&cases[i], *k);
 }
 
 /* ---- POOL / GLOBAL_POOL ---------------------------------------------------------------------- */

@@ -1,0 +1,199 @@
+"""A numpy interpreter of the operator graph: the executable definition of coacto.ir's semantics.
+
+Computes in float64 on NCHW arrays (the storage order only matters to GATHER, whose indices are
+defined on NHWC storage). The native runtime is tested against this and against onnxruntime.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from . import ir
+from .errors import InputError
+
+
+def run_reference(graph: ir.Graph, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Runs ``graph`` on ``feeds`` ({input name: array in its ONNX shape}); returns
+    {output name: float32 array in its ONNX shape}."""
+    missing = set(graph.inputs) - set(feeds)
+    if missing:
+        raise InputError(f"missing inputs {sorted(missing)}; the graph's inputs are "
+                         f"{sorted(graph.inputs)}")
+    values: list[np.ndarray | None] = [None] * len(graph.layers)
+    for name, i in graph.inputs.items():
+        layer = graph.layers[i]
+        x = np.asarray(feeds[name])
+        if tuple(x.shape) != tuple(layer.onnx_shape):
+            raise InputError(f"input {name!r} has shape {tuple(x.shape)}, the graph expects "
+                             f"{tuple(layer.onnx_shape)}")
+        values[i] = x.astype(np.float64).reshape(layer.shape)
+    last_use = list(range(len(graph.layers)))
+    for j, layer in enumerate(graph.layers):
+        for p in layer.inputs:
+            last_use[p] = j
+    keep = set(graph.outputs.values())
+    for j, layer in enumerate(graph.layers):
+        if layer.op == "INPUT":
+            continue
+        xs = [values[p] for p in layer.inputs]
+        y = _OPS[layer.op](layer, xs)
+        if y.shape != tuple(layer.shape):
+            raise AssertionError(f"layer {layer.name}: computed {y.shape}, expected {layer.shape}")
+        values[j] = y
+        for p in set(layer.inputs):
+            if last_use[p] == j and p not in keep:
+                values[p] = None
+    return {name: values[i].reshape(graph.layers[i].onnx_shape).astype(np.float32)
+            for name, i in graph.outputs.items()}
+
+
+def activation(x: np.ndarray, act: int, alpha: float = 0.0, beta: float = 0.0) -> np.ndarray:
+    if act == ir.ACT_NONE:
+        return x
+    if act == ir.ACT_RELU:
+        return np.maximum(x, 0.0)
+    if act == ir.ACT_CLIP:
+        return np.minimum(np.maximum(x, alpha), beta)
+    if act == ir.ACT_LEAKY:
+        return np.where(x >= 0, x, x * alpha)
+    if act == ir.ACT_SIGMOID:
+        return 0.5 * (np.tanh(0.5 * x) + 1.0)  # = 1 / (1 + exp(-x)), without overflow
+    if act == ir.ACT_HARDSIGMOID:
+        return np.clip(alpha * x + beta, 0.0, 1.0)
+    if act == ir.ACT_HARDSWISH:
+        return x * np.clip(x / 6.0 + 0.5, 0.0, 1.0)
+    if act == ir.ACT_TANH:
+        return np.tanh(x)
+    raise ValueError(f"unknown activation {act}")
+
+
+def _act(layer, y):
+    a = layer.attrs
+    return activation(y, a.get("act", ir.ACT_NONE), a.get("alpha", 0.0), a.get("beta", 0.0))
+
+
+def _windows(x, layer, pad_value, extra=(0, 0)):
+    """(N, C, Ho, Wo, kh, kw) windows of x padded by the layer's pads (plus ``extra`` more rows
+    and columns at the bottom and right, for windows that reach past the end pads)."""
+    a = layer.attrs
+    kh, kw, sh, sw, dh, dw = a["kh"], a["kw"], a["sh"], a["sw"], a["dh"], a["dw"]
+    _, _, ho, wo = layer.shape
+    xp = np.pad(x, ((0, 0), (0, 0), (a["pt"], a["pb"] + extra[0]), (a["pl"], a["pr"] + extra[1])),
+                constant_values=pad_value)
+    win = sliding_window_view(xp, ((kh - 1) * dh + 1, (kw - 1) * dw + 1), axis=(2, 3))
+    return win[:, :, ::sh, ::sw][:, :, :ho, :wo][..., ::dh, ::dw]
+
+
+def _conv(layer, xs):
+    a = layer.attrs
+    x = xs[0]
+    w = layer.weights["w"].astype(np.float64)
+    g, kh, kw, cin_g, cout_g = w.shape
+    n, _, ho, wo = layer.shape
+    win = _windows(x, layer, 0.0)  # (N, C, Ho, Wo, kh, kw)
+    win = win.reshape(n, g, cin_g, ho, wo, kh, kw).transpose(1, 0, 3, 4, 5, 6, 2)
+    cols = win.reshape(g, n * ho * wo, kh * kw * cin_g)
+    y = np.matmul(cols, w.reshape(g, kh * kw * cin_g, cout_g))  # (g, N*Ho*Wo, cout_g)
+    y = y.reshape(g, n, ho, wo, cout_g).transpose(1, 0, 4, 2, 3).reshape(n, g * cout_g, ho, wo)
+    y = y + layer.weights["b"].astype(np.float64).reshape(1, -1, 1, 1)
+    if len(xs) > 1:
+        y = y + xs[1]
+    return _act(layer, y)
+
+
+def _pool(layer, xs):
+    """Windows are clipped to the input. Max: the largest element inside the input. Average: the
+    sum over the input divided by the number of window positions inside the input or, with
+    count_include_pad, inside the input extended by the pads (not beyond them, where a window of a
+    ceil_mode output may reach). A window without any input element gives 0."""
+    a = layer.attrs
+    x = xs[0]
+    _, _, h, w = x.shape
+    _, _, ho, wo = layer.shape
+    need_h = (ho - 1) * a["sh"] + (a["kh"] - 1) * a["dh"] + 1
+    need_w = (wo - 1) * a["sw"] + (a["kw"] - 1) * a["dw"] + 1
+    extra = (max(0, need_h - (h + a["pt"] + a["pb"])), max(0, need_w - (w + a["pl"] + a["pr"])))
+    inside = _windows(np.ones((1, 1, h, w)), layer, 0.0, extra)[0, 0]
+    count = inside.sum(axis=(-2, -1))
+    if a["kind"] == ir.POOL_MAX:
+        y = _windows(x, layer, -np.inf, extra).max(axis=(-2, -1))
+        return np.where(count > 0, y, 0.0)
+    s = _windows(x, layer, 0.0, extra).sum(axis=(-2, -1))
+    if a.get("count_include_pad"):
+        padded = np.ones((1, 1, h + a["pt"] + a["pb"], w + a["pl"] + a["pr"]))
+        shifted = ir.Layer(layer.name, "POOL", [], layer.shape,
+                           dict(a, pt=0, pl=0, pb=0, pr=0))
+        count = _windows(padded, shifted, 0.0, extra)[0, 0].sum(axis=(-2, -1))
+    return s / np.maximum(count, 1)
+
+
+def _global_pool(layer, xs):
+    if layer.attrs["kind"] == ir.POOL_MAX:
+        return xs[0].max(axis=(2, 3), keepdims=True)
+    return xs[0].mean(axis=(2, 3), keepdims=True)
+
+
+_BIN = {ir.BIN_ADD: np.add, ir.BIN_SUB: np.subtract, ir.BIN_MUL: np.multiply,
+        ir.BIN_DIV: np.divide}
+
+
+def _binary(layer, xs):
+    fn = _BIN[layer.attrs["kind"]]
+    if len(xs) == 2:
+        a, b = xs
+    else:
+        k = layer.weights["k"].astype(np.float64)
+        a, b = (k, xs[0]) if layer.attrs.get("const_first") else (xs[0], k)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        y = fn(a, b)
+    return _act(layer, np.broadcast_to(y, layer.shape))
+
+
+def _affine(layer, xs):
+    scale = layer.weights["scale"].astype(np.float64).reshape(1, -1, 1, 1)
+    shift = layer.weights["shift"].astype(np.float64).reshape(1, -1, 1, 1)
+    return _act(layer, xs[0] * scale + shift)
+
+
+def _concat(layer, xs):
+    return np.concatenate(xs, axis=1)
+
+
+def _gather(layer, xs):
+    storage = np.concatenate([x.transpose(0, 2, 3, 1).reshape(-1) for x in xs])
+    index = layer.weights["index"].astype(np.int64)
+    y = np.where(index >= 0, storage[np.maximum(index, 0)], layer.attrs.get("fill", 0.0))
+    n, c, h, w = layer.shape
+    return y.reshape(n, h, w, c).transpose(0, 3, 1, 2)
+
+
+def _lrn(layer, xs):
+    """ONNX LRN: y = x / (bias + alpha / size * sum of x^2 over channels
+    [c - (size - 1) // 2, c + size // 2] clipped to the tensor) ** beta."""
+    a = layer.attrs
+    x = xs[0]
+    size = a["size"]
+    sq = np.pad(x * x, ((0, 0), ((size - 1) // 2, size // 2), (0, 0), (0, 0)))
+    csum = np.concatenate([np.zeros_like(sq[:, :1]), np.cumsum(sq, axis=1)], axis=1)
+    window = csum[:, size:] - csum[:, :-size]
+    return x / (a["bias"] + a["alpha"] / size * window) ** a["beta"]
+
+
+def _softmax(layer, xs):
+    x = xs[0]
+    z = x - x.max(axis=1, keepdims=True)
+    lse = np.log(np.exp(z).sum(axis=1, keepdims=True))
+    return z - lse if layer.attrs.get("log") else np.exp(z - lse)
+
+
+def _nop(layer, xs):
+    return np.zeros(layer.shape)
+
+
+_OPS = {
+    "CONV": _conv, "POOL": _pool, "GLOBAL_POOL": _global_pool, "BINARY": _binary,
+    "AFFINE": _affine, "CONCAT": _concat, "GATHER": _gather, "LRN": _lrn, "SOFTMAX": _softmax,
+    "NOP": _nop,
+}
+
+__all__ = ["run_reference", "activation"]
