@@ -3,16 +3,17 @@
 Nothing is downloaded: every model is generated in memory from its architecture (the exact layer
 configuration of the original network) and a seed. The weights are random but *scaled* like a
 trained network's, so that activations stay of order one through the whole depth and results can be
-compared with onnxruntime at tight tolerances:
+compared with onnxruntime at tight tolerances. While the graph is built, a small *probe* batch
+(two ``N(0, 1)`` images of at most 64x64) is pushed through it in float64 numpy:
 
-* conv / fully connected weights are drawn from ``N(0, 1 / (fan_in * E[x^2]))`` where ``E[x^2]`` is
-  the second moment of the layer's input, tracked analytically while the graph is built. For the
-  unit-variance pre-activations of a ReLU network this is exactly Kaiming (He) initialisation,
-  ``N(0, 2 / fan_in)``; elsewhere it keeps the output second moment at one (LSUV-style);
-* BatchNormalization gets ``gamma ~ 1 +- 0.1``, a small ``beta``, a small running mean and a
-  positive running variance ``~ 1 +- 0.2`` -- consistent with the statistics of its input, so the
-  normalisation neither blows up nor vanishes;
-* biases are small, final classifier logits are of order one.
+* conv / fully connected weights are drawn from Kaiming (He) ``N(0, 2 / fan_in)``, then rescaled
+  once so that the layer's output has unit second moment on the probe (LSUV-style; the factor is
+  close to 1 and rounded to a 2^(1/16) grid so that it does not depend on the BLAS in use);
+* BatchNormalization gets ``gamma ~ 1 +- 0.1``, a small ``beta``, and running statistics that match
+  the probe's per-channel mean and variance (+- 10 % / 20 % noise, rounded) -- as after training,
+  BN really normalises, neither blowing up nor vanishing; with the scaling above the running
+  variances stay near one;
+* biases are small; final classifier logits have a standard deviation of about one.
 
 API::
 
@@ -39,7 +40,10 @@ Styles (``STYLES[name]`` lists those a model supports):
     explicit ``Pad`` nodes before strided convolutions, ``Slice`` for channel splits, and every
     initializer also listed as a graph input (as IR-version-3 exporters did).
 ``"preact"``
-    (ResNets) pre-activation ResNet v2: BN-ReLU before each convolution, identity shortcuts untouched.
+    (ResNets) pre-activation ResNet v2: BN-ReLU before each convolution, a final BN-ReLU.
+
+For one model, every style and opset computes the same function (up to float rounding), except
+``preact`` which is another architecture.
 """
 from __future__ import annotations
 
@@ -50,6 +54,7 @@ from collections.abc import Callable
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+from numpy.lib.stride_tricks import sliding_window_view
 
 __all__ = [
     "MODELS", "STYLES", "OPSETS", "DEFAULT_IMAGE_SIZE", "build", "save", "input_feeds",
@@ -61,19 +66,17 @@ OPSETS: tuple[int, ...] = (9, 11, 13, 17, 18)
 _MIN_OPSET, _MAX_OPSET = 9, 18
 
 _EPS = 1e-5
-
-# Second moment E[f(x)^2] of activations for x ~ N(0, 1) (used to track activation scales).
-_M2 = {"relu": 0.5, "hardswish": 0.331, "hardsigmoid": 0.278, "sigmoid": 0.293, "swish": 0.355}
+_PROBE_BATCH = 2
+_PROBE_MAX_SIZE = 64
 
 
 def _torch_scope(module: str) -> str:
     """``layer1.0.conv1`` -> ``/layer1/layer1.0/conv1`` (how torch.onnx names node scopes)."""
     if not module:
         return ""
-    parts = module.split(".")
     out: list[str] = []
     run: list[str] = []
-    for p in parts:
+    for p in module.split("."):
         if p.isdigit() and run:
             run.append(p)
             out.append(".".join(run))
@@ -83,8 +86,73 @@ def _torch_scope(module: str) -> str:
     return "/" + "/".join(out)
 
 
+def _q_pos(a):
+    """Round positive values to a 2^(1/16) grid (keeps BLAS rounding out of the model bytes)."""
+    a = np.asarray(a, dtype=np.float64)
+    return np.exp2(np.round(np.log2(np.maximum(a, 1e-30)) * 16.0) / 16.0)
+
+
+def _q_abs(a):
+    return np.round(np.asarray(a, dtype=np.float64) * 256.0) / 256.0
+
+
+# ------------------------------------------------------------------------ float64 reference ops
+def _np_conv(x, w, s, pads, g, d=1):
+    """NCHW convolution; pads = (top, left, bottom, right)."""
+    pt, pl, pb, pr = pads
+    if any(pads):
+        x = np.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr)))
+    n, c, h, wd = x.shape
+    cout, cg, kh, kw = w.shape
+    ekh, ekw = d * (kh - 1) + 1, d * (kw - 1) + 1
+    ho, wo = (h - ekh) // s + 1, (wd - ekw) // s + 1
+    if g == c and cg == 1 and cout == c:  # depthwise
+        y = np.zeros((n, c, ho, wo))
+        for ky in range(kh):
+            for kx in range(kw):
+                sl = x[:, :, ky * d:ky * d + s * (ho - 1) + 1:s, kx * d:kx * d + s * (wo - 1) + 1:s]
+                y += sl * w[:, 0, ky, kx][None, :, None, None]
+        return y
+    og = cout // g
+    outs = []
+    for gi in range(g):
+        xs = x[:, gi * cg:(gi + 1) * cg]
+        wg = w[gi * og:(gi + 1) * og].reshape(og, -1)
+        if kh == kw == 1:
+            cols = xs[:, :, ::s, ::s].transpose(0, 2, 3, 1).reshape(-1, cg)
+        else:
+            win = sliding_window_view(xs, (ekh, ekw), axis=(2, 3))[:, :, ::s, ::s, ::d, ::d]
+            cols = win.transpose(0, 2, 3, 1, 4, 5).reshape(n * ho * wo, cg * kh * kw)
+        outs.append((cols @ wg.T).reshape(n, ho, wo, og).transpose(0, 3, 1, 2))
+    return outs[0] if g == 1 else np.concatenate(outs, axis=1)
+
+
+def _np_pool(x, k, s, pads, kind, count_include_pad=1):
+    pt, pl, pb, pr = pads
+    fill = -np.inf if kind == "max" else 0.0
+    xp = np.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr)), constant_values=fill)
+    win = sliding_window_view(xp, (k, k), axis=(2, 3))[:, :, ::s, ::s]
+    if kind == "max":
+        return win.max(axis=(4, 5))
+    total = win.sum(axis=(4, 5))
+    if count_include_pad:
+        return total / (k * k)
+    ones = np.pad(np.ones(x.shape[2:]), ((pt, pb), (pl, pr)))
+    cnt = sliding_window_view(ones, (k, k))[::s, ::s].sum(axis=(2, 3))
+    return total / cnt
+
+
+def _np_tile_spatial(p, h, w):
+    """Repeat a probe feature map spatially to (h, w) (the probe may be smaller than the model)."""
+    ph, pw = p.shape[2:]
+    if (ph, pw) == (h, w):
+        return p
+    reps = (1, 1, -(-h // ph), -(-w // pw))
+    return np.tile(p, reps)[:, :, :h, :w]
+
+
 class _Graph:
-    """A small graph builder that tracks shapes and activation second moments."""
+    """A small graph builder that tracks real shapes and a float64 probe batch."""
 
     def __init__(self, name: str, *, opset: int, style: str, seed: int, batch: int):
         self.name = name
@@ -96,12 +164,10 @@ class _Graph:
         self.inits: list[onnx.TensorProto] = []
         self.init_names: set[str] = set()
         self.node_names: set[str] = set()
-        self.shape: dict[str, tuple[int, ...]] = {}
-        self.m2: dict[str, float] = {}      # estimated E[x^2] of a tensor
-        self.pos: dict[str, bool] = {}      # tensor known to be >= 0
+        self.shape: dict[str, tuple[int, ...]] = {}   # real shapes
+        self.p: dict[str, np.ndarray] = {}            # probe values (float64)
         self.inputs: list[onnx.ValueInfoProto] = []
         self.outputs: list[onnx.ValueInfoProto] = []
-        self.const_count = 0
 
     # ----------------------------------------------------------------------------------- basics
     @property
@@ -111,12 +177,15 @@ class _Graph:
     def input(self, name: str, shape: tuple[int, ...]) -> str:
         self.inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, list(shape)))
         self.shape[name] = tuple(shape)
-        self.m2[name] = 1.0
-        self.pos[name] = False
+        n, c, h, w = shape
+        ph, pw = min(h, _PROBE_MAX_SIZE), min(w, _PROBE_MAX_SIZE)
+        # the probe has its own generator: the weights do not depend on the probe size
+        probe_rng = np.random.default_rng(0x5EED)
+        self.p[name] = probe_rng.standard_normal((_PROBE_BATCH, c, ph, pw))
         return name
 
     def output(self, x: str, name: str = "output") -> str:
-        """Rename tensor ``x`` (produced by the last nodes) to the graph output ``name``."""
+        """Rename tensor ``x`` (produced by the last node) to the graph output ``name``."""
         for node in self.nodes:
             for i, o in enumerate(node.output):
                 if o == x:
@@ -125,6 +194,7 @@ class _Graph:
                 if o == x:
                     node.input[i] = name
         self.shape[name] = self.shape[x]
+        self.p[name] = self.p[x]
         self.outputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT,
                                                           list(self.shape[name])))
         return name
@@ -134,7 +204,7 @@ class _Graph:
             raise ValueError(f"duplicate initializer {name}")
         self.init_names.add(name)
         self.inits.append(numpy_helper.from_array(np.asarray(arr, order="C"), name))
-        self.shape[name] = tuple(arr.shape)
+        self.shape[name] = tuple(np.shape(arr))
         return name
 
     def i64(self, name: str, values) -> str:
@@ -145,8 +215,8 @@ class _Graph:
             return name
         return self.init(name, np.asarray(value, dtype=np.float32))
 
-    def node(self, op: str, inputs: list[str], scope: str, *, n_out: int = 1, name: str | None = None,
-             **attrs) -> list[str]:
+    def node(self, op: str, inputs: list[str], scope: str, *, n_out: int = 1,
+             name: str | None = None, **attrs) -> list[str]:
         base = f"{scope}/{name or op}"
         nname = base
         k = 1
@@ -161,48 +231,51 @@ class _Graph:
     def constant(self, scope: str, values, dtype=np.int64) -> str:
         """A torch-style ``Constant`` node (``/Constant_output_0``)."""
         arr = np.asarray(values, dtype=dtype)
-        tensor = numpy_helper.from_array(arr, "")
-        (out,) = self.node("Constant", [], scope, value=tensor)
+        (out,) = self.node("Constant", [], scope, value=numpy_helper.from_array(arr, ""))
         self.shape[out] = arr.shape
         return out
 
-    def _track(self, y: str, shape, m2: float, pos: bool) -> str:
+    def _set(self, y: str, shape, probe: np.ndarray) -> str:
         self.shape[y] = tuple(int(s) for s in shape)
-        self.m2[y] = float(m2)
-        self.pos[y] = bool(pos)
+        self.p[y] = probe
         return y
 
-    def _normal(self, shape, std: float) -> np.ndarray:
-        return (self.rng.standard_normal(shape, dtype=np.float32) * np.float32(std))
+    def _he(self, shape, fan_in: int) -> np.ndarray:
+        return self.rng.standard_normal(shape, dtype=np.float32) * np.float32(math.sqrt(2.0 / fan_in))
+
+    def _lsuv(self, y0: np.ndarray, gain: float) -> float:
+        """Factor that brings the probe output's second moment to ``gain`` (rounded)."""
+        m2 = float(np.mean(y0 * y0))
+        return float(_q_pos(math.sqrt(gain / m2))) if m2 > 0 else 1.0
 
     # ------------------------------------------------------------------------------ layers
     def conv(self, x: str, module: str, cout: int, k: int | tuple[int, int], s: int = 1, p: int = 0,
              g: int = 1, bias: bool = False, dilation: int = 1, explicit_pad: bool | None = None,
-             last_gain: float = 1.0) -> str:
+             gain: float = 1.0) -> str:
         n, cin, h, w = self.shape[x]
         kh, kw = (k, k) if isinstance(k, int) else k
-        fan_in = (cin // g) * kh * kw
-        std = math.sqrt(last_gain / (fan_in * max(self.m2[x], 1e-6)))
-        wname = self.init(f"{module}.weight", self._normal((cout, cin // g, kh, kw), std))
-        inputs = [x, wname]
+        w0 = self._he((cout, cin // g, kh, kw), (cin // g) * kh * kw)
+        b = self.rng.standard_normal(cout).astype(np.float32) * np.float32(0.05) if bias else None
+        y0 = _np_conv(self.p[x], w0.astype(np.float64), s, (p, p, p, p), g, dilation)
+        scale = self._lsuv(y0, gain)
+        wt = (w0 * np.float32(scale)).astype(np.float32)
+        probe = y0 * scale
+        inputs = [x, self.init(f"{module}.weight", wt)]
         if bias:
-            inputs.append(self.init(f"{module}.bias", self._normal((cout,), 0.05)))
+            inputs.append(self.init(f"{module}.bias", b))
+            probe = probe + b.astype(np.float64)[None, :, None, None]
         scope = _torch_scope(module)
         pads = [p, p, p, p]
         if explicit_pad is None:
             explicit_pad = self.zoo and s > 1 and p > 0
         if explicit_pad and p > 0:
-            x = self.pad(x, scope, [0, 0, p, p, 0, 0, p, p])
+            inputs[0] = self.pad(x, scope, [0, 0, p, p, 0, 0, p, p])
             pads = [0, 0, 0, 0]
-            h, w = h + 2 * p, w + 2 * p
-            p = 0
-        attrs = dict(kernel_shape=[kh, kw], strides=[s, s], pads=pads, dilations=[dilation] * 2,
-                     group=g)
-        inputs[0] = x
-        (y,) = self.node("Conv", inputs, scope, **attrs)
+        (y,) = self.node("Conv", inputs, scope, kernel_shape=[kh, kw], strides=[s, s], pads=pads,
+                         dilations=[dilation] * 2, group=g)
         ho = (h + 2 * p - dilation * (kh - 1) - 1) // s + 1
         wo = (w + 2 * p - dilation * (kw - 1) - 1) // s + 1
-        return self._track(y, (n, cout, ho, wo), last_gain + (0.0025 if bias else 0.0), False)
+        return self._set(y, (n, cout, ho, wo), probe)
 
     def pad(self, x: str, scope: str, pads: list[int]) -> str:
         n, c, h, w = self.shape[x]
@@ -212,35 +285,44 @@ class _Graph:
             pname = self.constant(scope, pads) if not self.zoo else \
                 self.i64(f"{scope.strip('/').replace('/', '.')}.pads", pads)
             (y,) = self.node("Pad", [x, pname], scope, mode="constant")
-        shape = (n + pads[0] + pads[4], c + pads[1] + pads[5], h + pads[2] + pads[6],
-                 w + pads[3] + pads[7])
-        return self._track(y, shape, self.m2[x], self.pos[x])
+        r = len(pads) // 2
+        probe = np.pad(self.p[x], [(pads[i], pads[i + r]) for i in range(r)])
+        shape = [d + pads[i] + pads[i + r] for i, d in enumerate(self.shape[x])]
+        return self._set(y, shape, probe)
 
     def bn(self, x: str, module: str) -> str:
         c = self.shape[x][1]
         rng = self.rng
         gamma = (1.0 + 0.1 * rng.standard_normal(c)).astype(np.float32)
         beta = (0.05 * rng.standard_normal(c)).astype(np.float32)
-        # running statistics consistent with the input's scale (mean small, var ~ E[x^2] +- 20 %)
-        m2 = self.m2[x]
-        mean = (0.1 * math.sqrt(m2) * rng.standard_normal(c)).astype(np.float32)
-        var = (m2 * rng.uniform(0.8, 1.2, c)).astype(np.float32)
+        noise_m = rng.standard_normal(c)
+        noise_v = rng.uniform(0.8, 1.2, c)
+        # running statistics as after training: those of the probe, per channel (the variance
+        # shrunk towards the layer's mean when the probe has few positions), plus some noise
+        px = self.p[x]
+        cnt = px.size // c
+        mu = px.mean(axis=(0, 2, 3))
+        var = px.var(axis=(0, 2, 3))
+        var = (cnt * var + 8.0 * var.mean()) / (cnt + 8.0)
+        mean = _q_abs(mu + 0.1 * np.sqrt(var) * noise_m).astype(np.float32)
+        var = _q_pos(var * noise_v).astype(np.float32)
         scope = _torch_scope(module)
-        out_m2 = float(np.mean(gamma ** 2 * (m2 + mean ** 2) / (var + _EPS) + beta ** 2))
+        scale = (gamma / np.sqrt(var + np.float32(_EPS))).astype(np.float32)
+        shift = (beta - mean * scale).astype(np.float32)
+        probe = px * scale.astype(np.float64)[None, :, None, None] + \
+            shift.astype(np.float64)[None, :, None, None]
         if not self.zoo:
             ins = [x, self.init(f"{module}.weight", gamma), self.init(f"{module}.bias", beta),
                    self.init(f"{module}.running_mean", mean),
                    self.init(f"{module}.running_var", var)]
             (y,) = self.node("BatchNormalization", ins, scope, epsilon=_EPS, momentum=0.9)
         else:
-            scale = (gamma / np.sqrt(var + _EPS)).astype(np.float32)
-            shift = (beta - mean * scale).astype(np.float32)
             s_u = self.unsqueeze(self.init(f"{module}.scale", scale), scope, [1, 2])
             b_u = self.unsqueeze(self.init(f"{module}.shift", shift), scope, [1, 2])
             (t,) = self.node("Mul", [x, s_u], scope)
-            self._track(t, self.shape[x], 1.0, False)
+            self._set(t, self.shape[x], px * scale.astype(np.float64)[None, :, None, None])
             (y,) = self.node("Add", [t, b_u], scope)
-        return self._track(y, self.shape[x], out_m2, False)
+        return self._set(y, self.shape[x], probe)
 
     def unsqueeze(self, x: str, scope: str, axes: list[int]) -> str:
         if self.opset < 13:
@@ -261,19 +343,15 @@ class _Graph:
         else:
             (y,) = self.node("Squeeze", [x, self.constant(scope, axes)], scope)
         shape = [d for i, d in enumerate(self.shape[x]) if i not in axes]
-        return self._track(y, shape, self.m2[x], self.pos[x])
+        return self._set(y, shape, np.squeeze(self.p[x], axis=tuple(axes)))
 
     # activations -----------------------------------------------------------------------------
-    def _act_m2(self, x: str, kind: str) -> float:
-        m2 = self.m2[x]
-        if self.pos[x] and kind in ("relu", "relu6"):
-            return m2
-        return m2 * {"relu": 0.5, "relu6": 0.5, "leakyrelu": 0.505, "hardswish": 0.331 / 1.0,
-                     "swish": 0.355}.get(kind, 1.0)
+    def _unary(self, op: str, x: str, module: str, fn, name: str | None = None, **attrs) -> str:
+        (y,) = self.node(op, [x], _torch_scope(module), name=name, **attrs)
+        return self._set(y, self.shape[x], fn(self.p[x]))
 
-    def relu(self, x: str, module: str, name: str = "Relu") -> str:
-        (y,) = self.node("Relu", [x], _torch_scope(module), name=name)
-        return self._track(y, self.shape[x], self._act_m2(x, "relu"), True)
+    def relu(self, x: str, module: str) -> str:
+        return self._unary("Relu", x, module, lambda a: np.maximum(a, 0.0))
 
     def relu6(self, x: str, module: str) -> str:
         scope = _torch_scope(module)
@@ -282,53 +360,46 @@ class _Graph:
         else:
             lo, hi = self.scalar("relu6.min", 0.0), self.scalar("relu6.max", 6.0)
             (y,) = self.node("Clip", [x, lo, hi], scope)
-        return self._track(y, self.shape[x], self._act_m2(x, "relu6"), True)
+        return self._set(y, self.shape[x], np.clip(self.p[x], 0.0, 6.0))
 
     def leaky_relu(self, x: str, module: str, alpha: float = 0.1) -> str:
-        (y,) = self.node("LeakyRelu", [x], _torch_scope(module), alpha=alpha)
-        return self._track(y, self.shape[x], self._act_m2(x, "leakyrelu"), False)
+        return self._unary("LeakyRelu", x, module, lambda a: np.where(a > 0, a, alpha * a),
+                           alpha=alpha)
 
     def hardsigmoid(self, x: str, module: str) -> str:
-        (y,) = self.node("HardSigmoid", [x], _torch_scope(module), alpha=1.0 / 6.0, beta=0.5)
-        return self._track(y, self.shape[x], _M2["hardsigmoid"], True)
+        return self._unary("HardSigmoid", x, module, lambda a: np.clip(a / 6.0 + 0.5, 0.0, 1.0),
+                           alpha=1.0 / 6.0, beta=0.5)
 
     def sigmoid(self, x: str, module: str) -> str:
-        (y,) = self.node("Sigmoid", [x], _torch_scope(module))
-        return self._track(y, self.shape[x], _M2["sigmoid"], True)
+        return self._unary("Sigmoid", x, module, lambda a: 1.0 / (1.0 + np.exp(-a)))
 
     def hardswish(self, x: str, module: str) -> str:
-        scope = _torch_scope(module)
         if self.opset >= 14:
-            (y,) = self.node("HardSwish", [x], scope)
-        else:  # what torch exports below opset 14
-            (t,) = self.node("HardSigmoid", [x], scope, alpha=1.0 / 6.0, beta=0.5)
-            self._track(t, self.shape[x], _M2["hardsigmoid"], True)
-            (y,) = self.node("Mul", [x, t], scope)
-        return self._track(y, self.shape[x], self._act_m2(x, "hardswish"), False)
+            return self._unary("HardSwish", x, module,
+                               lambda a: a * np.clip(a / 6.0 + 0.5, 0.0, 1.0))
+        t = self.hardsigmoid(x, module)  # what torch exports below opset 14
+        return self.mul(x, t, module)
 
     def swish(self, x: str, module: str) -> str:
-        s = self.sigmoid(x, module)
-        (y,) = self.node("Mul", [x, s], _torch_scope(module))
-        return self._track(y, self.shape[x], self._act_m2(x, "swish"), False)
+        return self.mul(x, self.sigmoid(x, module), module)
 
     # element-wise / structural ------------------------------------------------------------------
     def add(self, a: str, b: str, module: str) -> str:
         op = "Sum" if self.zoo else "Add"
         (y,) = self.node(op, [a, b], _torch_scope(module))
         shape = np.broadcast_shapes(self.shape[a], self.shape[b])
-        return self._track(y, shape, self.m2[a] + self.m2[b], self.pos[a] and self.pos[b])
+        return self._set(y, shape, self.p[a] + self.p[b])
 
     def mul(self, a: str, b: str, module: str) -> str:
         (y,) = self.node("Mul", [a, b], _torch_scope(module))
         shape = np.broadcast_shapes(self.shape[a], self.shape[b])
-        return self._track(y, shape, self.m2[a] * self.m2[b], self.pos[a] and self.pos[b])
+        return self._set(y, shape, self.p[a] * self.p[b])
 
     def concat(self, xs: list[str], module: str, axis: int = 1) -> str:
         (y,) = self.node("Concat", xs, _torch_scope(module), axis=axis)
         shape = list(self.shape[xs[0]])
         shape[axis] = sum(self.shape[t][axis] for t in xs)
-        m2 = sum(self.m2[t] * self.shape[t][axis] for t in xs) / shape[axis]
-        return self._track(y, shape, m2, all(self.pos[t] for t in xs))
+        return self._set(y, shape, np.concatenate([self.p[t] for t in xs], axis=axis))
 
     def split(self, x: str, module: str, sizes: list[int], axis: int = 1) -> list[str]:
         """Channel split: ``Split`` (default style) or one ``Slice`` per part (zoo style)."""
@@ -353,16 +424,18 @@ class _Graph:
                                                self.i64(f"{stem}.axes", [axis])], scope)
                 outs.append(o)
                 start += sz
+        start = 0
         for o, sz in zip(outs, sizes):
             shape = list(self.shape[x])
             shape[axis] = sz
-            self._track(o, shape, self.m2[x], self.pos[x])
+            self._set(o, shape, np.take(self.p[x], np.arange(start, start + sz), axis=axis))
+            start += sz
         return outs
 
     def transpose(self, x: str, module: str, perm: list[int]) -> str:
         (y,) = self.node("Transpose", [x], _torch_scope(module), perm=perm)
         shape = [self.shape[x][p] for p in perm]
-        return self._track(y, shape, self.m2[x], self.pos[x])
+        return self._set(y, shape, self.p[x].transpose(perm))
 
     def batch_dim(self, x: str, scope: str) -> str:
         """torch's ``x.size(0)`` as a 1-element int64 tensor: Shape -> Gather(0) -> Unsqueeze."""
@@ -373,8 +446,10 @@ class _Graph:
         self.shape[n] = ()
         return self.unsqueeze(n, scope, [0])
 
-    def reshape(self, x: str, module: str, shape: list[int], dynamic_batch: bool = False) -> str:
-        """Reshape to ``shape`` (``shape[0]`` is the batch; -1 allowed once).
+    def reshape(self, x: str, module: str, shape: list[int], probe_shape: list[int],
+                dynamic_batch: bool = False) -> str:
+        """Reshape to ``shape`` (``shape[0]`` is the batch; -1 allowed once); the probe is
+        reshaped to ``probe_shape``.
 
         ``dynamic_batch``: build the target like torch does for ``x.view(x.size(0), ...)``,
         ``Shape -> Gather -> Unsqueeze -> Concat`` (constant-foldable); else a constant target
@@ -395,27 +470,43 @@ class _Graph:
             target = self.constant(scope, shape)
         (y,) = self.node("Reshape", [x, target], scope)
         total = int(np.prod(self.shape[x]))
-        out = [total // abs(int(np.prod([d for d in shape if d != -1]))) if d == -1 else d
-               for d in shape]
-        return self._track(y, out, self.m2[x], self.pos[x])
+        known = int(np.prod([d for d in shape if d != -1]))
+        out = [total // known if d == -1 else d for d in shape]
+        return self._set(y, out, self.p[x].reshape(probe_shape))
 
-    def flatten(self, x: str, module: str = "") -> str:
-        (y,) = self.node("Flatten", [x], _torch_scope(module), axis=1)
+    def _flat_probe(self, x: str) -> np.ndarray:
+        """Probe of ``x`` flattened to (probe batch, C*H*W) of the *real* feature size."""
+        px = self.p[x]
+        if px.ndim == 4:
+            px = _np_tile_spatial(px, *self.shape[x][2:])
+        return px.reshape(px.shape[0], -1)
+
+    def flatten_to_2d(self, x: str, mode: str = "flatten") -> str:
+        """(N, C, H, W) -> (N, C*H*W): ``Flatten``, ``Reshape`` to a constant ``[N, -1]``,
+        the torch shape subgraph (``"dynamic"``) or ``Squeeze`` (H = W = 1 only)."""
         n = self.shape[x][0]
-        return self._track(y, (n, int(np.prod(self.shape[x][1:]))), self.m2[x], self.pos[x])
+        if mode == "squeeze":
+            return self.squeeze(x, "", [2, 3])
+        probe = self._flat_probe(x)
+        if mode == "flatten":
+            (y,) = self.node("Flatten", [x], "", axis=1)
+            return self._set(y, (n, int(np.prod(self.shape[x][1:]))), probe)
+        y = self.reshape(x, "", [n, -1], [self.p[x].shape[0], -1], dynamic_batch=mode == "dynamic")
+        self.p[y] = probe
+        return y
 
     # pooling ------------------------------------------------------------------------------------
-    def _pool_shape(self, h, k, s, p_begin, p_end, ceil):
-        num = h + p_begin + p_end - k
+    @staticmethod
+    def _pool_out(h, k, s, p, ceil):
+        num = h + 2 * p - k
         o = (-(-num // s) if ceil else num // s) + 1
-        if ceil and (o - 1) * s >= h + p_begin:  # last window must start inside input / left pad
+        if ceil and (o - 1) * s >= h + p:  # the last window must start inside input / left pad
             o -= 1
         return o
 
     def maxpool(self, x: str, module: str, k: int, s: int, p: int = 0, ceil: bool = False) -> str:
         n, c, h, w = self.shape[x]
-        ho = self._pool_shape(h, k, s, p, p, ceil)
-        wo = self._pool_shape(w, k, s, p, p, ceil)
+        ho, wo = self._pool_out(h, k, s, p, ceil), self._pool_out(w, k, s, p, ceil)
         attrs = dict(kernel_shape=[k, k], strides=[s, s])
         if ceil and self.opset < 10:  # no ceil_mode yet: the same windows via explicit end pads
             eh = max(0, (ho - 1) * s + k - h - 2 * p)
@@ -426,27 +517,26 @@ class _Graph:
             if ceil:
                 attrs["ceil_mode"] = 1
         (y,) = self.node("MaxPool", [x], _torch_scope(module), **attrs)
-        return self._track(y, (n, c, ho, wo), self.m2[x] * (2.0 if self.pos[x] else 1.5),
-                           self.pos[x])
+        px = self.p[x]
+        ph, pw = px.shape[2:]
+        pho, pwo = self._pool_out(ph, k, s, p, ceil), self._pool_out(pw, k, s, p, ceil)
+        eh, ew = max(0, (pho - 1) * s + k - ph - 2 * p), max(0, (pwo - 1) * s + k - pw - 2 * p)
+        probe = _np_pool(px, k, s, (p, p, p + eh, p + ew), "max")
+        return self._set(y, (n, c, ho, wo), probe)
 
     def avgpool(self, x: str, module: str, k: int, s: int, p: int = 0,
                 count_include_pad: int = 1) -> str:
         n, c, h, w = self.shape[x]
-        ho = self._pool_shape(h, k, s, p, p, False)
-        wo = self._pool_shape(w, k, s, p, p, False)
+        ho, wo = self._pool_out(h, k, s, p, False), self._pool_out(w, k, s, p, False)
         (y,) = self.node("AveragePool", [x], _torch_scope(module), kernel_shape=[k, k],
                          strides=[s, s], pads=[p, p, p, p], count_include_pad=count_include_pad)
-        return self._track(y, (n, c, ho, wo), self.m2[x] * (0.6 if self.pos[x] else 0.3),
-                           self.pos[x])
-
-    def _pooled_m2(self, x: str) -> float:
-        # spatial mean: keeps (mostly) the squared channel mean, drops most of the variance
-        return self.m2[x] * (0.4 if self.pos[x] else 0.1)
+        probe = _np_pool(self.p[x], k, s, (p, p, p, p), "avg", count_include_pad)
+        return self._set(y, (n, c, ho, wo), probe)
 
     def global_avgpool(self, x: str, module: str) -> str:
         n, c, _, _ = self.shape[x]
         (y,) = self.node("GlobalAveragePool", [x], _torch_scope(module))
-        return self._track(y, (n, c, 1, 1), self._pooled_m2(x), self.pos[x])
+        return self._set(y, (n, c, 1, 1), self.p[x].mean(axis=(2, 3), keepdims=True))
 
     def reduce_mean(self, x: str, module: str, axes: list[int], keepdims: int) -> str:
         scope = _torch_scope(module)
@@ -455,16 +545,22 @@ class _Graph:
         else:
             (y,) = self.node("ReduceMean", [x, self.constant(scope, axes)], scope,
                              keepdims=keepdims)
-        shape = [1 if i in axes else d for i, d in enumerate(self.shape[x])]
-        if not keepdims:
+        if keepdims:
+            shape = [1 if i in axes else d for i, d in enumerate(self.shape[x])]
+        else:
             shape = [d for i, d in enumerate(self.shape[x]) if i not in axes]
-        return self._track(y, shape, self._pooled_m2(x), self.pos[x])
+        return self._set(y, shape, self.p[x].mean(axis=tuple(axes), keepdims=bool(keepdims)))
 
     def lrn(self, x: str, module: str, size: int = 5, alpha: float = 1e-4, beta: float = 0.75,
             bias: float = 1.0) -> str:
+        px = self.p[x]
+        lo, hi = (size - 1) // 2, size - 1 - (size - 1) // 2
+        sq = np.pad(px * px, ((0, 0), (lo, hi), (0, 0), (0, 0)))
+        ssum = sliding_window_view(sq, size, axis=1).sum(axis=-1)
+        probe = px / (bias + alpha / size * ssum) ** beta
         (y,) = self.node("LRN", [x], _torch_scope(module), size=size, alpha=alpha, beta=beta,
                          bias=bias)
-        return self._track(y, self.shape[x], self.m2[x], self.pos[x])
+        return self._set(y, self.shape[x], probe)
 
     def dropout(self, x: str, module: str, ratio: float = 0.5) -> str:
         scope = _torch_scope(module)
@@ -472,19 +568,24 @@ class _Graph:
             (y,) = self.node("Dropout", [x], scope, ratio=ratio)
         else:
             (y,) = self.node("Dropout", [x, self.scalar(f"{module}.ratio", ratio)], scope)
-        return self._track(y, self.shape[x], self.m2[x], self.pos[x])
+        return self._set(y, self.shape[x], self.p[x])
 
     def gemm(self, x: str, module: str, cout: int, gain: float = 1.0) -> str:
         n, cin = self.shape[x]
-        std = math.sqrt(gain / (cin * max(self.m2[x], 1e-6)))
-        w = self.init(f"{module}.weight", self._normal((cout, cin), std))
-        b = self.init(f"{module}.bias", self._normal((cout,), 0.05))
-        (y,) = self.node("Gemm", [x, w, b], _torch_scope(module), alpha=1.0, beta=1.0, transB=1)
-        return self._track(y, (n, cout), gain, False)
+        w0 = self._he((cout, cin), cin)
+        b = self.rng.standard_normal(cout).astype(np.float32) * np.float32(0.05)
+        y0 = self.p[x] @ w0.astype(np.float64).T
+        scale = self._lsuv(y0, gain)
+        w = self.init(f"{module}.weight", (w0 * np.float32(scale)).astype(np.float32))
+        bn = self.init(f"{module}.bias", b)
+        (y,) = self.node("Gemm", [x, w, bn], _torch_scope(module), alpha=1.0, beta=1.0, transB=1)
+        return self._set(y, (n, cout), y0 * scale + b.astype(np.float64))
 
     def softmax(self, x: str) -> str:
-        (y,) = self.node("Softmax", [x], "", axis=1)
-        return self._track(y, self.shape[x], 1.0 / self.shape[x][1], True)
+        def fn(a):
+            e = np.exp(a - a.max(axis=1, keepdims=True))
+            return e / e.sum(axis=1, keepdims=True)
+        return self._unary("Softmax", x, "", fn, axis=1)
 
     # --------------------------------------------------------------------------------- finish
     def model(self, doc: str, meta: dict[str, str]) -> onnx.ModelProto:
@@ -501,19 +602,12 @@ class _Graph:
         return model
 
 
+
 # ==================================================================================== classifiers
 def _classifier_tail(g: _Graph, x: str, module: str, num_classes: int, *, softmax: bool,
                      flatten: str = "flatten") -> str:
     """(N, C, 1, 1) pooled features -> (N, C) -> Gemm [-> Softmax]."""
-    n, c = g.shape[x][:2]
-    if flatten == "flatten":
-        x = g.flatten(x)
-    elif flatten == "reshape":
-        x = g.reshape(x, "", [n, -1])
-    elif flatten == "dynamic":
-        x = g.reshape(x, "", [n, -1], dynamic_batch=True)
-    elif flatten == "squeeze":
-        x = g.squeeze(x, "", [2, 3])
+    x = g.flatten_to_2d(x, flatten)
     y = g.gemm(x, module, num_classes)
     if softmax:
         y = g.softmax(y)
@@ -609,8 +703,7 @@ def _vgg16(g: _Graph, x: str, *, softmax: bool, num_classes: int) -> str:
             i += 2
     # torchvision's AdaptiveAvgPool2d((7, 7)) is the identity at 224; the flatten size follows the
     # image size here instead (512 * (S/32)^2).
-    n = g.shape[x][0]
-    x = g.reshape(x, "", [n, -1]) if g.zoo else g.flatten(x)
+    x = g.flatten_to_2d(x, "reshape" if g.zoo else "flatten")
     x = g.relu(g.gemm(x, "classifier.0", 4096), "classifier.1")
     x = g.dropout(x, "classifier.2")
     x = g.relu(g.gemm(x, "classifier.3", 4096), "classifier.4")
@@ -680,11 +773,10 @@ def _squeezenet(g: _Graph, x: str, *, softmax: bool, num_classes: int) -> str:
     x = fire(x, 11, 64, 256, 256)
     x = fire(x, 12, 64, 256, 256)
     x = g.dropout(x, "classifier.0")
-    x = g.relu(g.conv(x, "classifier.1", num_classes, 1, bias=True, last_gain=2.0),
+    x = g.relu(g.conv(x, "classifier.1", num_classes, 1, bias=True, gain=2.0),
                "classifier.2")
     x = g.global_avgpool(x, "classifier.3")
-    n = g.shape[x][0]
-    x = g.reshape(x, "", [n, num_classes]) if g.zoo else g.flatten(x)
+    x = g.flatten_to_2d(x, "reshape" if g.zoo else "flatten")
     return g.softmax(x) if softmax else x
 
 
@@ -746,9 +838,11 @@ def _inception_block(g: _Graph, x: str, **_) -> str:
 def _channel_shuffle(g: _Graph, x: str, m: str, groups: int = 2) -> str:
     n, c, h, w = g.shape[x]
     dyn = g.style != "zoo"
-    x = g.reshape(x, m, [n, groups, c // groups, h, w], dynamic_batch=dyn)
+    pn, _, ph, pw = g.p[x].shape
+    x = g.reshape(x, m, [n, groups, c // groups, h, w], [pn, groups, c // groups, ph, pw],
+                  dynamic_batch=dyn)
     x = g.transpose(x, m, [0, 2, 1, 3, 4])
-    return g.reshape(x, m, [n, -1, h, w], dynamic_batch=dyn)
+    return g.reshape(x, m, [n, -1, h, w], [pn, -1, ph, pw], dynamic_batch=dyn)
 
 
 def _shufflenet_unit(g: _Graph, x: str, *, softmax: bool = False, num_classes: int = 1000,
@@ -839,7 +933,7 @@ def _mobilenetv3_block(g: _Graph, x: str, *, softmax: bool = False, num_classes:
     n = len(conf) + 1
     x = act(g.bn(g.conv(x, f"features.{n}.0", last, 1), f"features.{n}.1"), "HS", f"features.{n}.2")
     x = g.global_avgpool(x, "avgpool")
-    x = g.squeeze(x, "", [2, 3]) if not g.zoo else g.flatten(x)
+    x = g.flatten_to_2d(x, "flatten" if g.zoo else "squeeze")
     x = g.hardswish(g.gemm(x, "classifier.0", 1280), "classifier.1")
     x = g.dropout(x, "classifier.2", 0.2)
     y = g.gemm(x, "classifier.3", num_classes)

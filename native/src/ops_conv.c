@@ -230,18 +230,23 @@ static void conv_execute_gemm(const layer *l, const float *const *in, float *out
     }
 }
 
-/* Taps t of a window starting at i0 (step d) with 0 <= i0 + t*d < n: [*t0, *t1). */
-static inline void window_taps(int64_t i0, int64_t k, int64_t d, int64_t n, int64_t *t0,
-                               int64_t *t1) {
-    int64_t a = 0, b = k;
-    while (a < k && i0 + a * d < 0) a++;
-    while (b > a && i0 + (b - 1) * d >= n) b--;
-    *t0 = a;
-    *t1 = b;
-}
+/* One block of 8*V channels [c0, ...) of one output position: accumulators acc0.. stay in
+ * registers across the window's taps [ky0, ky1) x [kx0, kx1). */
+#define DW_TAPS(STEP)                                                                 \
+    for (int64_t ky = ky0; ky < ky1; ky++) {                                          \
+        const float *xrow = xb + (iy0 + ky * g.dh) * g.win * c + c0;                  \
+        const float *wrow = l->packed + ky * g.kw * c + c0;                           \
+        for (int64_t kx = kx0; kx < kx1; kx++) {                                      \
+            const float *xs = xrow + (ix0 + kx * g.dw) * c, *ws = wrow + kx * c;      \
+            STEP                                                                      \
+        }                                                                             \
+    }
+#define DW_INIT(V) ops_f32x8 acc##V = bias ? (ops_f32x8)OPS_F32X8(bias + c0 + 8 * V) : (ops_f32x8){0};
+#define DW_MAC(V) acc##V += OPS_F32X8(xs + 8 * V) * OPS_F32X8(ws + 8 * V);
+#define DW_STORE(V) OPS_F32X8(o + c0 + 8 * V) = r ? acc##V + OPS_F32X8(r + c0 + 8 * V) : acc##V;
 
-/* Each output position accumulates its taps straight into its own (L1-resident) output
- * channels: one simple multiply-add loop over contiguous channels per tap, which vectorizes. */
+/* Direct depthwise convolution: per output position, blocks of channels accumulate every tap of
+ * the window in registers (weights re-laid [ky][kx][c] so each tap is a contiguous vector). */
 OPS_CLONES static void conv_execute_depthwise(const layer *l, const float *const *in, float *out,
                                               int64_t col0, int64_t col1, int64_t row0,
                                               int64_t row1) {
@@ -249,34 +254,36 @@ OPS_CLONES static void conv_execute_depthwise(const layer *l, const float *const
     const float *x = in[0], *res = l->n_inputs > 1 ? in[1] : NULL;
     const float *bias = l->arrays[1];
     int64_t c = l->c;
-    size_t nc = (size_t)(row1 - row0);
-    float lo, hi;
-    ops_act_bounds((int32_t)g.act, l->fparams[0], l->fparams[1], &lo, &hi);
     ops_position p = ops_position_of(col0, l->h, l->w);
     for (int64_t col = col0; col < col1; col++, ops_position_next(&p, l->h, l->w)) {
-        const float *xb = x + p.n * g.hin * g.win * c + row0;
-        float *restrict o = out + col * c + row0;
-        if (bias)
-            memcpy(o, bias + row0, nc * sizeof(float));
-        else
-            memset(o, 0, nc * sizeof(float));
+        const float *xb = x + p.n * g.hin * g.win * c;
+        const float *r = res ? res + col * c : NULL;
+        float *o = out + col * c;
         int64_t iy0 = p.y * g.sh - g.pt, ix0 = p.x * g.sw - g.pl, ky0, ky1, kx0, kx1;
-        window_taps(iy0, g.kh, g.dh, g.hin, &ky0, &ky1);
-        window_taps(ix0, g.kw, g.dw, g.win, &kx0, &kx1);
-        for (int64_t ky = ky0; ky < ky1; ky++) {
-            const float *xrow = xb + (iy0 + ky * g.dh) * g.win * c;
-            for (int64_t kx = kx0; kx < kx1; kx++) {
-                const float *restrict xs = xrow + (ix0 + kx * g.dw) * c;
-                const float *restrict ws = l->packed + (ky * g.kw + kx) * c + row0;
-                for (size_t i = 0; i < nc; i++) o[i] += xs[i] * ws[i];
-            }
+        ops_window_taps(iy0, g.kh, g.dh, g.hin, &ky0, &ky1);
+        ops_window_taps(ix0, g.kw, g.dw, g.win, &kx0, &kx1);
+        int64_t c0 = row0;
+        for (; c0 + 32 <= row1; c0 += 32) {
+            DW_INIT(0) DW_INIT(1) DW_INIT(2) DW_INIT(3)
+            DW_TAPS(DW_MAC(0) DW_MAC(1) DW_MAC(2) DW_MAC(3))
+            DW_STORE(0) DW_STORE(1) DW_STORE(2) DW_STORE(3)
         }
-        if (res) {
-            const float *restrict r = res + col * c + row0;
-            for (size_t i = 0; i < nc; i++) o[i] += r[i];
+        for (; c0 + 8 <= row1; c0 += 8) {
+            DW_INIT(0)
+            DW_TAPS(DW_MAC(0))
+            DW_STORE(0)
+        }
+        for (; c0 < row1; c0++) {
+            float acc = bias ? bias[c0] : 0.0f;
+            for (int64_t ky = ky0; ky < ky1; ky++)
+                for (int64_t kx = kx0; kx < kx1; kx++)
+                    acc += xb[((iy0 + ky * g.dh) * g.win + ix0 + kx * g.dw) * c + c0] *
+                           l->packed[(ky * g.kw + kx) * c + c0];
+            o[c0] = acc + (r ? r[c0] : 0.0f);
         }
         if (g.act != COACTO_ACT_NONE)
-            ops_act_apply(o, nc, (int32_t)g.act, l->fparams[0], l->fparams[1]);
+            ops_act_apply(o + row0, (size_t)(row1 - row0), (int32_t)g.act, l->fparams[0],
+                          l->fparams[1]);
     }
 }
 

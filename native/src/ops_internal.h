@@ -12,9 +12,6 @@
  * int64 with room to spare, whatever a graph file claims. */
 #define OPS_MAX_ELEMENTS ((int64_t)1 << 40)
 
-/* Channels one pass of the direct (depthwise, pooling) loops keeps in registers. */
-#define OPS_CHANNEL_BLOCK 16
-
 /* The direct loops (depthwise, pooling) get an AVX2 + FMA clone next to the baseline build,
  * picked at load time, where the toolchain and platform support function multiversioning. */
 #if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(COACTO_NO_CLONES)
@@ -22,6 +19,14 @@
 #else
 #define OPS_CLONES
 #endif
+
+/* Eight floats as one value (GCC / Clang vector extension): SSE2 pairs on the baseline build, one
+ * AVX register in the clones, NEON pairs on aarch64. OPS_F32X8(p) is the 8 floats at p as an
+ * lvalue; p needs only float alignment (the type is under-aligned and may alias, like the
+ * compilers' own __m256_u). */
+typedef float ops_f32x8 __attribute__((vector_size(32)));
+typedef float ops_f32x8_u __attribute__((vector_size(32), aligned(4), may_alias));
+#define OPS_F32X8(p) (*(ops_f32x8_u *)(p))
 
 /* Writes the message (printf format) and returns COACTO_ERR_INVALID_GRAPH. */
 coacto_status ops_fail(char *err, size_t err_size, const char *fmt, ...)
@@ -67,6 +72,16 @@ static inline void ops_position_next(ops_position *p, int64_t h, int64_t w) {
             p->n++;
         }
     }
+}
+
+/* Taps t of a window starting at i0 (step d, k taps) with 0 <= i0 + t*d < n: [*t0, *t1). */
+static inline void ops_window_taps(int64_t i0, int64_t k, int64_t d, int64_t n, int64_t *t0,
+                                   int64_t *t1) {
+    int64_t a = 0, b = k;
+    while (a < k && i0 + a * d < 0) a++;
+    while (b > a && i0 + (b - 1) * d >= n) b--;
+    *t0 = a;
+    *t1 = b;
 }
 
 /* Activations. NONE, RELU and CLIP are clamps (fused into GEMM epilogues and direct loops); the

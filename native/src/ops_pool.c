@@ -59,53 +59,40 @@ static int64_t taps_inside(int64_t i0, int64_t k, int64_t d, int64_t lo, int64_t
     return n;
 }
 
-/* Channels [c0, c0 + nc) of one output position (nc <= OPS_CHANNEL_BLOCK); kind and, for full
- * blocks, nc are constants after inlining. An empty window gives -FLT_MAX (max) or 0 (avg). */
-static inline __attribute__((always_inline)) void
-pool_channels(const pool_geometry *g, int64_t kind, const float *xb, int64_t c, int64_t iy0,
-              int64_t ix0, int64_t c0, int64_t nc, float scale, float *o) {
-    float acc[OPS_CHANNEL_BLOCK];
-    for (int64_t i = 0; i < nc; i++) acc[i] = kind == POOL_MAX ? -FLT_MAX : 0.0f;
-    for (int64_t ky = 0; ky < g->kh; ky++) {
-        int64_t iy = iy0 + ky * g->dh;
-        if (iy < 0 || iy >= g->hin) continue;
-        for (int64_t kx = 0; kx < g->kw; kx++) {
-            int64_t ix = ix0 + kx * g->dw;
-            if (ix < 0 || ix >= g->win) continue;
-            const float *xs = xb + (iy * g->win + ix) * c + c0;
-            if (kind == POOL_MAX)
-                for (int64_t i = 0; i < nc; i++) acc[i] = xs[i] > acc[i] ? xs[i] : acc[i];
-            else
-                for (int64_t i = 0; i < nc; i++) acc[i] += xs[i];
-        }
-    }
-    if (kind == POOL_MAX)
-        for (int64_t i = 0; i < nc; i++) o[c0 + i] = acc[i];
-    else
-        for (int64_t i = 0; i < nc; i++) o[c0 + i] = acc[i] * scale;
-}
-
+/* Each output position reduces its window straight into its own (L1-resident) output channels:
+ * one simple loop over contiguous channels per tap, which vectorizes (max maps onto maxps).
+ * kind is a constant after inlining. An empty window gives -FLT_MAX (max) or 0 (avg). */
 static inline __attribute__((always_inline)) void
 pool_tile(const layer *l, const pool_geometry *g, int64_t kind, const float *x, float *out,
           int64_t col0, int64_t col1, int64_t row0, int64_t row1) {
     int64_t c = l->c;
+    size_t nc = (size_t)(row1 - row0);
     ops_position p = ops_position_of(col0, l->h, l->w);
     for (int64_t col = col0; col < col1; col++, ops_position_next(&p, l->h, l->w)) {
-        const float *xb = x + p.n * g->hin * g->win * c;
-        float *o = out + col * c;
-        int64_t iy0 = p.y * g->sh - g->pt, ix0 = p.x * g->sw - g->pl;
-        float scale = 0.0f;
+        const float *xb = x + p.n * g->hin * g->win * c + row0;
+        float *restrict o = out + col * c + row0;
+        int64_t iy0 = p.y * g->sh - g->pt, ix0 = p.x * g->sw - g->pl, ky0, ky1, kx0, kx1;
+        ops_window_taps(iy0, g->kh, g->dh, g->hin, &ky0, &ky1);
+        ops_window_taps(ix0, g->kw, g->dw, g->win, &kx0, &kx1);
+        for (size_t i = 0; i < nc; i++) o[i] = kind == POOL_MAX ? -FLT_MAX : 0.0f;
+        for (int64_t ky = ky0; ky < ky1; ky++) {
+            const float *xrow = xb + (iy0 + ky * g->dh) * g->win * c;
+            for (int64_t kx = kx0; kx < kx1; kx++) {
+                const float *restrict xs = xrow + (ix0 + kx * g->dw) * c;
+                if (kind == POOL_MAX)
+                    for (size_t i = 0; i < nc; i++) o[i] = xs[i] > o[i] ? xs[i] : o[i];
+                else
+                    for (size_t i = 0; i < nc; i++) o[i] += xs[i];
+            }
+        }
         if (kind == POOL_AVG) {
             int64_t ylo = g->count_pad ? -g->pt : 0, yhi = g->hin + (g->count_pad ? g->pb : 0);
             int64_t xlo = g->count_pad ? -g->pl : 0, xhi = g->win + (g->count_pad ? g->pr : 0);
             int64_t count = taps_inside(iy0, g->kh, g->dh, ylo, yhi) *
                             taps_inside(ix0, g->kw, g->dw, xlo, xhi);
-            scale = count ? 1.0f / (float)count : 0.0f;
+            float scale = count ? 1.0f / (float)count : 0.0f;
+            for (size_t i = 0; i < nc; i++) o[i] *= scale;
         }
-        int64_t c0 = row0;
-        for (; c0 + OPS_CHANNEL_BLOCK <= row1; c0 += OPS_CHANNEL_BLOCK)
-            pool_channels(g, kind, xb, c, iy0, ix0, c0, OPS_CHANNEL_BLOCK, scale, o);
-        if (c0 < row1) pool_channels(g, kind, xb, c, iy0, ix0, c0, row1 - c0, scale, o);
     }
 }
 

@@ -1,0 +1,44 @@
+"""Shared fixtures: zoo models built once per session at test-friendly sizes."""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+
+from coacto import zoo
+
+#: Image sizes that keep the suite fast on 2 cores while keeping every layer of the architecture.
+TEST_SIZES = {"resnet18": 64, "resnet50": 64, "vgg16": 32, "mobilenetv2": 64, "squeezenet": 64}
+
+
+@functools.lru_cache(maxsize=None)
+def zoo_model(name: str, **kw):
+    if name in TEST_SIZES and "image_size" not in kw:
+        kw["image_size"] = TEST_SIZES[name]
+    return zoo.build(name, **kw)
+
+
+@functools.lru_cache(maxsize=None)
+def onnxruntime_outputs(name: str):
+    import onnxruntime as ort
+
+    model = zoo_model(name)
+    feeds = zoo.input_feeds(model, seed=0)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    return feeds, dict(zip(names, sess.run(names, feeds)))
+
+
+def assert_close(got: dict, ref: dict, rel: float = 1e-4) -> None:
+    assert set(got) == set(ref), (sorted(got), sorted(ref))
+    for k in ref:
+        assert got[k].shape == ref[k].shape, (k, got[k].shape, ref[k].shape)
+        scale = float(np.abs(ref[k]).max())
+        err = float(np.abs(got[k].astype(np.float64) - ref[k]).max())
+        assert err <= rel * scale, f"{k}: max |error| {err:.3g} > {rel} * max |ref| {scale:.3g}"
+
+
+@pytest.fixture(scope="session")
+def squeezenet():
+    return zoo_model("squeezenet")

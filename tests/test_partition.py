@@ -1,0 +1,187 @@
+"""Partitioner properties: tiles cover every element exactly once, and dependencies are exact —
+equal to an element-by-element oracle that enumerates what each output element reads."""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from coacto import ir
+from coacto.partition import partition
+
+
+def conv_out(size, k, s, p0, p1, d):
+    return (size + p0 + p1 - d * (k - 1) - 1) // s + 1
+
+
+def element_reads(graph, li, n, c, y, x):
+    """Yields (input layer, n, c, y, x) for every input element output (n, c, y, x) reads."""
+    layer = graph.layers[li]
+    a = layer.attrs
+    for k, p in enumerate(layer.inputs):
+        src = graph.layers[p]
+        sn, sc, sh, sw = src.shape
+        if layer.op in ("CONV", "POOL") and k == 0:
+            if layer.op == "CONV":
+                g = a["group"]
+                cin_g, cout_g = sc // g, layer.shape[1] // g
+                chans = range((c // cout_g) * cin_g, (c // cout_g + 1) * cin_g)
+            else:
+                chans = [c]
+            for ky, kx in itertools.product(range(a["kh"]), range(a["kw"])):
+                iy = y * a["sh"] - a["pt"] + ky * a.get("dh", 1)
+                ix = x * a["sw"] - a["pl"] + kx * a.get("dw", 1)
+                if 0 <= iy < sh and 0 <= ix < sw:
+                    for ci in chans:
+                        yield p, n, ci, iy, ix
+        elif layer.op == "GLOBAL_POOL":
+            for iy, ix in itertools.product(range(sh), range(sw)):
+                yield p, n, c, iy, ix
+        elif layer.op == "CONCAT":
+            off = sum(graph.layers[q].shape[1] for q in layer.inputs[:k])
+            if off <= c < off + sc:
+                yield p, n, c - off, y, x
+        elif layer.op == "LRN":
+            size = a["size"]
+            for ci in range(c - (size - 1) // 2, c + (size - 1) - (size - 1) // 2 + 1):
+                if 0 <= ci < sc:
+                    yield p, n, ci, y, x
+        else:  # elementwise with broadcasting (BINARY, AFFINE, CONV residual)
+            yield (p, n if sn > 1 else 0, c if sc > 1 else 0, y if sh > 1 else 0,
+                   x if sw > 1 else 0)
+
+
+def tile_of(plan, graph, li, n, c, y, x):
+    _, _, h, w = graph.layers[li].shape
+    col = (n * h + y) * w + x
+    cb = np.searchsorted(plan.col_bounds[li], col, side="right") - 1
+    rb = np.searchsorted(plan.row_bounds[li], c, side="right") - 1
+    return int(plan.layer_first_tile[li] + cb * (len(plan.row_bounds[li]) - 1) + rb)
+
+
+def check_plan(graph, plan):
+    # coverage: every element of every layer in exactly one tile
+    for li, layer in enumerate(graph.layers):
+        count = np.zeros((layer.columns, layer.rows), np.int32)
+        for t in range(plan.layer_first_tile[li], plan.layer_first_tile[li + 1]):
+            c0, c1, r0, r1 = plan.tile_bounds[t]
+            count[c0:c1, r0:r1] += 1
+        assert (count == 1).all(), f"layer {li}: elements covered {count.min()}..{count.max()} times"
+    # exactness: parents == the tiles holding some element the tile reads
+    for li, layer in enumerate(graph.layers):
+        if layer.op == "INPUT":
+            continue
+        n_, c_, h_, w_ = layer.shape
+        for t in range(plan.layer_first_tile[li], plan.layer_first_tile[li + 1]):
+            c0, c1, r0, r1 = (int(v) for v in plan.tile_bounds[t])
+            want = set()
+            for col in range(c0, c1):
+                n, rem = divmod(col, h_ * w_)
+                y, x = divmod(rem, w_)
+                for c in range(r0, r1):
+                    for p, pn, pc, py, px in element_reads(graph, li, n, c, y, x):
+                        want.add(tile_of(plan, graph, p, pn, pc, py, px))
+            got = set(int(v) for v in plan.dependencies(t))
+            assert got == want, f"layer {li} ({layer.op}) tile {t}: extra {got - want}, missing {want - got}"
+
+
+@st.composite
+def window_graphs(draw):
+    n = draw(st.integers(1, 2))
+    c = draw(st.sampled_from([1, 3, 8, 64, 96]))
+    h, w = draw(st.integers(1, 9)), draw(st.integers(1, 9))
+    op = draw(st.sampled_from(["CONV", "POOL"]))
+    kh, kw = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    sh, sw = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    dh, dw = draw(st.integers(1, 2)), draw(st.integers(1, 2))
+    pads = [draw(st.integers(0, 2)) for _ in range(4)]
+    pt, pl, pb, pr = pads
+    ho, wo = conv_out(h, kh, sh, pt, pb, dh), conv_out(w, kw, sw, pl, pr, dw)
+    if ho < 1 or wo < 1 or pt >= kh * dh or pb >= kh * dh or pl >= kw * dw or pr >= kw * dw:
+        ho = wo = 0
+    if ho < 1 or wo < 1:
+        kh = kw = sh = sw = dh = dw = 1
+        pt = pl = pb = pr = 0
+        ho, wo = h, w
+    attrs = dict(kh=kh, kw=kw, sh=sh, sw=sw, pt=pt, pl=pl, pb=pb, pr=pr, dh=dh, dw=dw)
+    layers = [ir.Layer("x", "INPUT", [], (n, c, h, w))]
+    if op == "CONV":
+        group = draw(st.sampled_from([g for g in (1, 2, 4, c) if c % g == 0]))
+        cout = group * draw(st.sampled_from([1, 2, 40]))
+        layers.append(ir.Layer("conv", "CONV", [0], (n, cout, ho, wo), dict(attrs, group=group)))
+    else:
+        layers.append(ir.Layer("pool", "POOL", [0], (n, c, ho, wo), dict(attrs, kind=ir.POOL_MAX)))
+    tiles = draw(st.integers(1, 12))
+    return ir.Graph(layers, {"x": 0}, {"y": 1}), tiles
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(window_graphs())
+def test_window_ops_dependencies_exact(case):
+    graph, tiles = case
+    check_plan(graph, partition(graph, tiles))
+
+
+@st.composite
+def mixed_graphs(draw):
+    """INPUT -> conv -> (residual conv, concat, broadcast mul, global pool, LRN)."""
+    n = draw(st.integers(1, 2))
+    c = draw(st.sampled_from([4, 64]))
+    h, w = draw(st.integers(1, 7)), draw(st.integers(1, 7))
+    conv = dict(kh=3, kw=3, sh=1, sw=1, pt=1, pl=1, pb=1, pr=1, dh=1, dw=1, group=1)
+    L = [ir.Layer("x", "INPUT", [], (n, c, h, w)),
+         ir.Layer("a", "CONV", [0], (n, c, h, w), dict(conv)),
+         ir.Layer("b", "CONV", [1, 0], (n, c, h, w), dict(conv))]  # residual from the input
+    L.append(ir.Layer("cat", "CONCAT", [1, 2, 0], (n, 3 * c, h, w)))
+    L.append(ir.Layer("gp", "GLOBAL_POOL", [3], (n, 3 * c, 1, 1), dict(kind=ir.POOL_AVG)))
+    L.append(ir.Layer("mul", "BINARY", [3, 4], (n, 3 * c, h, w), dict(kind=ir.BIN_MUL)))
+    L.append(ir.Layer("lrn", "LRN", [5], (n, 3 * c, h, w),
+                      dict(size=draw(st.sampled_from([1, 2, 5])), alpha=1e-4, beta=0.75, bias=1.0)))
+    tiles = draw(st.integers(1, 10))
+    return ir.Graph(L, {"x": 0}, {"y": 6}), tiles
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(mixed_graphs())
+def test_mixed_ops_dependencies_exact(case):
+    graph, tiles = case
+    check_plan(graph, partition(graph, tiles))
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 3), st.sampled_from([2, 4, 6]), st.integers(1, 5), st.integers(1, 5),
+       st.integers(1, 9))
+def test_gather_dependencies_exact(n, c, h, w, tiles):
+    """A channel shuffle (groups of 2) as a GATHER index map."""
+    total = n * h * w * c
+    src = np.arange(total).reshape(n, h, w, c)
+    shuffled = src.reshape(n, h, w, 2, c // 2).transpose(0, 1, 2, 4, 3).reshape(-1)
+    layers = [ir.Layer("x", "INPUT", [], (n, c, h, w)),
+              ir.Layer("shuffle", "GATHER", [0], (n, c, h, w), {"fill": 0.0},
+                       {"index": shuffled.astype(np.int32)})]
+    graph = ir.Graph(layers, {"x": 0}, {"y": 1})
+    plan = partition(graph, tiles)
+    for t in range(plan.layer_first_tile[1], plan.layer_first_tile[2]):
+        c0, c1, r0, r1 = plan.tile_bounds[t]
+        want = set()
+        for col in range(c0, c1):
+            for r in range(r0, r1):
+                src_flat = int(shuffled[col * c + r])
+                sn, sy, sx = np.unravel_index(src_flat // c, (n, h, w))
+                want.add(tile_of(plan, graph, 0, int(sn), src_flat % c, int(sy), int(sx)))
+        assert set(int(v) for v in plan.dependencies(t)) == want
+
+
+def test_row_splits_for_few_columns():
+    """A fully connected layer (1 column) is split by rows and each row tile reads all inputs."""
+    layers = [ir.Layer("x", "INPUT", [], (1, 512, 1, 1)),
+              ir.Layer("fc", "CONV", [0], (1, 1000, 1, 1),
+                       dict(kh=1, kw=1, sh=1, sw=1, pt=0, pl=0, pb=0, pr=0, group=1))]
+    graph = ir.Graph(layers, {"x": 0}, {"y": 1})
+    plan = partition(graph, 8)
+    fc_tiles = range(plan.layer_first_tile[1], plan.layer_first_tile[2])
+    assert len(fc_tiles) == 8
+    assert all(plan.tile_bounds[t][2] % 32 == 0 for t in fc_tiles)
+    check_plan(graph, plan)

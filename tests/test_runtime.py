@@ -1,0 +1,157 @@
+"""The Python API around the native runtime: runs, concurrency, shared pools, tile graph files."""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+import coacto
+from coacto import zoo
+
+from conftest import assert_close, onnxruntime_outputs, zoo_model
+
+
+def test_concurrent_runs_from_python_threads():
+    feeds, ref = onnxruntime_outputs("resnet18")
+    graph = coacto.compile(zoo_model("resnet18"), tiles_per_layer=7)
+    rng = np.random.default_rng(3)
+    other = {k: rng.standard_normal(v.shape).astype(np.float32) for k, v in feeds.items()}
+    with coacto.Runtime(graph, threads=2) as rt:
+        own = rt.run(feeds)
+        assert_close(own, ref)
+        other_ref = rt.run(other)
+        results, errors = [], []
+
+        def worker(i):
+            try:
+                f = feeds if i % 2 == 0 else other
+                results.append((i, rt.run(f, timeout=120)))
+            except Exception as e:  # surfaced below
+                errors.append(e)
+
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert not errors, errors
+    assert len(results) == 6
+    for i, out in results:  # each element is computed by one tile whatever the thread: bit-exact
+        expect = own if i % 2 == 0 else other_ref
+        for k in expect:
+            np.testing.assert_array_equal(out[k], expect[k])
+
+
+def test_two_models_share_one_pool():
+    feeds_a, ref_a = onnxruntime_outputs("squeezenet")
+    feeds_b, ref_b = onnxruntime_outputs("mobilenetv3_block")
+    ga = coacto.compile(zoo_model("squeezenet"), tiles_per_layer=7)
+    gb = coacto.compile(zoo_model("mobilenetv3_block"), tiles_per_layer=7)
+    with coacto.Runtime(ga, threads=2) as ra, coacto.Runtime(gb, share=ra) as rb:
+        assert rb.threads == 2
+        out = {}
+        ta = threading.Thread(target=lambda: out.setdefault("a", [ra.run(feeds_a) for _ in range(3)]))
+        tb = threading.Thread(target=lambda: out.setdefault("b", [rb.run(feeds_b) for _ in range(3)]))
+        ta.start(), tb.start(), ta.join(), tb.join()
+    for o in out["a"]:
+        assert_close(o, ref_a)
+    for o in out["b"]:
+        assert_close(o, ref_b)
+
+
+def test_save_load_roundtrip(tmp_path):
+    feeds, ref = onnxruntime_outputs("shufflenet_unit")
+    graph = coacto.compile(zoo_model("shufflenet_unit"), tiles_per_layer=7)
+    path = graph.save(tmp_path / "m.ctg")
+    loaded = coacto.load(path)
+    assert loaded.graph_id == graph.graph_id
+    assert loaded.n_tiles == graph.n_tiles
+    assert np.array_equal(loaded.plan.parents, graph.plan.parents)
+    assert loaded.inputs == graph.inputs and loaded.outputs == graph.outputs
+    with coacto.Runtime(loaded, threads=2) as rt:
+        assert_close(rt.run(feeds), ref)
+
+
+def test_graph_identity_is_deterministic():
+    model = zoo_model("squeezenet")
+    a = coacto.compile(model, tiles_per_layer=7)
+    b = coacto.compile(model.SerializeToString(), tiles_per_layer=7)
+    c = coacto.compile(model, tiles_per_layer=8)
+    assert a.graph_id == b.graph_id
+    assert np.array_equal(a.plan.parents, b.plan.parents)
+    assert a.graph_id != c.graph_id
+    assert a.model_hash == b.model_hash == c.model_hash
+
+
+def _two_output_model():
+    """x -> Relu -> r (an output and consumed) -> Conv 1x1 -> y (an output)."""
+    rng = np.random.default_rng(0)
+    w = helper.make_tensor("w", TensorProto.FLOAT, [4, 3, 1, 1], rng.standard_normal(12).astype(np.float32))
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             helper.make_node("Conv", ["r", "w"], ["y"], name="conv")]
+    g = helper.make_graph(nodes, "two", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 5, 5])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 5, 5]),
+                           helper.make_tensor_value_info("r", TensorProto.FLOAT, [1, 3, 5, 5])], [w])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+
+
+def test_every_output_by_onnx_name():
+    import onnxruntime as ort
+
+    model = _two_output_model()
+    x = np.random.default_rng(1).standard_normal((1, 3, 5, 5)).astype(np.float32)
+    ref = dict(zip(["y", "r"], ort.InferenceSession(model.SerializeToString()).run(["y", "r"], {"x": x})))
+    with coacto.Runtime(coacto.compile(model, tiles_per_layer=3), threads=2) as rt:
+        out = rt.run({"x": x})
+    assert_close(out, ref)
+
+
+def test_layer_buffers_are_released():
+    """VGG-16 is a chain: with one tile per layer and one thread, a layer's buffer is freed as soon
+    as the next layer is done, so the peak is exactly the largest pair of neighbouring layers."""
+    graph = coacto.compile(zoo_model("vgg16"), tiles_per_layer=1)
+    layers = graph.graph.layers
+    assert all(layer.inputs == [i - 1] for i, layer in enumerate(layers) if i), "not a chain"
+    size = [int(np.prod(layer.shape)) * 4 for layer in layers]
+    expect = max(size[i - 1] + size[i] for i in range(1, len(size)))
+    with coacto.Runtime(graph, threads=1) as rt:
+        rt.run(zoo.input_feeds(zoo_model("vgg16")))
+        peak = rt.last_stats["peak_activation_bytes"]
+    assert peak == expect, (peak, expect, sum(size))
+
+
+def test_stats_account_for_every_tile():
+    feeds, _ = onnxruntime_outputs("squeezenet")
+    graph = coacto.compile(zoo_model("squeezenet"), tiles_per_layer=7)
+    with coacto.Runtime(graph, threads=2) as rt:
+        rt.run(feeds)
+        s = rt.last_stats
+    n_input_tiles = sum(graph.plan.layer_first_tile[li + 1] - graph.plan.layer_first_tile[li]
+                        for li in graph.graph.inputs.values())
+    assert s["tiles_total"] == graph.n_tiles
+    assert s["tiles_computed"] + n_input_tiles == graph.n_tiles
+
+
+def test_closed_runtime_refuses_runs(squeezenet):
+    rt = coacto.Runtime(coacto.compile(squeezenet, tiles_per_layer=1), threads=1)
+    rt.close()
+    with pytest.raises(coacto.CoactoError, match="closed"):
+        rt.run(zoo.input_feeds(squeezenet))
+
+
+def test_external_data_model(tmp_path):
+    import onnxruntime as ort
+
+    model = zoo.build("inception_block")
+    path = tmp_path / "inception.onnx"
+    onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location="inception.weights", size_threshold=0)
+    assert (tmp_path / "inception.weights").exists()
+    feeds = zoo.input_feeds(model)
+    ref = ort.InferenceSession(str(path)).run(None, feeds)
+    with coacto.Runtime(coacto.compile(str(path), tiles_per_layer=7), threads=2) as rt:
+        out = rt.run(feeds)
+    assert_close(out, dict(zip([o.name for o in model.graph.output], ref)))
