@@ -106,7 +106,8 @@ def _fold_affine(producer: ir.Layer, affine: ir.Layer) -> bool:
                 return False
             w = producer.weights["w"]
             g, _, _, _, cout_g = w.shape
-            producer.weights["w"] = (w * scale.reshape(g, 1, 1, 1, cout_g)).astype(np.float32)
+            # float32 products of float32 values are correctly rounded: as exact as float64
+            producer.weights["w"] = w * scale.astype(np.float32).reshape(g, 1, 1, 1, cout_g)
             producer.weights["b"] = (producer.weights["b"] * scale + shift).astype(np.float32)
     elif producer.op == "AFFINE":
         if not pure:

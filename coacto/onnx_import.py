@@ -22,6 +22,7 @@ import hashlib
 import logging
 import math
 import os
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -138,8 +139,15 @@ def import_model(model, input_shapes: dict[str, tuple[int, ...]] | None = None) 
     ``{"input": (1, 3, 224, 224)}``. Raises ModelError (unreadable model), ShapeError (unknown or
     inconsistent shapes) or UnsupportedOperatorError (listing every node that cannot be run)."""
     proto, data = load_model(model)
-    graph = _Importer(proto, dict(input_shapes or {})).run()
-    graph.model_hash = hashlib.sha256(data).hexdigest()
+    # hashlib releases the GIL on large buffers: hash while importing.
+    digest = hashlib.sha256()
+    hasher = threading.Thread(target=digest.update, args=(data,), daemon=True)
+    hasher.start()
+    try:
+        graph = _Importer(proto, dict(input_shapes or {})).run()
+    finally:
+        hasher.join()
+    graph.model_hash = digest.hexdigest()
     return graph
 
 
@@ -267,6 +275,12 @@ class _Importer:
                     stack.append((j, False))
                 elif j is not None and state[j] == 1:
                     raise ModelError(f"the model's graph has a cycle through {name!r}")
+        # Keep the model's own order when it is topological (it is in valid models).
+        in_order = sorted(order)
+        position = {i: k for k, i in enumerate(in_order)}
+        if all(position[producer[n]] < position[i] for i in in_order
+               for n in self.g.node[i].input if n in producer):
+            order = in_order
         nodes = [self.g.node[i] for i in order]
         used = {o.name for o in self.g.output}
         for node in nodes:

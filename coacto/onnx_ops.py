@@ -206,7 +206,10 @@ def _reshape(imp, ins):
 
 def _flatten(imp, ins):
     x = ins[0]
-    a = _axis(imp._attr("axis", 1), x.ndim + 1) if x.ndim else 0
+    a = imp._attr("axis", 1)
+    a = a + x.ndim if a < 0 else a  # axis is in [-r, r]
+    if not 0 <= a <= x.ndim:
+        raise ShapeError(f"Flatten axis {imp._attr('axis')} for rank {x.ndim}")
     return [x.reshape(math.prod(x.shape[:a]), math.prod(x.shape[a:]))]
 
 
@@ -443,6 +446,31 @@ def _window(imp, sizes, kernel, ceil_mode=False):
     return strides, dil, begin, end, out
 
 
+def transpose_last2(a: np.ndarray) -> np.ndarray:
+    """``a`` with its last two axes swapped, contiguous. Copies tile by tile: numpy's own strided
+    copy is an order of magnitude slower on weight-sized matrices."""
+    *batch, m, k = a.shape
+    out = np.empty((*batch, k, m), a.dtype)
+    if m * k <= 4096:
+        out[...] = np.swapaxes(a, -1, -2)
+        return out
+    for j in range(0, k, 1024):
+        for i in range(0, m, 64):
+            out[..., j:j + 1024, i:i + 64] = np.swapaxes(a[..., i:i + 64, j:j + 1024], -1, -2)
+    return out
+
+
+def conv_weights(w: np.ndarray, group: int) -> np.ndarray:
+    """ONNX conv weights (M, cin_g, kh, kw) -> coacto's (group, kh, kw, cin_g, cout_g), float32."""
+    m, cin_g, kh, kw = w.shape
+    cout_g = m // group
+    t = transpose_last2(np.asarray(w, np.float32).reshape(group, cout_g, cin_g * kh * kw))
+    if kh * kw == 1:
+        return t.reshape(group, 1, 1, cin_g, cout_g)
+    t = t.reshape(group, cin_g, kh * kw, cout_g).transpose(0, 2, 1, 3)
+    return np.ascontiguousarray(t).reshape(group, kh, kw, cin_g, cout_g)
+
+
 def _as_2d(vals, fill):
     """Window parameters of 1-D ops as 2-D ones (H = 1)."""
     return [fill] + list(vals) if len(vals) == 1 else list(vals)
@@ -478,14 +506,14 @@ def _conv(imp, ins):
     pt, pl = _as_2d(begin, 0)
     pb, pr = _as_2d(end, 0)
     kh, kw = _as_2d(kernel, 1)
-    wt = w.reshape(group, m // group, cin_g, kh, kw).transpose(0, 3, 4, 2, 1)
+    wt = conv_weights(w.reshape(m, cin_g, kh, kw), group)
     b = np.zeros(m, np.float32) if bias is None else \
         np.asarray(imp._const(bias, "the bias input B"), np.float32).reshape(m)
     attrs = dict(kh=kh, kw=kw, sh=sh, sw=sw, pt=pt + extra[0], pl=pl + extra[1],
                  pb=pb + extra[2], pr=pr + extra[3], dh=dh, dw=dw, group=group,
                  act=ir.ACT_NONE, alpha=0.0, beta=0.0)
     return [imp._emit(imp._node_name(), "CONV", [x.layer], (n, m, *out), attrs,
-                      {"w": np.ascontiguousarray(wt), "b": b.copy()})]
+                      {"w": wt, "b": b.copy()})]
 
 
 def _fc(imp, a, bmat: np.ndarray, bias, name=None):
@@ -531,12 +559,14 @@ def _fc(imp, a, bmat: np.ndarray, bias, name=None):
 def _gemm(imp, ins):
     if imp._attr("transA", 0):
         raise Unsupported("Gemm with transA=1; coacto multiplies untransposed inputs")
-    bmat = np.asarray(imp._const(ins[1], "the matrix input B"), np.float64)
+    bmat = np.asarray(imp._const(ins[1], "the matrix input B"), np.float32)
     if bmat.ndim != 2:
         raise ShapeError(f"B of shape {bmat.shape}")
     if imp._attr("transB", 0):
-        bmat = bmat.T
-    bmat = (bmat * imp._attr("alpha", 1.0)).astype(np.float32)
+        bmat = transpose_last2(bmat)
+    alpha = imp._attr("alpha", 1.0)
+    if alpha != 1.0:
+        bmat = bmat * np.float32(alpha)
     c = ins[2] if len(ins) > 2 else None
     if c is not None:
         c = np.asarray(imp._const(c, "the bias input C"), np.float64) * imp._attr("beta", 1.0)
@@ -685,8 +715,6 @@ def _sum(imp, ins):
     for i, v in enumerate(vals[1:]):
         last = i == len(vals) - 2 and imp.node.op_type == "Sum"
         acc = _binary_values(imp, acc, v, ir.BIN_ADD, name if last else f"{name}/add{i}")
-    if isinstance(acc, np.ndarray) or isinstance(acc, View):
-        acc = imp._act(acc)
     if imp.node.op_type == "Mean" and len(vals) > 1:
         acc = _affine(imp, acc, 1.0 / len(vals), 0.0, name=name)
     return [acc]
@@ -782,7 +810,7 @@ def _softmax(log):
 def _concat(imp, ins):
     vals = [v for v in ins if v is not None]
     r = len(shape_of(vals[0]))
-    axis = _axis(imp._attr("axis", 0 if r else 0), r)
+    axis = _axis(imp._attr("axis", 0), r)
     if axis != _channel_axis(r) or r > 4:
         return imp._layout("Concat", ins)
     acts = [imp._act(v) if not isinstance(v, np.ndarray) else v for v in vals]

@@ -54,7 +54,6 @@ from collections.abc import Callable
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
-from numpy.lib.stride_tricks import sliding_window_view
 
 __all__ = [
     "MODELS", "STYLES", "OPSETS", "DEFAULT_IMAGE_SIZE", "build", "save", "input_feeds",
@@ -66,8 +65,6 @@ OPSETS: tuple[int, ...] = (9, 11, 13, 17, 18)
 _MIN_OPSET, _MAX_OPSET = 9, 18
 
 _EPS = 1e-5
-_PROBE_BATCH = 2
-_PROBE_MAX_SIZE = 64
 
 
 def _torch_scope(module: str) -> str:
@@ -96,63 +93,68 @@ def _q_abs(a):
     return np.round(np.asarray(a, dtype=np.float64) * 256.0) / 256.0
 
 
-# ------------------------------------------------------------------------ float64 reference ops
-def _np_conv(x, w, s, pads, g, d=1):
-    """NCHW convolution; pads = (top, left, bottom, right)."""
-    pt, pl, pb, pr = pads
-    if any(pads):
-        x = np.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr)))
-    n, c, h, wd = x.shape
-    cout, cg, kh, kw = w.shape
-    ekh, ekw = d * (kh - 1) + 1, d * (kw - 1) + 1
-    ho, wo = (h - ekh) // s + 1, (wd - ekw) // s + 1
-    if g == c and cg == 1 and cout == c:  # depthwise
-        y = np.zeros((n, c, ho, wo))
-        for ky in range(kh):
-            for kx in range(kw):
-                sl = x[:, :, ky * d:ky * d + s * (ho - 1) + 1:s, kx * d:kx * d + s * (wo - 1) + 1:s]
-                y += sl * w[:, 0, ky, kx][None, :, None, None]
-        return y
-    og = cout // g
-    outs = []
-    for gi in range(g):
-        xs = x[:, gi * cg:(gi + 1) * cg]
-        wg = w[gi * og:(gi + 1) * og].reshape(og, -1)
-        if kh == kw == 1:
-            cols = xs[:, :, ::s, ::s].transpose(0, 2, 3, 1).reshape(-1, cg)
-        else:
-            win = sliding_window_view(xs, (ekh, ekw), axis=(2, 3))[:, :, ::s, ::s, ::d, ::d]
-            cols = win.transpose(0, 2, 3, 1, 4, 5).reshape(n * ho * wo, cg * kh * kw)
-        outs.append((cols @ wg.T).reshape(n, ho, wo, og).transpose(0, 3, 1, 2))
-    return outs[0] if g == 1 else np.concatenate(outs, axis=1)
+# ------------------------------------------------------------ moment propagation (per channel)
+# Every activation tensor carries, per channel, the mean and variance its values have for
+# N(0, 1) inputs, propagated through each layer with the actual weights (exact for the means of
+# linear layers, independence assumptions for the variances). Batch normalisation statistics and
+# weight scales are set from them, so activations stay of order one without running anything.
+_GH_Z, _GH_W = np.polynomial.hermite_e.hermegauss(64)
+_GH_W = _GH_W / _GH_W.sum()
+
+_ACTS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "relu": lambda a: np.maximum(a, 0.0),
+    "relu6": lambda a: np.clip(a, 0.0, 6.0),
+    "leakyrelu": lambda a: np.where(a > 0, a, 0.1 * a),
+    "hardsigmoid": lambda a: np.clip(a / 6.0 + 0.5, 0.0, 1.0),
+    "sigmoid": lambda a: 1.0 / (1.0 + np.exp(-a)),
+    "hardswish": lambda a: a * np.clip(a / 6.0 + 0.5, 0.0, 1.0),
+    "swish": lambda a: a / (1.0 + np.exp(-a)),
+}
+_MONOTONE = {"relu", "relu6", "leakyrelu", "hardsigmoid", "sigmoid"}
 
 
-def _np_pool(x, k, s, pads, kind, count_include_pad=1):
-    pt, pl, pb, pr = pads
-    fill = -np.inf if kind == "max" else 0.0
-    xp = np.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr)), constant_values=fill)
-    win = sliding_window_view(xp, (k, k), axis=(2, 3))[:, :, ::s, ::s]
-    if kind == "max":
-        return win.max(axis=(4, 5))
-    total = win.sum(axis=(4, 5))
-    if count_include_pad:
-        return total / (k * k)
-    ones = np.pad(np.ones(x.shape[2:]), ((pt, pb), (pl, pr)))
-    cnt = sliding_window_view(ones, (k, k))[::s, ::s].sum(axis=(2, 3))
-    return total / cnt
+def _gauss_moments(f, mean, var):
+    """Mean and variance of f(y), y ~ N(mean, var) per channel (Gauss-Hermite quadrature)."""
+    y = f(mean[:, None] + np.sqrt(np.maximum(var, 0.0))[:, None] * _GH_Z[None, :])
+    m = y @ _GH_W
+    return m, np.maximum((y * y) @ _GH_W - m * m, 1e-12)
 
 
-def _np_tile_spatial(p, h, w):
-    """Repeat a probe feature map spatially to (h, w) (the probe may be smaller than the model)."""
-    ph, pw = p.shape[2:]
-    if (ph, pw) == (h, w):
-        return p
-    reps = (1, 1, -(-h // ph), -(-w // pw))
-    return np.tile(p, reps)[:, :, :h, :w]
+def _max_of_normals(n: int) -> tuple[float, float]:
+    """Mean and variance of the maximum of n iid N(0, 1)."""
+    z = np.linspace(-12.0, 12.0, 24001)
+    cdf = 0.5 * (1.0 + np.vectorize(math.erf)(z / math.sqrt(2.0)))
+    pdf = n * np.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi) * cdf ** (n - 1)
+    dz = z[1] - z[0]
+    m = float((z * pdf).sum() * dz)
+    return m, float((z * z * pdf).sum() * dz - m * m)
+
+
+_MAX_TABLE: dict[int, tuple[float, float]] = {}
+
+
+def _valid_fraction(size: int, out: int, k: int, s: int, p: int, d: int = 1) -> np.ndarray:
+    """Per kernel tap, the fraction of output positions whose input position is not padding."""
+    i = np.arange(out)[:, None] * s - p + np.arange(k)[None, :] * d
+    return ((i >= 0) & (i < size)).mean(axis=0)
+
+
+def _valid_patterns(size: int, out: int, k: int, s: int, p: int, d: int = 1):
+    """The distinct masks of valid kernel taps along one axis, with their share of positions."""
+    i = np.arange(out)[:, None] * s - p + np.arange(k)[None, :] * d
+    masks, counts = np.unique((i >= 0) & (i < size), axis=0, return_counts=True)
+    return masks.astype(np.float64), counts / out
+
+
+def _uniform(rng: np.random.Generator, shape, std: float) -> np.ndarray:
+    """Uniform weights of standard deviation ``std`` (fast: 16-bit draws)."""
+    u = rng.integers(0, 65536, size=shape, dtype=np.uint16).astype(np.float32)
+    bound = math.sqrt(3.0) * std
+    return (u - np.float32(32767.5)) * np.float32(bound / 32767.5)
 
 
 class _Graph:
-    """A small graph builder that tracks real shapes and a float64 probe batch."""
+    """A small graph builder that tracks real shapes and per-channel activation moments."""
 
     def __init__(self, name: str, *, opset: int, style: str, seed: int, batch: int):
         self.name = name
@@ -164,8 +166,11 @@ class _Graph:
         self.inits: list[onnx.TensorProto] = []
         self.init_names: set[str] = set()
         self.node_names: set[str] = set()
-        self.shape: dict[str, tuple[int, ...]] = {}   # real shapes
-        self.p: dict[str, np.ndarray] = {}            # probe values (float64)
+        self.shape: dict[str, tuple[int, ...]] = {}
+        # per-channel (axis 1) mean and variance of an activation tensor, and, for the output of a
+        # monotone activation f of a Gaussian, (pre-activation mean, variance, f) -- for max pools
+        self.mom: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self.pre: dict[str, tuple[np.ndarray, np.ndarray, str] | None] = {}
         self.inputs: list[onnx.ValueInfoProto] = []
         self.outputs: list[onnx.ValueInfoProto] = []
 
@@ -176,13 +181,8 @@ class _Graph:
 
     def input(self, name: str, shape: tuple[int, ...]) -> str:
         self.inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, list(shape)))
-        self.shape[name] = tuple(shape)
-        n, c, h, w = shape
-        ph, pw = min(h, _PROBE_MAX_SIZE), min(w, _PROBE_MAX_SIZE)
-        # the probe has its own generator: the weights do not depend on the probe size
-        probe_rng = np.random.default_rng(0x5EED)
-        self.p[name] = probe_rng.standard_normal((_PROBE_BATCH, c, ph, pw))
-        return name
+        c = shape[1]
+        return self._set(name, shape, np.zeros(c), np.ones(c))
 
     def output(self, x: str, name: str = "output") -> str:
         """Rename tensor ``x`` (produced by the last node) to the graph output ``name``."""
@@ -193,8 +193,7 @@ class _Graph:
             for i, o in enumerate(node.input):
                 if o == x:
                     node.input[i] = name
-        self.shape[name] = self.shape[x]
-        self.p[name] = self.p[x]
+        self._set(name, self.shape[x], *self.mom[x])
         self.outputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT,
                                                           list(self.shape[name])))
         return name
@@ -235,35 +234,54 @@ class _Graph:
         self.shape[out] = arr.shape
         return out
 
-    def _set(self, y: str, shape, probe: np.ndarray) -> str:
+    def _set(self, y: str, shape, mean, var, pre=None) -> str:
         self.shape[y] = tuple(int(s) for s in shape)
-        self.p[y] = probe
+        self.mom[y] = (np.asarray(mean, dtype=np.float64), np.asarray(var, dtype=np.float64))
+        self.pre[y] = pre
         return y
 
-    def _he(self, shape, fan_in: int) -> np.ndarray:
-        return self.rng.standard_normal(shape, dtype=np.float32) * np.float32(math.sqrt(2.0 / fan_in))
-
-    def _lsuv(self, y0: np.ndarray, gain: float) -> float:
-        """Factor that brings the probe output's second moment to ``gain`` (rounded)."""
-        m2 = float(np.mean(y0 * y0))
+    def _scale(self, mean: np.ndarray, var: np.ndarray, gain: float) -> float:
+        """Factor that brings the predicted second moment of a layer's output to ``gain``."""
+        m2 = float(np.mean(mean * mean + var))
         return float(_q_pos(math.sqrt(gain / m2))) if m2 > 0 else 1.0
 
     # ------------------------------------------------------------------------------ layers
     def conv(self, x: str, module: str, cout: int, k: int | tuple[int, int], s: int = 1, p: int = 0,
              g: int = 1, bias: bool = False, dilation: int = 1, explicit_pad: bool | None = None,
              gain: float = 1.0) -> str:
+        """Conv (Kaiming-uniform weights, rescaled so the output's second moment is ``gain``)."""
         n, cin, h, w = self.shape[x]
         kh, kw = (k, k) if isinstance(k, int) else k
-        w0 = self._he((cout, cin // g, kh, kw), (cin // g) * kh * kw)
-        b = self.rng.standard_normal(cout).astype(np.float32) * np.float32(0.05) if bias else None
-        y0 = _np_conv(self.p[x], w0.astype(np.float64), s, (p, p, p, p), g, dilation)
-        scale = self._lsuv(y0, gain)
-        wt = (w0 * np.float32(scale)).astype(np.float32)
-        probe = y0 * scale
+        cg, og = cin // g, cout // g
+        ho = (h + 2 * p - dilation * (kh - 1) - 1) // s + 1
+        wo = (w + 2 * p - dilation * (kw - 1) - 1) // s + 1
+        wt = _uniform(self.rng, (cout, cg, kh, kw), math.sqrt(2.0 / (cg * kh * kw)))
+        b = (self.rng.standard_normal(cout) * 0.05).astype(np.float32) if bias else None
+        # moments: exact per-channel means (with the padding's share of each tap), variances
+        # assuming independent inputs
+        frac = np.outer(_valid_fraction(h, ho, kh, s, p, dilation),
+                        _valid_fraction(w, wo, kw, s, p, dilation)).astype(np.float32)
+        w2f = (wt * wt * frac).sum(axis=(2, 3), dtype=np.float64)     # (cout, cg)
+        mi, vi = self.mom[x]
+        mi, vi = mi.reshape(g, cg), vi.reshape(g, cg)
+        var = np.einsum("goc,gc->go", w2f.reshape(g, og, cg), vi).reshape(cout)
+        # per output channel and tap, the input means times the weights; positions near the
+        # border miss some taps, so the mean varies over positions: that adds to the variance
+        tap = np.einsum("gockl,gc->gokl", wt.reshape(g, og, cg, kh, kw).astype(np.float64),
+                        mi).reshape(cout, kh, kw)
+        rows, rw = _valid_patterns(h, ho, kh, s, p, dilation)
+        cols, cw = _valid_patterns(w, wo, kw, s, p, dilation)
+        pm = np.einsum("okl,ak,bl->oab", tap, rows, cols)                # (cout, rows, cols)
+        share = np.outer(rw, cw)
+        mean = np.einsum("oab,ab->o", pm, share)
+        var = var + np.einsum("oab,ab->o", (pm - mean[:, None, None]) ** 2, share)
+        scale = self._scale(mean, var, gain)
+        wt *= np.float32(scale)
+        mean, var = mean * scale, var * scale * scale
         inputs = [x, self.init(f"{module}.weight", wt)]
         if bias:
             inputs.append(self.init(f"{module}.bias", b))
-            probe = probe + b.astype(np.float64)[None, :, None, None]
+            mean = mean + b
         scope = _torch_scope(module)
         pads = [p, p, p, p]
         if explicit_pad is None:
@@ -273,12 +291,9 @@ class _Graph:
             pads = [0, 0, 0, 0]
         (y,) = self.node("Conv", inputs, scope, kernel_shape=[kh, kw], strides=[s, s], pads=pads,
                          dilations=[dilation] * 2, group=g)
-        ho = (h + 2 * p - dilation * (kh - 1) - 1) // s + 1
-        wo = (w + 2 * p - dilation * (kw - 1) - 1) // s + 1
-        return self._set(y, (n, cout, ho, wo), probe)
+        return self._set(y, (n, cout, ho, wo), mean, var)
 
     def pad(self, x: str, scope: str, pads: list[int]) -> str:
-        n, c, h, w = self.shape[x]
         if self.opset < 11:
             (y,) = self.node("Pad", [x], scope, mode="constant", pads=pads, value=0.0)
         else:
@@ -286,9 +301,8 @@ class _Graph:
                 self.i64(f"{scope.strip('/').replace('/', '.')}.pads", pads)
             (y,) = self.node("Pad", [x, pname], scope, mode="constant")
         r = len(pads) // 2
-        probe = np.pad(self.p[x], [(pads[i], pads[i + r]) for i in range(r)])
         shape = [d + pads[i] + pads[i + r] for i, d in enumerate(self.shape[x])]
-        return self._set(y, shape, probe)
+        return self._set(y, shape, *self.mom[x])  # (moments of the non-padded part)
 
     def bn(self, x: str, module: str) -> str:
         c = self.shape[x][1]
@@ -297,20 +311,15 @@ class _Graph:
         beta = (0.05 * rng.standard_normal(c)).astype(np.float32)
         noise_m = rng.standard_normal(c)
         noise_v = rng.uniform(0.8, 1.2, c)
-        # running statistics as after training: those of the probe, per channel (the variance
-        # shrunk towards the layer's mean when the probe has few positions), plus some noise
-        px = self.p[x]
-        cnt = px.size // c
-        mu = px.mean(axis=(0, 2, 3))
-        var = px.var(axis=(0, 2, 3))
-        var = (cnt * var + 8.0 * var.mean()) / (cnt + 8.0)
-        mean = _q_abs(mu + 0.1 * np.sqrt(var) * noise_m).astype(np.float32)
-        var = _q_pos(var * noise_v).astype(np.float32)
+        # running statistics as after training: the input's own per-channel moments, plus noise
+        mi, vi = self.mom[x]
+        mean = _q_abs(mi + 0.1 * np.sqrt(vi) * noise_m).astype(np.float32)
+        var = _q_pos(vi * noise_v).astype(np.float32)
         scope = _torch_scope(module)
         scale = (gamma / np.sqrt(var + np.float32(_EPS))).astype(np.float32)
         shift = (beta - mean * scale).astype(np.float32)
-        probe = px * scale.astype(np.float64)[None, :, None, None] + \
-            shift.astype(np.float64)[None, :, None, None]
+        out_mean = mi * scale + shift
+        out_var = vi * scale.astype(np.float64) ** 2
         if not self.zoo:
             ins = [x, self.init(f"{module}.weight", gamma), self.init(f"{module}.bias", beta),
                    self.init(f"{module}.running_mean", mean),
@@ -320,9 +329,9 @@ class _Graph:
             s_u = self.unsqueeze(self.init(f"{module}.scale", scale), scope, [1, 2])
             b_u = self.unsqueeze(self.init(f"{module}.shift", shift), scope, [1, 2])
             (t,) = self.node("Mul", [x, s_u], scope)
-            self._set(t, self.shape[x], px * scale.astype(np.float64)[None, :, None, None])
+            self._set(t, self.shape[x], mi * scale, out_var)
             (y,) = self.node("Add", [t, b_u], scope)
-        return self._set(y, self.shape[x], probe)
+        return self._set(y, self.shape[x], out_mean, out_var)
 
     def unsqueeze(self, x: str, scope: str, axes: list[int]) -> str:
         if self.opset < 13:
@@ -343,15 +352,18 @@ class _Graph:
         else:
             (y,) = self.node("Squeeze", [x, self.constant(scope, axes)], scope)
         shape = [d for i, d in enumerate(self.shape[x]) if i not in axes]
-        return self._set(y, shape, np.squeeze(self.p[x], axis=tuple(axes)))
+        return self._set(y, shape, *self.mom[x])
 
     # activations -----------------------------------------------------------------------------
-    def _unary(self, op: str, x: str, module: str, fn, name: str | None = None, **attrs) -> str:
-        (y,) = self.node(op, [x], _torch_scope(module), name=name, **attrs)
-        return self._set(y, self.shape[x], fn(self.p[x]))
+    def _act(self, y: str, x: str, kind: str) -> str:
+        mi, vi = self.mom[x]
+        mean, var = _gauss_moments(_ACTS[kind], mi, vi)
+        pre = (mi, vi, kind) if kind in _MONOTONE else None
+        return self._set(y, self.shape[x], mean, var, pre)
 
     def relu(self, x: str, module: str) -> str:
-        return self._unary("Relu", x, module, lambda a: np.maximum(a, 0.0))
+        (y,) = self.node("Relu", [x], _torch_scope(module))
+        return self._act(y, x, "relu")
 
     def relu6(self, x: str, module: str) -> str:
         scope = _torch_scope(module)
@@ -360,49 +372,69 @@ class _Graph:
         else:
             lo, hi = self.scalar("relu6.min", 0.0), self.scalar("relu6.max", 6.0)
             (y,) = self.node("Clip", [x, lo, hi], scope)
-        return self._set(y, self.shape[x], np.clip(self.p[x], 0.0, 6.0))
+        return self._act(y, x, "relu6")
 
     def leaky_relu(self, x: str, module: str, alpha: float = 0.1) -> str:
-        return self._unary("LeakyRelu", x, module, lambda a: np.where(a > 0, a, alpha * a),
-                           alpha=alpha)
+        assert alpha == 0.1
+        (y,) = self.node("LeakyRelu", [x], _torch_scope(module), alpha=alpha)
+        return self._act(y, x, "leakyrelu")
 
     def hardsigmoid(self, x: str, module: str) -> str:
-        return self._unary("HardSigmoid", x, module, lambda a: np.clip(a / 6.0 + 0.5, 0.0, 1.0),
-                           alpha=1.0 / 6.0, beta=0.5)
+        (y,) = self.node("HardSigmoid", [x], _torch_scope(module), alpha=1.0 / 6.0, beta=0.5)
+        return self._act(y, x, "hardsigmoid")
 
     def sigmoid(self, x: str, module: str) -> str:
-        return self._unary("Sigmoid", x, module, lambda a: 1.0 / (1.0 + np.exp(-a)))
+        (y,) = self.node("Sigmoid", [x], _torch_scope(module))
+        return self._act(y, x, "sigmoid")
 
     def hardswish(self, x: str, module: str) -> str:
+        scope = _torch_scope(module)
         if self.opset >= 14:
-            return self._unary("HardSwish", x, module,
-                               lambda a: a * np.clip(a / 6.0 + 0.5, 0.0, 1.0))
-        t = self.hardsigmoid(x, module)  # what torch exports below opset 14
-        return self.mul(x, t, module)
+            (y,) = self.node("HardSwish", [x], scope)
+        else:  # what torch exports below opset 14
+            t = self.hardsigmoid(x, module)
+            (y,) = self.node("Mul", [x, t], scope)
+        return self._act(y, x, "hardswish")
 
     def swish(self, x: str, module: str) -> str:
-        return self.mul(x, self.sigmoid(x, module), module)
+        t = self.sigmoid(x, module)
+        (y,) = self.node("Mul", [x, t], _torch_scope(module))
+        return self._act(y, x, "swish")
 
     # element-wise / structural ------------------------------------------------------------------
     def add(self, a: str, b: str, module: str) -> str:
         op = "Sum" if self.zoo else "Add"
         (y,) = self.node(op, [a, b], _torch_scope(module))
         shape = np.broadcast_shapes(self.shape[a], self.shape[b])
-        return self._set(y, shape, self.p[a] + self.p[b])
+        (ma, va), (mb, vb) = self.mom[a], self.mom[b]
+        return self._set(y, shape, ma + mb, va + vb)
 
     def mul(self, a: str, b: str, module: str) -> str:
+        """Product of independent tensors (e.g. a squeeze-excite gate and the features)."""
         (y,) = self.node("Mul", [a, b], _torch_scope(module))
         shape = np.broadcast_shapes(self.shape[a], self.shape[b])
-        return self._set(y, shape, self.p[a] * self.p[b])
+        (ma, va), (mb, vb) = self.mom[a], self.mom[b]
+        mean = ma * mb
+        return self._set(y, shape, mean, np.maximum((ma * ma + va) * (mb * mb + vb) - mean * mean,
+                                                    1e-12))
 
     def concat(self, xs: list[str], module: str, axis: int = 1) -> str:
+        assert axis == 1
         (y,) = self.node("Concat", xs, _torch_scope(module), axis=axis)
         shape = list(self.shape[xs[0]])
         shape[axis] = sum(self.shape[t][axis] for t in xs)
-        return self._set(y, shape, np.concatenate([self.p[t] for t in xs], axis=axis))
+        mean = np.concatenate([self.mom[t][0] for t in xs])
+        var = np.concatenate([self.mom[t][1] for t in xs])
+        pres = [self.pre[t] for t in xs]
+        pre = None
+        if all(p is not None and p[2] == pres[0][2] for p in pres):
+            pre = (np.concatenate([p[0] for p in pres]), np.concatenate([p[1] for p in pres]),
+                   pres[0][2])
+        return self._set(y, shape, mean, var, pre)
 
     def split(self, x: str, module: str, sizes: list[int], axis: int = 1) -> list[str]:
         """Channel split: ``Split`` (default style) or one ``Slice`` per part (zoo style)."""
+        assert axis == 1
         scope = _torch_scope(module)
         outs: list[str] = []
         if not self.zoo:
@@ -425,17 +457,18 @@ class _Graph:
                 outs.append(o)
                 start += sz
         start = 0
+        mean, var = self.mom[x]
         for o, sz in zip(outs, sizes):
             shape = list(self.shape[x])
             shape[axis] = sz
-            self._set(o, shape, np.take(self.p[x], np.arange(start, start + sz), axis=axis))
+            self._set(o, shape, mean[start:start + sz], var[start:start + sz])
             start += sz
         return outs
 
     def transpose(self, x: str, module: str, perm: list[int]) -> str:
         (y,) = self.node("Transpose", [x], _torch_scope(module), perm=perm)
         shape = [self.shape[x][p] for p in perm]
-        return self._set(y, shape, self.p[x].transpose(perm))
+        return self._set(y, shape, *self.mom[x])  # caller fixes the channel order if it moves
 
     def batch_dim(self, x: str, scope: str) -> str:
         """torch's ``x.size(0)`` as a 1-element int64 tensor: Shape -> Gather(0) -> Unsqueeze."""
@@ -446,10 +479,9 @@ class _Graph:
         self.shape[n] = ()
         return self.unsqueeze(n, scope, [0])
 
-    def reshape(self, x: str, module: str, shape: list[int], probe_shape: list[int],
-                dynamic_batch: bool = False) -> str:
-        """Reshape to ``shape`` (``shape[0]`` is the batch; -1 allowed once); the probe is
-        reshaped to ``probe_shape``.
+    def reshape(self, x: str, module: str, shape: list[int], dynamic_batch: bool = False) -> str:
+        """Reshape to ``shape`` (``shape[0]`` is the batch; -1 allowed once). The caller sets the
+        moments of the result when the channel axis changes meaning.
 
         ``dynamic_batch``: build the target like torch does for ``x.view(x.size(0), ...)``,
         ``Shape -> Gather -> Unsqueeze -> Concat`` (constant-foldable); else a constant target
@@ -472,28 +504,20 @@ class _Graph:
         total = int(np.prod(self.shape[x]))
         known = int(np.prod([d for d in shape if d != -1]))
         out = [total // known if d == -1 else d for d in shape]
-        return self._set(y, out, self.p[x].reshape(probe_shape))
-
-    def _flat_probe(self, x: str) -> np.ndarray:
-        """Probe of ``x`` flattened to (probe batch, C*H*W) of the *real* feature size."""
-        px = self.p[x]
-        if px.ndim == 4:
-            px = _np_tile_spatial(px, *self.shape[x][2:])
-        return px.reshape(px.shape[0], -1)
+        return self._set(y, out, *self.mom[x])
 
     def flatten_to_2d(self, x: str, mode: str = "flatten") -> str:
         """(N, C, H, W) -> (N, C*H*W): ``Flatten``, ``Reshape`` to a constant ``[N, -1]``,
         the torch shape subgraph (``"dynamic"``) or ``Squeeze`` (H = W = 1 only)."""
-        n = self.shape[x][0]
+        n, c, h, w = self.shape[x]
         if mode == "squeeze":
             return self.squeeze(x, "", [2, 3])
-        probe = self._flat_probe(x)
         if mode == "flatten":
             (y,) = self.node("Flatten", [x], "", axis=1)
-            return self._set(y, (n, int(np.prod(self.shape[x][1:]))), probe)
-        y = self.reshape(x, "", [n, -1], [self.p[x].shape[0], -1], dynamic_batch=mode == "dynamic")
-        self.p[y] = probe
-        return y
+        else:
+            y = self.reshape(x, "", [n, -1], dynamic_batch=mode == "dynamic")
+        mean, var = self.mom[x]
+        return self._set(y, (n, c * h * w), np.repeat(mean, h * w), np.repeat(var, h * w))
 
     # pooling ------------------------------------------------------------------------------------
     @staticmethod
@@ -517,12 +541,20 @@ class _Graph:
             if ceil:
                 attrs["ceil_mode"] = 1
         (y,) = self.node("MaxPool", [x], _torch_scope(module), **attrs)
-        px = self.p[x]
-        ph, pw = px.shape[2:]
-        pho, pwo = self._pool_out(ph, k, s, p, ceil), self._pool_out(pw, k, s, p, ceil)
-        eh, ew = max(0, (pho - 1) * s + k - ph - 2 * p), max(0, (pwo - 1) * s + k - pw - 2 * p)
-        probe = _np_pool(px, k, s, (p, p, p + eh, p + ew), "max")
-        return self._set(y, (n, c, ho, wo), probe)
+        # max of a window of (spatially correlated: counted as half as many) independent values;
+        # max(f(y_i)) = f(max(y_i)) for a monotone activation f of Gaussian y
+        n_eff = max(2, (k * k + 1) // 2)
+        if n_eff not in _MAX_TABLE:
+            _MAX_TABLE[n_eff] = _max_of_normals(n_eff)
+        em, ev = _MAX_TABLE[n_eff]
+        pre = self.pre[x]
+        if pre is not None:
+            pm, pv, kind = pre
+            pm2, pv2 = pm + np.sqrt(pv) * em, pv * ev
+            mean, var = _gauss_moments(_ACTS[kind], pm2, pv2)
+            return self._set(y, (n, c, ho, wo), mean, var, (pm2, pv2, kind))
+        mi, vi = self.mom[x]
+        return self._set(y, (n, c, ho, wo), mi + np.sqrt(vi) * em, vi * ev)
 
     def avgpool(self, x: str, module: str, k: int, s: int, p: int = 0,
                 count_include_pad: int = 1) -> str:
@@ -530,15 +562,23 @@ class _Graph:
         ho, wo = self._pool_out(h, k, s, p, False), self._pool_out(w, k, s, p, False)
         (y,) = self.node("AveragePool", [x], _torch_scope(module), kernel_shape=[k, k],
                          strides=[s, s], pads=[p, p, p, p], count_include_pad=count_include_pad)
-        probe = _np_pool(self.p[x], k, s, (p, p, p, p), "avg", count_include_pad)
-        return self._set(y, (n, c, ho, wo), probe)
+        mi, vi = self.mom[x]
+        frac = float(_valid_fraction(h, ho, k, s, p).mean() * _valid_fraction(w, wo, k, s, p).mean())
+        mf = frac if count_include_pad else 1.0
+        # neighbouring values are correlated: the variance drops by less than 1/k^2
+        return self._set(y, (n, c, ho, wo), mi * mf, vi * mf * mf * 2.0 / (k * k + 1))
+
+    def _spatial_mean(self, x: str, keep_var: float = 0.25):
+        mi, vi = self.mom[x]
+        return mi, vi * keep_var  # correlated positions: the mean keeps part of the variance
 
     def global_avgpool(self, x: str, module: str) -> str:
         n, c, _, _ = self.shape[x]
         (y,) = self.node("GlobalAveragePool", [x], _torch_scope(module))
-        return self._set(y, (n, c, 1, 1), self.p[x].mean(axis=(2, 3), keepdims=True))
+        return self._set(y, (n, c, 1, 1), *self._spatial_mean(x))
 
     def reduce_mean(self, x: str, module: str, axes: list[int], keepdims: int) -> str:
+        assert sorted(axes) == [2, 3]
         scope = _torch_scope(module)
         if self.opset < 18:
             (y,) = self.node("ReduceMean", [x], scope, axes=axes, keepdims=keepdims)
@@ -549,18 +589,15 @@ class _Graph:
             shape = [1 if i in axes else d for i, d in enumerate(self.shape[x])]
         else:
             shape = [d for i, d in enumerate(self.shape[x]) if i not in axes]
-        return self._set(y, shape, self.p[x].mean(axis=tuple(axes), keepdims=bool(keepdims)))
+        return self._set(y, shape, *self._spatial_mean(x))
 
     def lrn(self, x: str, module: str, size: int = 5, alpha: float = 1e-4, beta: float = 0.75,
             bias: float = 1.0) -> str:
-        px = self.p[x]
-        lo, hi = (size - 1) // 2, size - 1 - (size - 1) // 2
-        sq = np.pad(px * px, ((0, 0), (lo, hi), (0, 0), (0, 0)))
-        ssum = sliding_window_view(sq, size, axis=1).sum(axis=-1)
-        probe = px / (bias + alpha / size * ssum) ** beta
         (y,) = self.node("LRN", [x], _torch_scope(module), size=size, alpha=alpha, beta=beta,
                          bias=bias)
-        return self._set(y, self.shape[x], probe)
+        mi, vi = self.mom[x]
+        f = (bias + alpha * float(np.mean(mi * mi + vi))) ** -beta
+        return self._set(y, self.shape[x], mi * f, vi * f * f)
 
     def dropout(self, x: str, module: str, ratio: float = 0.5) -> str:
         scope = _torch_scope(module)
@@ -568,24 +605,28 @@ class _Graph:
             (y,) = self.node("Dropout", [x], scope, ratio=ratio)
         else:
             (y,) = self.node("Dropout", [x, self.scalar(f"{module}.ratio", ratio)], scope)
-        return self._set(y, self.shape[x], self.p[x])
+        return self._set(y, self.shape[x], *self.mom[x], self.pre[x])
 
     def gemm(self, x: str, module: str, cout: int, gain: float = 1.0) -> str:
+        """Gemm with transB=1 (PyTorch's Linear); output second moment ``gain``."""
         n, cin = self.shape[x]
-        w0 = self._he((cout, cin), cin)
-        b = self.rng.standard_normal(cout).astype(np.float32) * np.float32(0.05)
-        y0 = self.p[x] @ w0.astype(np.float64).T
-        scale = self._lsuv(y0, gain)
-        w = self.init(f"{module}.weight", (w0 * np.float32(scale)).astype(np.float32))
+        std = math.sqrt(2.0 / cin)
+        wt = _uniform(self.rng, (cout, cin), std)
+        b = (self.rng.standard_normal(cout) * 0.05).astype(np.float32)
+        mi, vi = self.mom[x]
+        mean = (wt @ mi.astype(np.float32)).astype(np.float64)
+        var = np.full(cout, std * std * float(vi.sum()))
+        scale = self._scale(mean, var, gain)
+        wt *= np.float32(scale)
+        w = self.init(f"{module}.weight", wt)
         bn = self.init(f"{module}.bias", b)
         (y,) = self.node("Gemm", [x, w, bn], _torch_scope(module), alpha=1.0, beta=1.0, transB=1)
-        return self._set(y, (n, cout), y0 * scale + b.astype(np.float64))
+        return self._set(y, (n, cout), mean * scale + b, var * scale * scale)
 
     def softmax(self, x: str) -> str:
-        def fn(a):
-            e = np.exp(a - a.max(axis=1, keepdims=True))
-            return e / e.sum(axis=1, keepdims=True)
-        return self._unary("Softmax", x, "", fn, axis=1)
+        (y,) = self.node("Softmax", [x], "", axis=1)
+        c = self.shape[x][1]
+        return self._set(y, self.shape[x], np.full(c, 1.0 / c), np.full(c, 1.0 / c ** 2))
 
     # --------------------------------------------------------------------------------- finish
     def model(self, doc: str, meta: dict[str, str]) -> onnx.ModelProto:
@@ -838,11 +879,13 @@ def _inception_block(g: _Graph, x: str, **_) -> str:
 def _channel_shuffle(g: _Graph, x: str, m: str, groups: int = 2) -> str:
     n, c, h, w = g.shape[x]
     dyn = g.style != "zoo"
-    pn, _, ph, pw = g.p[x].shape
-    x = g.reshape(x, m, [n, groups, c // groups, h, w], [pn, groups, c // groups, ph, pw],
-                  dynamic_batch=dyn)
+    mean, var = g.mom[x]
+    x = g.reshape(x, m, [n, groups, c // groups, h, w], dynamic_batch=dyn)
     x = g.transpose(x, m, [0, 2, 1, 3, 4])
-    return g.reshape(x, m, [n, -1, h, w], [pn, -1, ph, pw], dynamic_batch=dyn)
+    y = g.reshape(x, m, [n, -1, h, w], dynamic_batch=dyn)
+    perm = np.arange(c).reshape(groups, c // groups).T.reshape(-1)
+    g.mom[y] = (mean[perm], var[perm])
+    return y
 
 
 def _shufflenet_unit(g: _Graph, x: str, *, softmax: bool = False, num_classes: int = 1000,

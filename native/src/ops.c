@@ -146,8 +146,41 @@ void op_execute(const layer *l, const float *const *in, float *out, int32_t col0
     }
 }
 
-/* One loop per activation so that each vectorizes (sigmoid and tanh call libm). */
-void ops_act_apply(float *restrict x, size_t n, int32_t act, float alpha, float beta) {
+/* e^x, relative error below 1e-7, for x already clamped to [-87, 88] (so 2^n stays a normal
+ * float): round n = x / ln 2, reduce r = x - n ln 2 (two-part constant), Cephes' polynomial for
+ * e^r, and 2^n built from its bits. The clamp lives in a separate loop on purpose: inside, the
+ * compiler branches to the saturated constants and stops vectorizing. */
+static inline float exp_clamped(float x) {
+    const float round_magic = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
+    float t = x * 1.44269504088896341f + round_magic;
+    float n = t - round_magic;
+    float r = x - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * (r * r) + r + 1.0f;
+    union {
+        int32_t i;
+        float f;
+    } scale = {((int32_t)n + 127) * (1 << 23)};
+    return p * scale.f;
+}
+
+void ops_exp(float *restrict x, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        float v = x[i] < -87.0f ? -87.0f : x[i];
+        x[i] = v > 88.0f ? 88.0f : v;
+    }
+    for (size_t i = 0; i < n; i++) x[i] = exp_clamped(x[i]);
+}
+
+/* One loop per activation so that each vectorizes (several passes over a span that stays in L1
+ * where an activation needs e^x). */
+OPS_CLONES void ops_act_apply(float *restrict x, size_t n, int32_t act, float alpha, float beta) {
     switch (act) {
     case COACTO_ACT_RELU:
         for (size_t i = 0; i < n; i++) x[i] = x[i] < 0.0f ? 0.0f : x[i];
@@ -161,8 +194,10 @@ void ops_act_apply(float *restrict x, size_t n, int32_t act, float alpha, float 
     case COACTO_ACT_LEAKY:
         for (size_t i = 0; i < n; i++) x[i] = x[i] < 0.0f ? alpha * x[i] : x[i];
         break;
-    case COACTO_ACT_SIGMOID:
-        for (size_t i = 0; i < n; i++) x[i] = 1.0f / (1.0f + expf(-x[i]));
+    case COACTO_ACT_SIGMOID: /* 1 / (1 + e^-x) */
+        for (size_t i = 0; i < n; i++) x[i] = -x[i];
+        ops_exp(x, n);
+        for (size_t i = 0; i < n; i++) x[i] = 1.0f / (1.0f + x[i]);
         break;
     case COACTO_ACT_HARDSIGMOID:
         for (size_t i = 0; i < n; i++) {
@@ -178,8 +213,10 @@ void ops_act_apply(float *restrict x, size_t n, int32_t act, float alpha, float 
             x[i] *= v > 1.0f ? 1.0f : v;
         }
         break;
-    case COACTO_ACT_TANH:
-        for (size_t i = 0; i < n; i++) x[i] = tanhf(x[i]);
+    case COACTO_ACT_TANH: /* 1 - 2 / (1 + e^2x): absolute error about 1e-7 near 0 */
+        for (size_t i = 0; i < n; i++) x[i] *= 2.0f;
+        ops_exp(x, n);
+        for (size_t i = 0; i < n; i++) x[i] = 1.0f - 2.0f / (1.0f + x[i]);
         break;
     default: break; /* NONE */
     }

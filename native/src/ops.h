@@ -4,7 +4,7 @@
  *   CONV        inputs [x] or [x, residual]
  *               iparams: 0 kh, 1 kw, 2 sh, 3 sw, 4 pt, 5 pl, 6 pb, 7 pr, 8 dh, 9 dw, 10 group, 11 act
  *               fparams: 0 alpha, 1 beta (activation)
- *               arrays:  0 weights float[group][kh][kw][cin_g][cout_g], 1 bias float[c]
+ *               arrays:  0 weights float[group][kh][kw][cin_g][cout_g], 1 bias float[c] or absent
  *   POOL        iparams: 0 kh, 1 kw, 2 sh, 3 sw, 4 pt, 5 pl, 6 pb, 7 pr, 8 dh, 9 dw, 10 kind
  *                        (0 max, 1 avg), 11 count_include_pad
  *   GLOBAL_POOL iparams: 0 kind (0 max, 1 avg)
@@ -20,6 +20,7 @@
  *   SOFTMAX     iparams: 0 log (1 for LogSoftmax); over channels, never split by rows
  *   NOP         does nothing (tests, overhead benchmarks)
  *   INPUT       never executed
+ * Arrays an op does not list must be absent (0 bytes); listed ones must have exactly their size.
  */
 #ifndef COACTO_OPS_H
 #define COACTO_OPS_H
@@ -44,7 +45,8 @@ typedef struct layer {
     int64_t array_bytes[4];
     /* Filled by op_prepare: */
     const gemm_kernel *kern;  /* CONV: gemm_select(), or the caller's if one of gemm_available() */
-    float *packed;            /* CONV: packed weights, one block per group */
+    float *packed;            /* CONV: packed weights, one block per group (depthwise: the
+                                 weights as [ky][kx][c]); BINARY: the constant in NHWC order */
     size_t packed_group_stride;
     size_t scratch_per_col;   /* floats of scratch a tile needs per output column */
     size_t scratch_fixed;     /* plus this many */
@@ -58,9 +60,12 @@ typedef struct layer {
  * Resets every field it fills first, so op_release is safe after a failure. */
 coacto_status op_prepare(layer *l, char *err, size_t err_size);
 void op_release(layer *l);
-/* Computes columns [col0, col1) x rows [row0, row1) of l's output.
+/* Computes columns [col0, col1) x rows [row0, row1) of l's output and writes nothing else of it
+ * (other tiles of the same buffer are written concurrently). Thread-safe; no allocation.
  * in[i]: the NHWC buffer of input i; out: the NHWC buffer of l's output (whole layer);
- * scratch: at least l->scratch_fixed + l->scratch_per_col * (col1 - col0) floats, 64-byte aligned. */
+ * scratch: at least l->scratch_fixed + l->scratch_per_col * (col1 - col0) floats, 64-byte aligned
+ * (may be NULL when that is 0). The bounds must lie inside the output (the caller validates tiles);
+ * any row range is allowed for every op (SOFTMAX and LRN read all channels of their columns). */
 void op_execute(const layer *l, const float *const *in, float *out, int32_t col0, int32_t col1,
                 int32_t row0, int32_t row1, float *scratch);
 

@@ -108,6 +108,8 @@ static inline void ops_act_bounds(int32_t act, float alpha, float beta, float *l
 
 /* Applies act in place to x[0:n]. */
 void ops_act_apply(float *x, size_t n, int32_t act, float alpha, float beta);
+/* x[i] = e^x[i] in place, relative error below 1e-7 (arguments clamped to [-87, 88]); vectorizes. */
+void ops_exp(float *x, size_t n);
 
 /* Per family: prepare validates (the common checks of op_prepare already passed) and fills the
  * prepared fields; execute computes one tile (arguments as op_execute). */

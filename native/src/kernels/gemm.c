@@ -3,6 +3,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "kernels/gemm.h"
 
+#include <assert.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -87,12 +88,13 @@ void gemm_pack_b(const gemm_kernel *kern, size_t k, size_t n, const float *b, si
                  float *packed)
 {
     const size_t nr = kern->nr;
-    for (size_t j0 = 0; j0 < n; j0 += nr) {
-        const size_t w = n - j0 < nr ? n - j0 : nr;
-        float *panel = packed + j0 * k;
-        for (size_t p = 0; p < k; p++) {
-            float *dst = panel + p * nr;
-            memcpy(dst, b + p * ldb + j0, w * sizeof(float));
+    /* Row by row: each row of B is read once, contiguously, and scattered to every panel. */
+    for (size_t p = 0; p < k; p++) {
+        const float *src = b + p * ldb;
+        for (size_t j0 = 0; j0 < n; j0 += nr) {
+            const size_t w = n - j0 < nr ? n - j0 : nr;
+            float *dst = packed + j0 * k + p * nr;
+            memcpy(dst, src + j0, w * sizeof(float));
             for (size_t j = w; j < nr; j++) dst[j] = 0.0f;
         }
     }
@@ -104,6 +106,7 @@ void gemm_run(const gemm_kernel *kern, size_t m, size_t j0, size_t j1, size_t k,
     const size_t mr_max = kern->mr, nr_max = kern->nr;
     const size_t kc_max = gemm_block_k(kern);
     const size_t mc_max = BLOCK_M / mr_max * mr_max;
+    assert(j0 % nr_max == 0);
     if (m == 0 || j1 <= j0) return;
     size_t kb = 0;
     /* Loop order (BLIS): K blocks, then row chunks of BLOCK_M, then panels, then MR row blocks.

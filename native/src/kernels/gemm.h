@@ -55,8 +55,10 @@ void gemm_run(const gemm_kernel *kern, size_t m, size_t j0, size_t j1, size_t k,
               size_t lda, const float *packed, float *c, size_t ldc, const gemm_epilogue *ep);
 
 /* Notes for callers (additions to the contract above):
- * - packed must be 64-byte aligned (the SIMD kernels use aligned loads on it); a, c, bias and
+ * - packed must be 64-byte aligned (the SIMD kernels use aligned loads on it); so is then every
+ *   panel (packed + p * nr * k) for the SIMD kernels, whose nr is 16 or more. a, c, bias and
  *   residual need only float alignment. ep may be NULL in gemm_run (plain product).
+ * - Clamping propagates NaN (max(lo, v), min(hi, v) with v returned when unordered).
  * - The block the ukernel writes is exactly mr x nr: neighbouring parts of C may be written by
  *   other threads at the same time. */
 

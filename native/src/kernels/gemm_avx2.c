@@ -8,6 +8,7 @@
  * The functions carry target("avx2,fma") rather than the file being built with -mavx2: the
  * package is built with one set of flags and must load on CPUs without AVX2. */
 #if defined(__x86_64__) || defined(_M_X64)
+#include <assert.h>
 #include <immintrin.h>
 
 #include "kernels/gemm.h"
@@ -119,6 +120,7 @@ TARGET_AVX2 void gemm_f32_6x16__avx2(size_t mr, size_t nr, size_t kc, const floa
                                      const float *b_panel, float *c, size_t ldc, int accumulate,
                                      const gemm_epilogue *ep)
 {
+    assert(mr <= MR && nr <= NR);
     switch (mr) {
         ROWS_CASE(1) ROWS_CASE(2) ROWS_CASE(3) ROWS_CASE(4) ROWS_CASE(5) ROWS_CASE(6)
     default:

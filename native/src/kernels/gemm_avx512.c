@@ -9,6 +9,7 @@
  * The function carries target("avx512f") rather than the file being built with -mavx512f: the
  * package is built with one set of flags and must load on CPUs without AVX-512. */
 #if defined(__x86_64__) || defined(_M_X64)
+#include <assert.h>
 #include <immintrin.h>
 
 #include "kernels/gemm.h"
@@ -26,6 +27,31 @@
 
 #define UNROLL _Pragma("GCC unroll 16")
 
+/* Address of A's row i at the current reduction step. x86 addresses base + index * {1,2,4,8}
+ * directly, so two bases (rows 0 and 5) and three strides (1, 3 and 5 rows) reach all 14 rows:
+ * five registers instead of one pointer per row, which leaves enough general registers for the
+ * loop to run without spills. i is a constant after unrolling, so the switch disappears. */
+static ALWAYS_INLINE const float *row_at(size_t i, const char *a0, const char *a5, size_t s1,
+                                         size_t s3, size_t s5)
+{
+    switch (i) {
+    case 0: return (const float *)a0;
+    case 1: return (const float *)(a0 + s1);
+    case 2: return (const float *)(a0 + 2 * s1);
+    case 3: return (const float *)(a0 + s3);
+    case 4: return (const float *)(a0 + 4 * s1);
+    case 5: return (const float *)a5;
+    case 6: return (const float *)(a0 + 2 * s3);
+    case 7: return (const float *)(a5 + 2 * s1);
+    case 8: return (const float *)(a0 + 8 * s1);
+    case 9: return (const float *)(a5 + 4 * s1);
+    case 10: return (const float *)(a0 + 2 * s5);
+    case 11: return (const float *)(a5 + 2 * s3);
+    case 12: return (const float *)(a0 + 4 * s3);
+    default: return (const float *)(a5 + 8 * s1);
+    }
+}
+
 static TARGET_AVX512 ALWAYS_INLINE void ukernel_rows(const size_t rows, size_t nr, size_t kc,
                                                      const float *a, size_t lda, const float *b,
                                                      float *c, size_t ldc, int accumulate,
@@ -37,35 +63,16 @@ static TARGET_AVX512 ALWAYS_INLINE void ukernel_rows(const size_t rows, size_t n
         acc0[i] = _mm512_setzero_ps();
         acc1[i] = _mm512_setzero_ps();
     }
-    /* Row i of A is addressed as base + index * scale with two bases (rows 0 and 5) and three
-     * strides (1, 3 and 5 rows): 5 registers instead of one pointer per row, so nothing spills. */
-    const char *a0 = (const char *)a;
     const size_t s1 = lda * sizeof(float), s3 = 3 * s1, s5 = 5 * s1;
-    const char *a5 = a0 + s5;
+    const char *a0 = (const char *)a;
+    const char *a5 = rows > 5 ? a0 + s5 : a0;
     for (size_t p = 0; p < kc; p++) {
         const __m512 b0 = _mm512_load_ps(b);
         const __m512 b1 = _mm512_load_ps(b + 16);
         b += NR;
         UNROLL for (size_t i = 0; i < rows; i++)
         {
-            const char *ap;
-            switch (i) {
-            case 0: ap = a0; break;
-            case 1: ap = a0 + s1; break;
-            case 2: ap = a0 + 2 * s1; break;
-            case 3: ap = a0 + s3; break;
-            case 4: ap = a0 + 4 * s1; break;
-            case 5: ap = a5; break;
-            case 6: ap = a0 + 2 * s3; break;
-            case 7: ap = a5 + 2 * s1; break;
-            case 8: ap = a0 + 8 * s1; break;
-            case 9: ap = a5 + 4 * s1; break;
-            case 10: ap = a0 + 2 * s5; break;
-            case 11: ap = a5 + 2 * s3; break;
-            case 12: ap = a0 + 4 * s3; break;
-            default: ap = a5 + 8 * s1; break;
-            }
-            const __m512 ai = _mm512_set1_ps(*(const float *)ap);
+            const __m512 ai = _mm512_set1_ps(*row_at(i, a0, a5, s1, s3, s5));
             acc0[i] = _mm512_fmadd_ps(ai, b0, acc0[i]);
             acc1[i] = _mm512_fmadd_ps(ai, b1, acc1[i]);
         }
@@ -127,6 +134,7 @@ TARGET_AVX512 void gemm_f32_14x32__avx512f(size_t mr, size_t nr, size_t kc, cons
                                            size_t lda, const float *b_panel, float *c,
                                            size_t ldc, int accumulate, const gemm_epilogue *ep)
 {
+    assert(mr <= MR && nr <= NR);
     switch (mr) {
         ROWS_CASE(1) ROWS_CASE(2) ROWS_CASE(3) ROWS_CASE(4) ROWS_CASE(5) ROWS_CASE(6) ROWS_CASE(7)
         ROWS_CASE(8) ROWS_CASE(9) ROWS_CASE(10) ROWS_CASE(11) ROWS_CASE(12) ROWS_CASE(13)

@@ -7,6 +7,7 @@
  * so C outside the block is never touched. */
 #if defined(__aarch64__)
 #include <arm_neon.h>
+#include <assert.h>
 #include <string.h>
 
 #include "kernels/gemm.h"
@@ -95,11 +96,11 @@ void gemm_f32_6x16__neon(size_t mr, size_t nr, size_t kc, const float *a, size_t
                          const float *b_panel, float *c, size_t ldc, int accumulate,
                          const gemm_epilogue *ep)
 {
-    if (nr >= NR) {
+    assert(mr <= MR && nr <= NR);
+    if (nr == NR) {
         ukernel_any_rows(mr, kc, a, lda, b_panel, c, ldc, accumulate, ep);
         return;
     }
-    if (mr > MR) mr = MR;
     float tmp_c[MR * NR], tmp_bias[NR], tmp_res[MR * NR];
     memset(tmp_c, 0, sizeof(tmp_c));
     if (accumulate)

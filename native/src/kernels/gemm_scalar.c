@@ -1,9 +1,7 @@
 /* Portable GEMM micro-kernel: the oracle every SIMD kernel is tested against, and the kernel of
- * last resort on CPUs without a SIMD one (or with COACTO_FORCE_SCALAR set).
- *
- * Plain C on purpose. One row at a time: its 8 accumulators stay in registers (compilers
- * vectorize the fixed-length inner loop with the baseline SIMD), and the panel is re-read from L1
- * for each row. */
+ * last resort on CPUs without a SIMD one (or with COACTO_FORCE_SCALAR set). */
+#include <assert.h>
+
 #include "kernels/gemm.h"
 
 #define MR 4
@@ -13,17 +11,19 @@ void gemm_f32_4x8__scalar(size_t mr, size_t nr, size_t kc, const float *a, size_
                           const float *b_panel, float *c, size_t ldc, int accumulate,
                           const gemm_epilogue *ep)
 {
-    for (size_t i = 0; i < mr && i < MR; i++) {
-        const float *arow = a + i * lda;
-        float acc[NR] = {0.0f};
-        for (size_t p = 0; p < kc; p++) {
-            const float ai = arow[p];
-            const float *b = b_panel + p * NR;
-            for (size_t j = 0; j < NR; j++) acc[j] += ai * b[j];
+    assert(mr <= MR && nr <= NR);
+    float acc[MR][NR] = {{0.0f}};
+    for (size_t p = 0; p < kc; p++) {
+        const float *b = b_panel + p * NR;
+        for (size_t i = 0; i < mr; i++) {
+            const float ai = a[i * lda + p];
+            for (size_t j = 0; j < NR; j++) acc[i][j] += ai * b[j];
         }
+    }
+    for (size_t i = 0; i < mr; i++) {
         float *crow = c + i * ldc;
-        for (size_t j = 0; j < nr && j < NR; j++) {
-            float v = acc[j];
+        for (size_t j = 0; j < nr; j++) {
+            float v = acc[i][j];
             if (accumulate) v += crow[j];
             if (ep) {
                 if (ep->bias) v += ep->bias[j];
