@@ -11,10 +11,10 @@ ONNX tensor name:
   computed by applying the op to an index array. A view becomes a layer (a GATHER, or nothing at all
   when it is the identity in storage order) only when a real op consumes it or it is an output.
 
-Layout functions (``_LAYOUT``) serve both roles: they fold constants and map index arrays. Compute
-ops (``_COMPUTE``) emit layers. Fusions (BatchNorm / per-channel affine into the convolution,
-activations into their producer, residual additions into the convolution) run afterwards on the
-layer list (``coacto.onnx_fuse``).
+The operators live in two tables: coacto.onnx_layout (folding and layout functions, which serve both
+roles: they fold constants and map index arrays) and coacto.onnx_ops (ops that emit layers). Fusions
+(BatchNorm / per-channel affine into the convolution, activations into their producer, residual
+additions into the convolution) run afterwards on the layer list (coacto.onnx_fuse).
 """
 from __future__ import annotations
 
@@ -23,7 +23,6 @@ import logging
 import math
 import os
 import threading
-from dataclasses import dataclass
 
 import numpy as np
 import onnx
@@ -32,11 +31,12 @@ from onnx import external_data_helper, helper, numpy_helper
 from . import ir
 from .errors import ModelError, ShapeError, UnsupportedOperatorError
 from .onnx_fuse import fuse_layers
-from .onnx_ops import (
-    COMPUTE as _COMPUTE, FOLD as _FOLD, LAYOUT as _LAYOUT, LAYOUT_DATA as _LAYOUT_DATA,
-    PASS_THROUGH as _PASS_THROUGH, SHAPE_OPS as _SHAPE_OPS, UNKNOWN as _UNKNOWN, Act as _Act,
-    Unsupported as _Unsupported, View as _View,
+from .onnx_layout import (
+    FOLD as _FOLD, LAYOUT as _LAYOUT, LAYOUT_DATA as _LAYOUT_DATA, PASS_THROUGH as _PASS_THROUGH,
+    SHAPE_OPS as _SHAPE_OPS, UNKNOWN as _UNKNOWN, Act as _Act, Unsupported as _Unsupported,
+    View as _View,
 )
+from .onnx_ops import COMPUTE as _COMPUTE
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +162,6 @@ class _Importer:
         self.values: dict[str, object] = {}
         self.inits = {t.name: t for t in self.g.initializer}
         self.failures: list[tuple[str, str, str]] = []
-        self.materialized: dict[int, _Act] = {}
         self.tables: dict[tuple, np.ndarray] = {}
         self.node = None  # the node being imported
 
@@ -444,11 +443,10 @@ class _Importer:
         if len(views) == 1:
             return views[0].srcs, [views[0].index], views[0].fill
         fills = {v.fill for v in views if (v.index < 0).any()}
+        fill = next(iter(fills)) if fills else 0.0
         if len(fills) > 1:  # only one fill value per view: make the others layers first
-            keep = next(iter(fills))
-            views = [self._as_view(self._materialize(v)) if (v.index < 0).any() and v.fill != keep
+            views = [self._as_view(self._materialize(v)) if (v.index < 0).any() and v.fill != fill
                      else v for v in views]
-        fill = fills.pop() if len(fills) == 1 else 0.0
         srcs: list[int] = []
         for v in views:
             srcs.extend(s for s in v.srcs if s not in srcs)
@@ -490,9 +488,8 @@ class _Importer:
                                        view.name or self._node_name()))
 
     def _materialize(self, v: _View) -> _Act:
-        got = self.materialized.get(id(v))
-        if got is not None:
-            return got
+        if v.act is not None:
+            return v.act
         shape = tuple(int(d) for d in v.index.shape)
         shape4 = ir.nchw_shape(shape)
         n, c, h, w = shape4
@@ -506,12 +503,10 @@ class _Importer:
             index[holes] = -1
         elif (len(v.srcs) == 1 and self.layers[v.srcs[0]].shape == shape4
               and np.array_equal(index, np.arange(index.size))):
-            act = _Act(v.srcs[0], shape)
-            self.materialized[id(v)] = act
-            return act
-        act = self._gather(v.name or self._node_name(), list(v.srcs), index, shape, v.fill)
-        self.materialized[id(v)] = act
-        return act
+            v.act = _Act(v.srcs[0], shape)
+            return v.act
+        v.act = self._gather(v.name or self._node_name(), list(v.srcs), index, shape, v.fill)
+        return v.act
 
     def _gather(self, name, srcs, index, shape, fill) -> _Act:
         if len(srcs) > 8:  # the runtime reads at most 8 inputs: concatenate storages in groups

@@ -1,409 +1,19 @@
-"""ONNX operators, one function each, for coacto.onnx_import.
+"""ONNX operators that compute: each emits layers of coacto.ir.
 
-Every function takes the importer and the node's input values and returns its output values.
-
-- ``FOLD``: evaluated with numpy when every input is a constant.
-- ``LAYOUT``: pure index mappings. They run on constants (folding) and on index arrays (views of
-  layers): ``imp.indexing`` tells which, for the one case that differs (the fill of a Pad).
-  ``LAYOUT_DATA`` names the inputs that carry data (the others are parameters).
-- ``SHAPE_OPS`` / ``PASS_THROUGH``: accept any kind of input.
-- ``COMPUTE``: emit layers (coacto.ir).
+Every function takes the importer and the node's input values (constants, activations or views,
+see coacto.onnx_layout) and returns its output values. ``COMPUTE`` maps op types to them.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
-from onnx import helper
 
 from . import ir
 from .errors import ShapeError
-
-# ---------------------------------------------------------------------------------------- values
-
-
-@dataclass(frozen=True)
-class Act:
-    """An activation: layer ``layer`` seen with ONNX shape ``shape`` (same 4-D storage shape)."""
-
-    layer: int
-    shape: tuple[int, ...]
-
-
-@dataclass(eq=False)
-class View:
-    """An index mapping of layers: ``index`` has the value's ONNX shape; each entry is a flat
-    ONNX-order index into the concatenation of ``srcs``' elements, or -1 for ``fill``."""
-
-    srcs: list[int]
-    index: np.ndarray
-    fill: float = 0.0
-    name: str = ""
-    pad: tuple | None = None  # (Act, (pt, pl, pb, pr)) when a zero spatial Pad of a 4-D layer
-
-
-class Unknown:
-    """The value of a node that could not be imported (reported once, at its node)."""
-
-
-UNKNOWN = Unknown()
-
-
-class Unsupported(Exception):
-    """The node (or this form of it) cannot be run; collected and reported together."""
-
-
-def shape_of(v) -> tuple[int, ...]:
-    if isinstance(v, np.ndarray):
-        return tuple(v.shape)
-    if isinstance(v, Act):
-        return v.shape
-    if isinstance(v, View):
-        return tuple(v.index.shape)
-    raise Unsupported("an input has no known shape")
-
-
-def _axis(a: int, rank: int) -> int:
-    if not -rank <= a < rank:
-        raise ShapeError(f"axis {a} is out of range for rank {rank}")
-    return a + rank if a < 0 else a
-
-
-def _channel_axis(rank: int) -> int:
-    return 1 if rank >= 2 else 0
-
-
-# ------------------------------------------------------------------------------------- constants
-
-def _constant(imp, ins):
-    a = imp.attrs
-    if "value" in a:
-        return [np.asarray(a["value"])]
-    if "value_float" in a:
-        return [np.array(a["value_float"], dtype=np.float32)]
-    if "value_floats" in a:
-        return [np.array(a["value_floats"], dtype=np.float32)]
-    if "value_int" in a:
-        return [np.array(a["value_int"], dtype=np.int64)]
-    if "value_ints" in a:
-        return [np.array(a["value_ints"], dtype=np.int64)]
-    raise Unsupported(f"Constant with {sorted(a)} is not supported")
-
-
-def _constant_of_shape(imp, ins):
-    value = imp.attrs.get("value")
-    value = np.zeros(1, np.float32) if value is None else np.asarray(value).reshape(-1)
-    return [np.full(imp._ints(ins[0], "shape"), value[0], dtype=value.dtype)]
-
-
-def _range(imp, ins):
-    start, limit, delta = (np.asarray(v).reshape(()) for v in ins[:3])
-    n = max(int(math.ceil((float(limit) - float(start)) / float(delta))), 0)
-    return [(start + np.arange(n) * delta).astype(start.dtype)]
-
-
-def _int_div(a, b):
-    if np.issubdtype(a.dtype, np.integer):
-        q = np.abs(a) // np.abs(b)
-        return (q * np.sign(a) * np.sign(b)).astype(a.dtype)
-    return np.divide(a, b).astype(a.dtype)
-
-
-def _elementwise(fn, keep_type=True):
-    def run(imp, ins):
-        arrays = [np.asarray(v) for v in ins if v is not None]
-        r = fn(*arrays)
-        return [r.astype(arrays[0].dtype) if keep_type else r]
-    return run
-
-
-def _variadic(fn):
-    def run(imp, ins):
-        arrays = [np.asarray(v) for v in ins if v is not None]
-        r = arrays[0]
-        for a in arrays[1:]:
-            r = fn(r, a)
-        return [r.astype(arrays[0].dtype)]
-    return run
-
-
-def _mean_fold(imp, ins):
-    arrays = [np.asarray(v) for v in ins if v is not None]
-    return [(sum(arrays) / len(arrays)).astype(arrays[0].dtype)]
-
-
-def _where(imp, ins):
-    return [np.where(ins[0], ins[1], ins[2])]
-
-
-def _clip_fold(imp, ins):
-    lo, hi = _clip_bounds(imp, ins)
-    return [np.clip(ins[0], lo, hi).astype(ins[0].dtype)]
-
-
-def _reduce_axes(imp, ins, rank):
-    axes = imp._input_or_attr(ins, 1, "axes")
-    if axes is None or len(axes) == 0:
-        if imp._attr("noop_with_empty_axes", 0):
-            return ()
-        return tuple(range(rank))
-    return tuple(sorted(_axis(int(a), rank) for a in axes))
-
-
-def _reduce_fold(fn):
-    def run(imp, ins):
-        x = np.asarray(ins[0])
-        axes = _reduce_axes(imp, ins, x.ndim)
-        if not axes:
-            return [x]
-        r = fn(x, axis=axes, keepdims=bool(imp._attr("keepdims", 1)))
-        return [np.asarray(r).astype(x.dtype)]
-    return run
-
-
-def _cast(imp, ins):
-    to = helper.tensor_dtype_to_np_dtype(imp._attr("to"))
-    x = ins[0]
-    if isinstance(x, np.ndarray):
-        return [x.astype(to)]
-    if to != np.float32:
-        raise Unsupported(f"casts computed data to {to}; coacto computes in float32")
-    return [x]
-
-
-def _identity(imp, ins):
-    return [ins[0]]
-
-
-def _dropout(imp, ins):
-    if len(ins) > 2 and ins[2] is not None and bool(np.asarray(imp._const(ins[2], "training_mode"))):
-        raise Unsupported("Dropout in training mode")
-    return [ins[0]]
-
-
-def _shape(imp, ins):
-    s = shape_of(ins[0])
-    start, end = imp._attr("start", 0), imp._attr("end", None)
-    return [np.array(s[start:end], dtype=np.int64)]
-
-
-def _size(imp, ins):
-    return [np.array(math.prod(shape_of(ins[0])), dtype=np.int64)]
-
-
-# ---------------------------------------------------------------------------- layout (index maps)
-
-def _reshape(imp, ins):
-    x = ins[0]
-    shape = imp._input_or_attr(ins, 1, "shape")
-    if shape is None:
-        raise Unsupported("Reshape without a shape")
-    if not imp._attr("allowzero", 0):
-        shape = [x.shape[i] if s == 0 else s for i, s in enumerate(shape)]
-    return [x.reshape(shape)]
-
-
-def _flatten(imp, ins):
-    x = ins[0]
-    a = imp._attr("axis", 1)
-    a = a + x.ndim if a < 0 else a  # axis is in [-r, r]
-    if not 0 <= a <= x.ndim:
-        raise ShapeError(f"Flatten axis {imp._attr('axis')} for rank {x.ndim}")
-    return [x.reshape(math.prod(x.shape[:a]), math.prod(x.shape[a:]))]
-
-
-def _transpose(imp, ins):
-    perm = imp._attr("perm")
-    return [np.transpose(ins[0], perm)]
-
-
-def _squeeze(imp, ins):
-    x = ins[0]
-    axes = imp._input_or_attr(ins, 1, "axes")
-    if axes is None:
-        return [x.reshape([d for d in x.shape if d != 1])]
-    axes = tuple(_axis(int(a), x.ndim) for a in axes)
-    return [np.squeeze(x, axis=axes)]
-
-
-def _unsqueeze(imp, ins):
-    x = ins[0]
-    axes = imp._input_or_attr(ins, 1, "axes")
-    rank = x.ndim + len(axes)
-    return [np.expand_dims(x, tuple(sorted(_axis(int(a), rank) for a in axes)))]
-
-
-def _slice(imp, ins):
-    x = ins[0]
-    if len(ins) > 1:
-        starts, ends = imp._ints(ins[1], "starts"), imp._ints(ins[2], "ends")
-        axes = imp._ints(ins[3], "axes") if len(ins) > 3 and ins[3] is not None else None
-        steps = imp._ints(ins[4], "steps") if len(ins) > 4 and ins[4] is not None else None
-    else:
-        starts, ends, axes, steps = imp._attr("starts"), imp._attr("ends"), imp._attr("axes"), None
-    axes = list(range(len(starts))) if axes is None else axes
-    steps = [1] * len(starts) if steps is None else steps
-    index = [slice(None)] * x.ndim
-    for s, e, a, st in zip(starts, ends, axes, steps):
-        if st == 0:
-            raise ShapeError("Slice step 0")
-        index[_axis(a, x.ndim)] = slice(s, e, st)
-    return [x[tuple(index)]]
-
-
-def _split(imp, ins):
-    x = ins[0]
-    axis = _axis(imp._attr("axis", 0), x.ndim)
-    n_out = len(imp.node.output)
-    split = imp._input_or_attr(ins, 1, "split")
-    dim = x.shape[axis]
-    if split is None:
-        n = imp._attr("num_outputs", n_out)
-        chunk = -(-dim // n)
-        split = [min(chunk, dim - i * chunk) for i in range(n)]
-    if sum(split) != dim:
-        raise ShapeError(f"Split sizes {split} do not add up to {dim}")
-    return np.split(x, np.cumsum(split)[:-1].tolist(), axis=axis)
-
-
-def _concat_arrays(imp, ins):
-    arrays = [v for v in ins if v is not None]
-    axis = _axis(imp._attr("axis", 0), arrays[0].ndim)
-    return [np.concatenate(arrays, axis=axis)]
-
-
-def _gather(imp, ins):
-    x = ins[0]
-    idx = np.asarray(imp._const(ins[1], "indices")).astype(np.int64)
-    axis = _axis(imp._attr("axis", 0), x.ndim)
-    idx = np.where(idx < 0, idx + x.shape[axis], idx)
-    if idx.size and (idx.min() < 0 or idx.max() >= x.shape[axis]):
-        raise ShapeError(f"Gather index out of range for dimension {x.shape[axis]}")
-    return [np.take(x, idx, axis=axis)]
-
-
-def _expand(imp, ins):
-    x = ins[0]
-    shape = np.broadcast_shapes(x.shape, tuple(imp._ints(ins[1], "shape")))
-    return [np.ascontiguousarray(np.broadcast_to(x, shape))]
-
-
-def _tile(imp, ins):
-    return [np.tile(ins[0], imp._ints(ins[1], "repeats"))]
-
-
-def _pad(imp, ins):
-    x = ins[0]
-    mode = imp._attr("mode", "constant")
-    if len(ins) > 1 and ins[1] is not None:
-        pads = imp._ints(ins[1], "pads")
-        value = ins[2] if len(ins) > 2 and ins[2] is not None else None
-        value = 0.0 if value is None else float(np.asarray(imp._const(value, "value")).reshape(-1)[0])
-        axes = imp._ints(ins[3], "axes") if len(ins) > 3 and ins[3] is not None else None
-    else:
-        pads = imp._attr("pads", imp._attr("paddings"))
-        value, axes = float(imp._attr("value", 0.0)), None
-    r = x.ndim
-    if axes is not None:
-        full = [0] * (2 * r)
-        for i, a in enumerate(axes):
-            a = _axis(a, r)
-            full[a], full[a + r] = pads[i], pads[i + len(axes)]
-        pads = full
-    if len(pads) != 2 * r:
-        raise ShapeError(f"Pad has {len(pads)} pads for rank {r}")
-    width = [(max(pads[i], 0), max(pads[i + r], 0)) for i in range(r)]
-    if mode == "constant":
-        y = np.pad(x, width, constant_values=-1 if imp.indexing else value)
-    elif mode in ("reflect", "edge", "wrap"):
-        y = np.pad(x, width, mode=mode)
-    else:
-        raise Unsupported(f"Pad mode {mode!r}")
-    crop = tuple(slice(max(-pads[i], 0), y.shape[i] - max(-pads[i + r], 0)) for i in range(r))
-    imp.last_pad = (mode, pads, value)
-    return [y[crop]]
-
-
-def _depth_to_space(imp, ins):
-    x = ins[0]
-    bs = imp._attr("blocksize")
-    b, c, h, w = x.shape
-    if imp._attr("mode", "DCR") == "CRD":
-        y = x.reshape(b, c // (bs * bs), bs, bs, h, w).transpose(0, 1, 4, 2, 5, 3)
-    else:
-        y = x.reshape(b, bs, bs, c // (bs * bs), h, w).transpose(0, 3, 4, 1, 5, 2)
-    return [y.reshape(b, c // (bs * bs), h * bs, w * bs)]
-
-
-def _space_to_depth(imp, ins):
-    x = ins[0]
-    bs = imp._attr("blocksize")
-    b, c, h, w = x.shape
-    y = x.reshape(b, c, h // bs, bs, w // bs, bs).transpose(0, 3, 5, 1, 2, 4)
-    return [y.reshape(b, c * bs * bs, h // bs, w // bs)]
-
-
-_NEAREST = {
-    "round_prefer_floor": lambda v: np.ceil(v - 0.5),
-    "round_prefer_ceil": lambda v: np.floor(v + 0.5),
-    "floor": np.floor,
-    "ceil": np.ceil,
-}
-
-
-def _resize(imp, ins):
-    """Nearest-neighbour Resize / Upsample: a copy, hence an index mapping."""
-    x = ins[0]
-    if imp._attr("mode", "nearest") != "nearest":
-        raise Unsupported(f"mode {imp._attr('mode')!r}; coacto resizes with mode 'nearest' only")
-    r = x.ndim
-    scales = sizes = None
-    if imp.node.op_type == "Upsample" or imp.opset < 11:
-        scales = ins[1] if len(ins) > 1 else np.array(imp._attr("scales"), np.float32)
-        scales = np.asarray(imp._const(scales, "scales"), np.float64).reshape(-1)
-        ctm, nearest = "asymmetric", "floor"
-    else:
-        if len(ins) > 2 and ins[2] is not None and np.asarray(ins[2]).size:
-            scales = np.asarray(imp._const(ins[2], "scales"), np.float64).reshape(-1)
-        elif len(ins) > 3 and ins[3] is not None:
-            sizes = imp._ints(ins[3], "sizes")
-        else:
-            raise Unsupported("Resize without scales or sizes")
-        ctm = imp._attr("coordinate_transformation_mode", "half_pixel")
-        nearest = imp._attr("nearest_mode", "round_prefer_floor")
-        if sizes is not None and imp._attr("keep_aspect_ratio_policy", "stretch") != "stretch":
-            raise Unsupported("keep_aspect_ratio_policy other than 'stretch'")
-    axes = [_axis(a, r) for a in imp._attr("axes", list(range(r)))]
-    if nearest not in _NEAREST:
-        raise Unsupported(f"nearest_mode {nearest!r}")
-    for i, a in enumerate(axes):
-        n_in = x.shape[a]
-        if sizes is not None:
-            n_out = sizes[i]
-            s = n_out / n_in
-        else:
-            s = float(scales[i])
-            n_out = int(math.floor(n_in * s))
-        if n_out == n_in and s == 1.0:
-            continue
-        o = np.arange(n_out, dtype=np.float64)
-        if ctm in ("half_pixel", "pytorch_half_pixel"):
-            src = (o + 0.5) / s - 0.5
-            if ctm == "pytorch_half_pixel" and n_out == 1:
-                src = np.zeros(1)
-        elif ctm == "asymmetric":
-            src = o / s
-        elif ctm == "align_corners":
-            src = o * (n_in - 1) / (n_out - 1) if n_out > 1 else np.zeros(1)
-        elif ctm == "tf_half_pixel_for_nn":
-            src = (o + 0.5) / s
-        else:
-            raise Unsupported(f"coordinate_transformation_mode {ctm!r}")
-        idx = np.clip(_NEAREST[nearest](src), 0, n_in - 1).astype(np.int64)
-        x = np.take(x, idx, axis=a)
-    return [x]
-
+from .onnx_layout import (
+    Act, Unsupported, View, axis_index, channel_axis, clip_bounds, reduce_axes, shape_of,
+)
 
 # -------------------------------------------------------------------------------------- compute
 
@@ -607,20 +217,6 @@ def _batch_norm(imp, ins):
     return [_affine(imp, x, scale, beta - mean * scale)]
 
 
-def _clip_bounds(imp, ins):
-    if imp.opset < 11 or len(ins) == 1:
-        lo, hi = imp._attr("min", -np.inf), imp._attr("max", np.inf)
-    else:
-        lo = -np.inf if len(ins) < 2 or ins[1] is None else \
-            float(np.asarray(imp._const(ins[1], "min")).reshape(-1)[0])
-        hi = np.inf if len(ins) < 3 or ins[2] is None else \
-            float(np.asarray(imp._const(ins[2], "max")).reshape(-1)[0])
-    f32max = float(np.finfo(np.float32).max)
-    lo = -np.inf if lo <= -f32max else float(lo)
-    hi = np.inf if hi >= f32max else float(hi)
-    return lo, hi
-
-
 def _activation(act, alpha_attr=None, alpha=0.0, beta_attr=None, beta=0.0):
     def run(imp, ins):
         x = imp._act(ins[0])
@@ -632,7 +228,7 @@ def _activation(act, alpha_attr=None, alpha=0.0, beta_attr=None, beta=0.0):
 
 def _clip(imp, ins):
     x = imp._act(ins[0])
-    lo, hi = _clip_bounds(imp, ins)
+    lo, hi = clip_bounds(imp, ins)
     if lo == 0.0 and hi == np.inf:
         return [_affine(imp, x, 1.0, 0.0, ir.ACT_RELU)]
     return [_affine(imp, x, 1.0, 0.0, ir.ACT_CLIP, lo, hi)]
@@ -697,7 +293,7 @@ def _binary_values(imp, a, b, kind, name):
 def _per_channel(k: np.ndarray, rank: int):
     """The per-channel vector of a constant broadcast over every axis but the channel axis."""
     kp = k.reshape((1,) * (rank - k.ndim) + k.shape)
-    ch = _channel_axis(rank)
+    ch = channel_axis(rank)
     if all(d == 1 for i, d in enumerate(kp.shape) if i != ch):
         return kp.reshape(-1)
     return None
@@ -768,7 +364,7 @@ def _reduce(kind, total=False):
     def run(imp, ins):
         x = imp._act(ins[0])
         r = len(x.shape)
-        axes = set(_reduce_axes(imp, ins, r))
+        axes = set(reduce_axes(imp, ins, r))
         spatial = set(range(2, r))
         ones = {i for i in spatial if x.shape[i] == 1}
         if r < 3 or not axes or (axes | ones) != spatial or not axes <= spatial:
@@ -796,8 +392,8 @@ def _softmax(log):
     def run(imp, ins):
         x = imp._act(ins[0])
         r = len(x.shape)
-        axis = _axis(imp._attr("axis", 1 if imp.opset < 13 else -1), r)
-        ch = _channel_axis(r)
+        axis = axis_index(imp._attr("axis", 1 if imp.opset < 13 else -1), r)
+        ch = channel_axis(r)
         # Before opset 13 the input is coerced to 2-D: softmax over every axis from `axis` on.
         reduced = range(axis, r) if imp.opset < 13 else [axis]
         if ch not in reduced or any(x.shape[i] != 1 for i in reduced if i != ch):
@@ -810,8 +406,8 @@ def _softmax(log):
 def _concat(imp, ins):
     vals = [v for v in ins if v is not None]
     r = len(shape_of(vals[0]))
-    axis = _axis(imp._attr("axis", 0), r)
-    if axis != _channel_axis(r) or r > 4:
+    axis = axis_index(imp._attr("axis", 0), r)
+    if axis != channel_axis(r) or r > 4:
         return imp._layout("Concat", ins)
     acts = [imp._act(v) if not isinstance(v, np.ndarray) else v for v in vals]
     if any(isinstance(v, np.ndarray) for v in acts):
@@ -833,50 +429,6 @@ def _concat(imp, ins):
     shape[axis] = sum(a.shape[axis] for a in acts)
     return [imp._emit(name, "CONCAT", [a.layer for a in acts], shape)]
 
-
-# ------------------------------------------------------------------------------------------ tables
-
-FOLD = {
-    "Constant": _constant,
-    "ConstantOfShape": _constant_of_shape,
-    "Range": _range,
-    "Add": _elementwise(np.add), "Sub": _elementwise(np.subtract),
-    "Mul": _elementwise(np.multiply), "Div": _elementwise(_int_div),
-    "Pow": _elementwise(np.power), "Mod": _elementwise(np.mod),
-    "Sqrt": _elementwise(np.sqrt), "Neg": _elementwise(np.negative), "Abs": _elementwise(np.abs),
-    "Exp": _elementwise(np.exp), "Log": _elementwise(np.log), "Sign": _elementwise(np.sign),
-    "Reciprocal": _elementwise(np.reciprocal), "Floor": _elementwise(np.floor),
-    "Ceil": _elementwise(np.ceil), "Round": _elementwise(np.round),
-    "Relu": _elementwise(lambda x: np.maximum(x, 0)),
-    "Sigmoid": _elementwise(lambda x: 1.0 / (1.0 + np.exp(-x))), "Tanh": _elementwise(np.tanh),
-    "Clip": _clip_fold,
-    "Equal": _elementwise(np.equal, False), "Less": _elementwise(np.less, False),
-    "Greater": _elementwise(np.greater, False),
-    "LessOrEqual": _elementwise(np.less_equal, False),
-    "GreaterOrEqual": _elementwise(np.greater_equal, False),
-    "Not": _elementwise(np.logical_not, False), "And": _elementwise(np.logical_and, False),
-    "Or": _elementwise(np.logical_or, False), "Xor": _elementwise(np.logical_xor, False),
-    "Where": _where,
-    "Min": _variadic(np.minimum), "Max": _variadic(np.maximum), "Sum": _variadic(np.add),
-    "Mean": _mean_fold,
-    "MatMul": _elementwise(np.matmul),
-    "ReduceSum": _reduce_fold(np.sum), "ReduceProd": _reduce_fold(np.prod),
-    "ReduceMean": _reduce_fold(np.mean), "ReduceMax": _reduce_fold(np.max),
-    "ReduceMin": _reduce_fold(np.min),
-}
-
-SHAPE_OPS = {"Shape": _shape, "Size": _size}
-
-PASS_THROUGH = {"Identity": _identity, "Dropout": _dropout, "Cast": _cast}
-
-LAYOUT = {
-    "Reshape": _reshape, "Flatten": _flatten, "Transpose": _transpose, "Squeeze": _squeeze,
-    "Unsqueeze": _unsqueeze, "Slice": _slice, "Split": _split, "Concat": _concat_arrays,
-    "Gather": _gather, "Expand": _expand, "Tile": _tile, "Pad": _pad,
-    "DepthToSpace": _depth_to_space, "SpaceToDepth": _space_to_depth,
-    "Resize": _resize, "Upsample": _resize,
-}
-LAYOUT_DATA = {"Concat": "all"}  # default: input 0 only
 
 COMPUTE = {
     "Conv": _conv, "Gemm": _gemm, "MatMul": _matmul, "BatchNormalization": _batch_norm,

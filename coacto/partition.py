@@ -28,7 +28,7 @@ DEFAULT_TILE_FLOPS = 4.0e6
 #: Most tiles a layer gets from the default heuristic.
 DEFAULT_MAX_TILES = 32
 #: Fewest columns a column block gets from the default heuristic (GEMM efficiency).
-MIN_TILE_COLUMNS = 16
+MIN_TILE_COLUMNS = 48
 #: Row-split boundaries of CONV layers are multiples of this (a multiple of every GEMM kernel's
 #: panel width, so row tiles start on a packed panel).
 CONV_ROW_ALIGN = 32

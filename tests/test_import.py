@@ -634,6 +634,66 @@ def test_constant_folding_of_shape_arithmetic():
     assert ops(graph) == ["INPUT", "GATHER", "AFFINE"] and graph.layers[2].onnx_shape == (2, 3, 20)
 
 
+def test_views_with_different_fills_and_a_gemm_on_a_transposed_input():
+    inits = {"p1": np.array([0, 0, 1, 0, 0, 0, 0, 1], np.int64), "v1": np.array(1.5, np.float32),
+             "p2": np.array([0, 0, 0, 1, 0, 0, 1, 0], np.int64),
+             "w": rand(12, 4, seed=1)}
+    nodes = [node("Pad", ["x", "p1", "v1"], ["a"]), node("Pad", ["x", "p2"], ["b"]),
+             node("Concat", ["a", "b"], ["c"], axis=3),
+             node("Pad", ["a", "p2"], ["d"]),  # zeros around a view filled with 1.5
+             node("Transpose", ["x"], ["t"], perm=[0, 2, 3, 1]),
+             node("Reshape", ["t", "shape"], ["f"]), node("MatMul", ["f", "w"], ["m"])]
+    inits["shape"] = np.array([8, 3], np.int64)
+    inits["w"] = rand(3, 4, seed=1)
+    check(make(nodes, {"x": [2, 3, 2, 2]}, ["c", "d", "m"], inits))
+
+
+def test_batchnorm_opset7_spatial_attribute():
+    model = make([bn_node("x", "y", spatial=1, epsilon=1e-4, momentum=0.9)], {"x": [2, 4, 3, 3]},
+                 ["y"], bn_inits(4), opset=7)
+    graph = check(model)
+    assert ops(graph) == ["INPUT", "AFFINE"]
+
+
+def test_input_shapes_override_a_static_shape():
+    model = make([node("Relu", ["x"], ["y"])], {"x": [1, 3, 4, 4]}, ["y"])
+    graph = import_model(model, input_shapes={"x": (2, 3, 5, 4)})
+    assert graph.layers[0].onnx_shape == (2, 3, 5, 4)
+    x = rand(2, 3, 5, 4)
+    np.testing.assert_array_equal(run_reference(graph, {"x": x})["y"], np.maximum(x, 0))
+
+
+UNSUPPORTED_FORMS = {
+    "maxpool_indices": ([node("MaxPool", ["x"], ["y", "idx"], kernel_shape=[2, 2])],
+                        ["y", "idx"], {}),
+    "reduce_channels": ([node("ReduceMean", ["x"], ["y"], axes=[1])], ["y"], {}),
+    "conv_computed_weights": ([node("Conv", ["x", "x"], ["y"])], ["y"], {}),
+    "matmul_two_activations": ([node("MatMul", ["x", "x"], ["y"])], ["y"], {}),
+    "prelu_per_channel": ([node("PRelu", ["x", "s"], ["y"])], ["y"],
+                          {"s": rand(3, 1, 1, seed=1)}),
+    "resize_linear": ([node("Resize", ["x", "", "sc"], ["y"], mode="linear")], ["y"],
+                      {"sc": np.array([1, 1, 2, 2], np.float32)}),
+    "custom_domain": ([helper.make_node("Foo", ["x"], ["y"], name="Foo_y", domain="com.example")],
+                      ["y"], {}),
+    "sqrt_of_activation": ([node("Sqrt", ["x"], ["y"])], ["y"], {}),
+}
+
+
+@pytest.mark.parametrize("case", list(UNSUPPORTED_FORMS))
+def test_unsupported_forms(case):
+    nodes, outputs, inits = UNSUPPORTED_FORMS[case]
+    model = make(nodes, {"x": [1, 3, 4, 4]}, outputs, inits)
+    with pytest.raises(UnsupportedOperatorError) as e:
+        import_model(model)
+    assert e.value.nodes == [(nodes[0].name, nodes[0].op_type)]
+
+
+def test_opset_too_old():
+    model = make([node("Relu", ["x"], ["y"])], {"x": [1, 3]}, ["y"], opset=6)
+    with pytest.raises(UnsupportedOperatorError, match="opset 6"):
+        import_model(model)
+
+
 # ---------------------------------------------------------------------------- graph structure
 
 def test_value_with_two_consumers_that_is_also_an_output():

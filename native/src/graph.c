@@ -36,8 +36,54 @@ static coacto_status fail(char *err, size_t err_size, const char *fmt, ...) {
     return COACTO_ERR_INVALID_GRAPH;
 }
 
+float *graph_buffer_get(coacto_graph *g, int64_t bytes) {
+    float *buf = NULL;
+    pthread_mutex_lock(&g->cache_mu);
+    for (int32_t i = g->cache_n - 1; i >= 0; i--) {
+        if (g->cache[i].bytes == bytes) {
+            buf = g->cache[i].ptr;
+            g->cache[i] = g->cache[--g->cache_n];
+            g->cache_bytes -= bytes;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&g->cache_mu);
+    return buf ? buf : coacto_aligned_alloc((size_t)bytes);
+}
+
+void graph_buffer_put(coacto_graph *g, float *buf, int64_t bytes) {
+    if (!buf) return;
+    pthread_mutex_lock(&g->cache_mu);
+    if (g->cache_bytes + bytes <= g->cache_limit) {
+        if (g->cache_n == g->cache_cap) {
+            int32_t cap = g->cache_cap ? 2 * g->cache_cap : 32;
+            struct cached_buffer *grown = realloc(g->cache, sizeof *grown * (size_t)cap);
+            if (grown) {
+                g->cache = grown;
+                g->cache_cap = cap;
+            }
+        }
+        if (g->cache_n < g->cache_cap) {
+            g->cache[g->cache_n++] = (struct cached_buffer){bytes, buf};
+            g->cache_bytes += bytes;
+            buf = NULL;
+        }
+    }
+    pthread_mutex_unlock(&g->cache_mu);
+    free(buf);
+}
+
+void graph_note_peak(coacto_graph *g, int64_t peak_bytes) {
+    pthread_mutex_lock(&g->cache_mu);
+    if (peak_bytes > g->cache_limit) g->cache_limit = peak_bytes;
+    pthread_mutex_unlock(&g->cache_mu);
+}
+
 static void graph_free(coacto_graph *g) {
     if (!g) return;
+    for (int32_t i = 0; i < g->cache_n; i++) free(g->cache[i].ptr);
+    free(g->cache);
+    pthread_mutex_destroy(&g->cache_mu);
     if (g->layers) {
         for (int32_t i = 0; i < g->n_layers; i++) op_release(&g->layers[i]);
     }
@@ -280,6 +326,7 @@ coacto_status coacto_graph_create(const coacto_graph_desc *d, coacto_graph **out
     coacto_graph *g = calloc(1, sizeof *g);
     if (!g) return COACTO_ERR_OUT_OF_MEMORY;
     atomic_init(&g->refs, 1);
+    pthread_mutex_init(&g->cache_mu, NULL);
     g->n_layers = d->n_layers;
     g->n_tiles = d->n_tiles;
     size_t nl = (size_t)d->n_layers, nt = (size_t)d->n_tiles;

@@ -170,7 +170,7 @@ static inline float exp_clamped(float x) {
     return p * scale.f;
 }
 
-void ops_exp(float *restrict x, size_t n) {
+OPS_CLONES void ops_exp(float *restrict x, size_t n) {
     for (size_t i = 0; i < n; i++) {
         float v = x[i] < -87.0f ? -87.0f : x[i];
         x[i] = v > 88.0f ? 88.0f : v;
@@ -178,8 +178,8 @@ void ops_exp(float *restrict x, size_t n) {
     for (size_t i = 0; i < n; i++) x[i] = exp_clamped(x[i]);
 }
 
-/* One loop per activation so that each vectorizes (several passes over a span that stays in L1
- * where an activation needs e^x). */
+/* One loop per activation, each written so that it vectorizes (min / max selects only; several
+ * passes over a span that stays in L1 where an activation needs e^x). */
 OPS_CLONES void ops_act_apply(float *restrict x, size_t n, int32_t act, float alpha, float beta) {
     switch (act) {
     case COACTO_ACT_RELU:
@@ -192,7 +192,10 @@ OPS_CLONES void ops_act_apply(float *restrict x, size_t n, int32_t act, float al
         }
         break;
     case COACTO_ACT_LEAKY:
-        for (size_t i = 0; i < n; i++) x[i] = x[i] < 0.0f ? alpha * x[i] : x[i];
+        for (size_t i = 0; i < n; i++) {
+            float pos = x[i] > 0.0f ? x[i] : 0.0f, neg = x[i] < 0.0f ? x[i] : 0.0f;
+            x[i] = pos + alpha * neg;
+        }
         break;
     case COACTO_ACT_SIGMOID: /* 1 / (1 + e^-x) */
         for (size_t i = 0; i < n; i++) x[i] = -x[i];
@@ -206,11 +209,13 @@ OPS_CLONES void ops_act_apply(float *restrict x, size_t n, int32_t act, float al
             x[i] = v > 1.0f ? 1.0f : v;
         }
         break;
-    case COACTO_ACT_HARDSWISH:
+    case COACTO_ACT_HARDSWISH: /* x * clamp(x + 3, 0, 6) / 6: no product with an exact 1 that
+                                  the compiler would fold into a branch */
         for (size_t i = 0; i < n; i++) {
-            float v = x[i] * (1.0f / 6.0f) + 0.5f;
+            float v = x[i] + 3.0f;
             v = v < 0.0f ? 0.0f : v;
-            x[i] *= v > 1.0f ? 1.0f : v;
+            v = v > 6.0f ? 6.0f : v;
+            x[i] = x[i] * v * (1.0f / 6.0f);
         }
         break;
     case COACTO_ACT_TANH: /* 1 - 2 / (1 + e^2x): absolute error about 1e-7 near 0 */

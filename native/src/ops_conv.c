@@ -35,7 +35,7 @@ static conv_geometry geometry(const layer *l) {
         g.cin_g = g.cin / g.group;
         g.cout_g = l->c / g.group;
     }
-    g.k = g.kh * g.kw * g.cin_g;
+    g.k = ops_mul(ops_mul(g.kh, g.kw), g.cin_g); /* -1 when out of range: prepare rejects it */
     return g;
 }
 
@@ -71,7 +71,8 @@ coacto_status conv_prepare(layer *l, char *err, size_t err_size) {
         if (st != COACTO_OK) return st;
     }
     int64_t wcount = ops_mul(ops_mul(g.group, g.k), g.cout_g);
-    OPS_REQUIRE(wcount > 0, "weights too large");
+    OPS_REQUIRE(g.k > 0 && wcount > 0, "kernel %lldx%lld over %lld channels is too large",
+                (long long)g.kh, (long long)g.kw, (long long)g.cin_g);
     coacto_status st = ops_check_array(l, 0, wcount * 4, "weights", err, err_size);
     if (st != COACTO_OK) return st;
     if (l->array_bytes[1] != 0) {

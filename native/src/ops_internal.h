@@ -12,9 +12,18 @@
  * int64 with room to spare, whatever a graph file claims. */
 #define OPS_MAX_ELEMENTS ((int64_t)1 << 40)
 
-/* The direct loops (depthwise, pooling) get an AVX2 + FMA clone next to the baseline build,
- * picked at load time, where the toolchain and platform support function multiversioning. */
-#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(COACTO_NO_CLONES)
+/* The direct loops (depthwise, pooling, activations) get an x86-64-v3 (AVX2, FMA) clone next to
+ * the baseline build, picked at load time, with GCC on Linux (function multiversioning through
+ * ifunc). Not under ThreadSanitizer: the clone resolvers run before its runtime exists. */
+#if defined(__SANITIZE_THREAD__)
+#define OPS_UNDER_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define OPS_UNDER_TSAN 1
+#endif
+#endif
+#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(__clang__) && \
+    !defined(COACTO_NO_CLONES) && !defined(OPS_UNDER_TSAN)
 #define OPS_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
 #else
 #define OPS_CLONES
@@ -74,13 +83,14 @@ static inline void ops_position_next(ops_position *p, int64_t h, int64_t w) {
     }
 }
 
-/* Taps t of a window starting at i0 (step d, k taps) with 0 <= i0 + t*d < n: [*t0, *t1). */
+/* Taps t of a window starting at i0 (step d, k taps) with 0 <= i0 + t*d < n: [*t0, *t1).
+ * Arithmetic rather than a scan, so the cost does not grow with the kernel a graph claims. */
 static inline void ops_window_taps(int64_t i0, int64_t k, int64_t d, int64_t n, int64_t *t0,
                                    int64_t *t1) {
-    int64_t a = 0, b = k;
-    while (a < k && i0 + a * d < 0) a++;
-    while (b > a && i0 + (b - 1) * d >= n) b--;
-    *t0 = a;
+    int64_t a = i0 < 0 ? (-i0 + d - 1) / d : 0;
+    int64_t b = n - i0 > 0 ? (n - i0 - 1) / d + 1 : 0;
+    if (b > k) b = k;
+    *t0 = a < b ? a : b;
     *t1 = b;
 }
 

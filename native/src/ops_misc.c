@@ -266,11 +266,10 @@ void softmax_execute(const layer *l, const float *const *in, float *out, int32_t
         float *restrict o = out + col * c;
         float max = x[0];
         for (int64_t j = 1; j < c; j++) max = x[j] > max ? x[j] : max;
+        for (int64_t j = 0; j < c; j++) e[j] = x[j] - max;
+        ops_exp(e, (size_t)c);
         double sum = 0.0;
-        for (int64_t j = 0; j < c; j++) {
-            e[j] = expf(x[j] - max);
-            sum += e[j];
-        }
+        for (int64_t j = 0; j < c; j++) sum += e[j];
         if (l->iparams[0]) {
             float shift = max + (float)log(sum);
             for (int64_t r = row0; r < row1; r++) o[r] = x[r] - shift;

@@ -54,9 +54,9 @@ coacto_status pool_prepare(layer *l, char *err, size_t err_size) {
 
 /* Window taps starting at i0 (step d, k taps) that fall in [lo, hi). */
 static int64_t taps_inside(int64_t i0, int64_t k, int64_t d, int64_t lo, int64_t hi) {
-    int64_t n = 0;
-    for (int64_t t = 0; t < k; t++) n += i0 + t * d >= lo && i0 + t * d < hi;
-    return n;
+    int64_t t0, t1;
+    ops_window_taps(i0 - lo, k, d, hi - lo, &t0, &t1);
+    return t1 - t0;
 }
 
 /* Each output position reduces its window straight into its own (L1-resident) output channels:

@@ -147,11 +147,11 @@ static float *ensure_buffer(coacto_inference *inf, int32_t li) {
     float *buf = atomic_load_explicit(&inf->buffers[li], memory_order_acquire);
     if (buf) return buf;
     size_t bytes = (size_t)inf->g->layer_floats[li] * sizeof(float);
-    float *fresh = coacto_aligned_alloc(bytes);
+    float *fresh = graph_buffer_get(inf->g, (int64_t)bytes);
     if (!fresh) return NULL;
     float *expected = NULL;
     if (!atomic_compare_exchange_strong(&inf->buffers[li], &expected, fresh)) {
-        free(fresh);
+        graph_buffer_put(inf->g, fresh, (int64_t)bytes);
         return expected;
     }
     long now = atomic_fetch_add(&inf->bytes_now, (long)bytes) + (long)bytes;
@@ -166,8 +166,9 @@ static void use_done(coacto_inference *inf, int32_t li) {
     if (atomic_fetch_sub(&inf->uses_left[li], 1) == 1) {
         float *buf = atomic_exchange(&inf->buffers[li], NULL);
         if (buf) {
-            atomic_fetch_sub(&inf->bytes_now, (long)(inf->g->layer_floats[li] * sizeof(float)));
-            free(buf);
+            int64_t bytes = inf->g->layer_floats[li] * (int64_t)sizeof(float);
+            atomic_fetch_sub(&inf->bytes_now, (long)bytes);
+            graph_buffer_put(inf->g, buf, bytes);
         }
     }
 }
@@ -533,7 +534,11 @@ void coacto_inference_destroy(coacto_inference *inf) {
     pthread_mutex_lock(&inf->mu);
     while (atomic_load(&inf->inflight) > 0) pthread_cond_wait(&inf->cv, &inf->mu);
     pthread_mutex_unlock(&inf->mu);
-    for (int32_t li = 0; li < inf->g->n_layers; li++) free(atomic_load(&inf->buffers[li]));
+    graph_note_peak(inf->g, atomic_load(&inf->bytes_peak));
+    for (int32_t li = 0; li < inf->g->n_layers; li++) {
+        float *buf = atomic_load(&inf->buffers[li]);
+        if (buf) graph_buffer_put(inf->g, buf, inf->g->layer_floats[li] * (int64_t)sizeof(float));
+    }
     pthread_mutex_destroy(&inf->mu);
     pthread_cond_destroy(&inf->cv);
     graph_release(inf->g);

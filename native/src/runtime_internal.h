@@ -32,6 +32,17 @@ struct coacto_graph {
     int32_t n_sources;             /* non-INPUT tiles without parents */
     int32_t *sources;
     uint8_t *blob;                 /* 64-byte aligned copy */
+    /* Activation buffers freed by finished inferences, reused by the next ones: saves the page
+     * faults and page clearing of fresh allocations. Holds at most cache_limit bytes. */
+    pthread_mutex_t cache_mu;
+    struct cached_buffer *cache;
+    int32_t cache_n, cache_cap;
+    int64_t cache_bytes, cache_limit;
+};
+
+struct cached_buffer {
+    int64_t bytes;
+    float *ptr;
 };
 
 typedef struct task {
@@ -93,6 +104,12 @@ struct coacto_inference {
 
 /* graph.c */
 void graph_release(coacto_graph *g);
+/* A buffer of exactly `bytes` from the graph's cache, or a fresh one (NULL when out of memory). */
+float *graph_buffer_get(coacto_graph *g, int64_t bytes);
+/* Gives a buffer back: cached while the cache holds less than its limit, else freed. */
+void graph_buffer_put(coacto_graph *g, float *buf, int64_t bytes);
+/* Lets the cache hold as much as one inference's peak activation memory. */
+void graph_note_peak(coacto_graph *g, int64_t peak_bytes);
 double coacto_now_seconds(void);
 void *coacto_aligned_alloc(size_t bytes);
 

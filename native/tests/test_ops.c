@@ -3,7 +3,8 @@
  * Every case builds a layer by hand, prepares it, and computes its whole output as tiles of three
  * tilings (one tile; random column x row cuts; column cuts x row cuts at GEMM panel boundaries).
  * Each tile runs on a fresh output buffer filled with a sentinel: the tile's rectangle must match
- * the oracle (computed in double, in NCHW index terms) and nothing outside it may change. Scratch
+ * the oracle (computed in double, in NCHW index terms) and nothing outside it may change; then
+ * three threads compute the random tiling into one shared buffer. Scratch
  * is allocated at exactly the declared size so the sanitizers see any overrun. Convolutions run
  * with every GEMM kernel the CPU supports (op_prepare keeps a kernel the caller sets in
  * layer.kern when it is one of gemm_available()). A second part checks
@@ -13,12 +14,14 @@
 #define _POSIX_C_SOURCE 200809L
 #include <float.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "ops.h"
+#include "ops_internal.h"
 
 static int passed, failed;
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
@@ -172,6 +175,55 @@ static int run_tile(const char *name, const layer *l, const float *const *in, co
     return bad;
 }
 
+/* Concurrent run: threads take the tiles of one tiling in turn and write into one shared output,
+ * as the runtime's computing threads do; the whole output must match. */
+typedef struct shared_run {
+    const layer *l;
+    const float *const *in;
+    float *out;
+    const int *cc, *rc;
+    int kc, kr, thread, threads;
+} shared_run;
+
+static void *shared_worker(void *arg) {
+    const shared_run *s = arg;
+    const layer *l = s->l;
+    for (int t = s->thread; t < s->kc * s->kr; t += s->threads) {
+        int i = t / s->kr, j = t % s->kr;
+        size_t need = l->scratch_fixed + l->scratch_per_col * (size_t)(s->cc[i + 1] - s->cc[i]);
+        float *scratch = NULL;
+        if (need && posix_memalign((void **)&scratch, 64, need * sizeof(float))) abort();
+        op_execute(l, s->in, s->out, s->cc[i], s->cc[i + 1], s->rc[j], s->rc[j + 1], scratch);
+        free(scratch);
+    }
+    return NULL;
+}
+
+static int run_shared(const char *name, const layer *l, const float *const *in, const expected *e,
+                      double rtol, const int *cc, int kc, const int *rc, int kr) {
+    enum { THREADS = 3 };
+    size_t total = (size_t)l->n * l->c * l->h * l->w;
+    float *out = malloc(total * sizeof(float));
+    shared_run runs[THREADS];
+    pthread_t th[THREADS];
+    for (int t = 0; t < THREADS; t++) {
+        runs[t] = (shared_run){l, in, out, cc, rc, kc, kr, t, THREADS};
+        if (pthread_create(&th[t], NULL, shared_worker, &runs[t])) abort();
+    }
+    for (int t = 0; t < THREADS; t++) pthread_join(th[t], NULL);
+    int bad = 0;
+    for (size_t i = 0; i < total && bad < 5; i++) {
+        double tol = rtol * (1.0 + e->mag[i] + fabs(e->v[i]));
+        if (!(fabs((double)out[i] - e->v[i]) <= tol)) {
+            fprintf(stderr, "%s: threads: element %zu got %.7g expected %.7g\n", name, i, out[i],
+                    e->v[i]);
+            bad++;
+        }
+    }
+    free(out);
+    return bad;
+}
+
 /* Prepares l, runs every tiling, releases l. row_split = 0 keeps rows whole. */
 static void check_tiles(const char *name, layer *l, const float *const *in, const expected *e,
                         double rtol, int row_split) {
@@ -197,6 +249,7 @@ static void check_tiles(const char *name, layer *l, const float *const *in, cons
         for (int i = 0; i < kc && !bad; i++)
             for (int j = 0; j < kr && !bad; j++)
                 bad += run_tile(name, l, in, e, rtol, cc[i], cc[i + 1], rc[j], rc[j + 1]);
+        if (tiling == 1 && !bad) bad += run_shared(name, l, in, e, rtol, cc, kc, rc, kr);
     }
     op_release(l);
     if (bad) failed++;
@@ -830,9 +883,34 @@ static void rejections(void) {
     t = inp, t.n = 0, expect_reject("input zero batch", t);
 }
 
+/* The closed form the direct loops use for a window's valid taps, against a scan. */
+static void window_taps_cases(void) {
+    int bad = 0;
+    for (int64_t i0 = -12; i0 <= 12; i0++)
+        for (int64_t k = 1; k <= 7; k++)
+            for (int64_t d = 1; d <= 4; d++)
+                for (int64_t n = 0; n <= 9; n++) {
+                    int64_t t0, t1, count = 0, first = -1;
+                    ops_window_taps(i0, k, d, n, &t0, &t1);
+                    for (int64_t t = 0; t < k; t++)
+                        if (i0 + t * d >= 0 && i0 + t * d < n) {
+                            if (first < 0) first = t;
+                            count++;
+                        }
+                    if (t1 - t0 != count || (count && t0 != first)) bad++;
+                }
+    if (bad) {
+        failed++;
+        fprintf(stderr, "window taps: %d mismatches\n", bad);
+    } else {
+        passed++;
+    }
+}
+
 int main(int argc, char **argv) {
     if (argc > 1) rng = strtoull(argv[1], NULL, 0) | 1;
     printf("gemm kernel: %s\n", gemm_select()->name);
+    window_taps_cases();
     conv_cases();
     pool_cases();
     binary_cases();
