@@ -50,7 +50,8 @@ def fuse_layers(layers: list[ir.Layer], inputs: dict[str, int], outputs: dict[st
                 absorb(j, p)
         elif layer.op == "BINARY" and len(layer.inputs) == 2 and \
                 layer.attrs["kind"] == ir.BIN_ADD and layer.inputs[0] != layer.inputs[1]:
-            for c, other in ((layer.inputs[1], layer.inputs[0]), (layer.inputs[0], layer.inputs[1])):
+            a, b = layer.inputs
+            for c, other in ((b, a), (a, b)):
                 conv = layers[c]
                 if conv.op == "CONV" and single(c) and len(conv.inputs) == 1 and \
                         conv.attrs["act"] == ir.ACT_NONE and conv.shape == layer.shape and \
@@ -93,11 +94,32 @@ def _set_act(producer: ir.Layer, affine: ir.Layer) -> None:
         producer.attrs[key] = affine.attrs[key]
 
 
+def _clip_range(attrs):
+    if attrs["act"] == ir.ACT_RELU:
+        return 0.0, np.inf
+    if attrs["act"] == ir.ACT_CLIP:
+        return attrs["alpha"], attrs["beta"]
+    return None
+
+
 def _fold_affine(producer: ir.Layer, affine: ir.Layer) -> bool:
     """Folds ``affine`` into ``producer`` when possible (returns whether it did)."""
-    if producer.op not in ("CONV", "AFFINE", "BINARY") or producer.attrs["act"] != ir.ACT_NONE:
+    if producer.op not in ("CONV", "AFFINE", "BINARY"):
         return False
     pure = _is_pure_activation(affine)
+    if producer.attrs["act"] != ir.ACT_NONE:
+        # clip(clip(x, a, b), c, d) = clip(x, max(a, c), min(b, d)) when the ranges overlap
+        r1, r2 = _clip_range(producer.attrs), _clip_range(affine.attrs)
+        if not pure or r1 is None or r2 is None:
+            return False
+        lo, hi = max(r1[0], r2[0]), min(r1[1], r2[1])
+        if lo > hi:
+            return False
+        producer.attrs.update(act=ir.ACT_RELU if (lo, hi) == (0.0, np.inf) else ir.ACT_CLIP,
+                              alpha=float(lo), beta=float(hi))
+        if producer.attrs["act"] == ir.ACT_RELU:
+            producer.attrs.update(alpha=0.0, beta=0.0)
+        return True
     scale = affine.weights["scale"].astype(np.float64)
     shift = affine.weights["shift"].astype(np.float64)
     if producer.op == "CONV":
@@ -112,7 +134,8 @@ def _fold_affine(producer: ir.Layer, affine: ir.Layer) -> bool:
     elif producer.op == "AFFINE":
         if not pure:
             producer.weights["scale"] = (producer.weights["scale"] * scale).astype(np.float32)
-            producer.weights["shift"] = (producer.weights["shift"] * scale + shift).astype(np.float32)
+            shift = producer.weights["shift"] * scale + shift
+            producer.weights["shift"] = shift.astype(np.float32)
     elif not pure:  # BINARY takes activations only
         return False
     _set_act(producer, affine)

@@ -4,8 +4,8 @@ The importer walks the live nodes of the model once, in topological order, and k
 ONNX tensor name:
 
 - a *constant* (a numpy array): initializers, Constant nodes and everything computable from them
-  and from static shapes is folded with numpy, so PyTorch's Shape -> Gather -> Unsqueeze -> Concat ->
-  Reshape subgraphs vanish;
+  and from static shapes is folded with numpy, so PyTorch's Shape -> Gather -> Unsqueeze ->
+  Concat -> Reshape subgraphs vanish;
 - an *activation* (``_Act``): the output of a layer, with the ONNX shape of the value;
 - a *view* (``_View``): a pure index mapping (Reshape, Transpose, Slice, Pad, ...) of layers,
   computed by applying the op to an index array. A view becomes a layer (a GATHER, or nothing at all
@@ -91,7 +91,8 @@ def load_model(model) -> tuple[onnx.ModelProto, bytes]:
             except Exception as e:
                 raise ModelError(f"{path!r} is too large to be handled in one piece: {e}") from e
     else:
-        raise TypeError(f"model must be a path, bytes or onnx.ModelProto, not {type(model).__name__}")
+        raise TypeError("model must be a path, bytes or onnx.ModelProto, not "
+                        f"{type(model).__name__}")
     _check_model(proto, where)
     return proto, data
 
@@ -127,7 +128,8 @@ def _uses_external_data(proto: onnx.ModelProto) -> bool:
 def _onnx_to_storage(shape4) -> np.ndarray:
     """For each element of an (N, C, H, W) tensor in ONNX order, its position in NHWC storage."""
     n, c, h, w = shape4
-    return np.arange(n * c * h * w, dtype=np.int64).reshape(n, h, w, c).transpose(0, 3, 1, 2).ravel()
+    storage = np.arange(n * c * h * w, dtype=np.int64).reshape(n, h, w, c)
+    return storage.transpose(0, 3, 1, 2).ravel()
 
 
 # -------------------------------------------------------------------------------------- importer
@@ -204,7 +206,8 @@ class _Importer:
         for vi in real:
             tt = vi.type.tensor_type
             if not vi.type.HasField("tensor_type") or tt.elem_type != onnx.TensorProto.FLOAT:
-                dtype = helper.tensor_dtype_to_string(tt.elem_type) if tt.elem_type else "non-tensor"
+                dtype = helper.tensor_dtype_to_string(tt.elem_type) if tt.elem_type else \
+                    "non-tensor"
                 self.failures.append((vi.name, "Input", f"input of type {dtype}; coacto runs "
                                       "float32 inputs only (cast in the model's caller)"))
                 self.values[vi.name] = _UNKNOWN
@@ -234,7 +237,8 @@ class _Importer:
                 raise ShapeError(f"input_shapes[{vi.name!r}] = {given} has rank {len(given)} but "
                                  f"the model's input has rank {len(static)}")
             if any(d <= 0 for d in given):
-                raise ShapeError(f"input_shapes[{vi.name!r}] = {given}: dimensions must be positive")
+                raise ShapeError(f"input_shapes[{vi.name!r}] = {given}: dimensions must be "
+                                 "positive")
             for i, (s, g) in enumerate(zip(static, given)):
                 if s is not None and s != g:
                     log.warning("input %r: dimension %d overridden from %d to %d", vi.name, i, s, g)
@@ -366,7 +370,8 @@ class _Importer:
             return _PASS_THROUGH[op](self, ins)
         if op in _SHAPE_OPS:
             return _SHAPE_OPS[op](self, ins)
-        if all(v is None or isinstance(v, np.ndarray) for v in ins) and (op in _FOLD or op in _LAYOUT):
+        constant = all(v is None or isinstance(v, np.ndarray) for v in ins)
+        if constant and (op in _FOLD or op in _LAYOUT):
             fn = _FOLD.get(op) or _LAYOUT[op]
             return [None if r is None else np.asarray(r) for r in fn(self, ins)]
         if op in _COMPUTE:

@@ -193,7 +193,9 @@ def _identity(imp, ins):
 
 
 def _dropout(imp, ins):
-    if len(ins) > 2 and ins[2] is not None and bool(np.asarray(imp._const(ins[2], "training_mode"))):
+    training = len(ins) > 2 and ins[2] is not None and \
+        bool(np.asarray(imp._const(ins[2], "training_mode")))
+    if training:
         raise Unsupported("Dropout in training mode")
     return [ins[0]]
 
@@ -315,7 +317,9 @@ def _pad(imp, ins):
     if len(ins) > 1 and ins[1] is not None:
         pads = imp._ints(ins[1], "pads")
         value = ins[2] if len(ins) > 2 and ins[2] is not None else None
-        value = 0.0 if value is None else float(np.asarray(imp._const(value, "value")).reshape(-1)[0])
+        if value is not None:
+            value = float(np.asarray(imp._const(value, "value")).reshape(-1)[0])
+        value = 0.0 if value is None else value
         axes = imp._ints(ins[3], "axes") if len(ins) > 3 and ins[3] is not None else None
     else:
         pads = imp._attr("pads", imp._attr("paddings"))

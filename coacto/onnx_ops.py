@@ -241,6 +241,23 @@ def _prelu(imp, ins):
     return [_affine(imp, imp._act(ins[0]), 1.0, 0.0, ir.ACT_LEAKY, float(slope[0]))]
 
 
+def _min_max(imp, ins):
+    """Max / Min of an activation and scalar constants (TF-style ReLU6): a clip."""
+    consts = [v for v in ins if isinstance(v, np.ndarray)]
+    acts = [v for v in ins if v is not None and not isinstance(v, np.ndarray)]
+    if len(acts) != 1 or any(np.asarray(k).size != 1 for k in consts):
+        raise Unsupported("Max / Min of computed tensors; coacto supports a tensor and scalars")
+    x = imp._act(acts[0])
+    bound = [float(np.asarray(k).reshape(())) for k in consts]
+    if imp.node.op_type == "Max":
+        lo, hi = (max(bound) if bound else -np.inf), np.inf
+    else:
+        lo, hi = -np.inf, (min(bound) if bound else np.inf)
+    if lo == 0.0 and hi == np.inf:
+        return [_affine(imp, x, 1.0, 0.0, ir.ACT_RELU)]
+    return [_affine(imp, x, 1.0, 0.0, ir.ACT_CLIP, lo, hi)]
+
+
 def _neg(imp, ins):
     return [_affine(imp, imp._act(ins[0]), -1.0, 0.0)]
 
@@ -433,7 +450,7 @@ def _concat(imp, ins):
 COMPUTE = {
     "Conv": _conv, "Gemm": _gemm, "MatMul": _matmul, "BatchNormalization": _batch_norm,
     "Add": _binary, "Sub": _binary, "Mul": _binary, "Div": _binary, "Sum": _sum, "Mean": _sum,
-    "Pow": _pow, "Neg": _neg,
+    "Pow": _pow, "Neg": _neg, "Max": _min_max, "Min": _min_max,
     "Relu": _activation(ir.ACT_RELU), "Clip": _clip,
     "LeakyRelu": _activation(ir.ACT_LEAKY, "alpha", 0.01), "PRelu": _prelu,
     "Sigmoid": _activation(ir.ACT_SIGMOID), "Tanh": _activation(ir.ACT_TANH),

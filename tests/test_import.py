@@ -24,7 +24,7 @@ def rand(*shape, seed=0, scale=1.0):
 
 
 def make(nodes, inputs, outputs, inits=None, opset=13, dtype=F):
-    """A model from nodes; ``inputs``: {name: shape}, ``outputs``: names, ``inits``: {name: array}."""
+    """A model; ``inputs``: {name: shape}, ``outputs``: names, ``inits``: {name: array}."""
     graph = helper.make_graph(
         nodes, "test",
         [helper.make_tensor_value_info(n, dtype, s) for n, s in inputs.items()],
@@ -292,6 +292,20 @@ def test_hardswish_decomposed_and_swish():
     check(make(nodes, {"x": [1, 4, 5, 5]}, ["y"], inits), {"x": rand(1, 4, 5, 5, scale=4.0)})
 
 
+def test_max_min_neg_and_clip_chains():
+    """TF-style ReLU6 (Min(Max(x, 0), 6)) becomes one clip fused into the convolution."""
+    inits = {"w": rand(4, 3, 3, 3, seed=1, scale=3.0), "zero": np.array(0.0, np.float32),
+             "six": np.array(0.8, np.float32), "lo": np.array(-0.3, np.float32)}
+    nodes = [node("Conv", ["x", "w"], ["c"]), node("Max", ["c", "zero"], ["m"]),
+             node("Min", ["m", "six"], ["r6"]), node("Neg", ["r6"], ["n"]),
+             node("Max", ["n", "lo"], ["y"])]
+    graph = check(make(nodes, {"x": [1, 3, 6, 6]}, ["y"], inits))
+    assert ops(graph) == ["INPUT", "CONV", "AFFINE"]
+    conv = graph.layers[1]
+    assert conv.attrs["act"] == ir.ACT_CLIP and (conv.attrs["alpha"], conv.attrs["beta"]) == \
+        (0.0, pytest.approx(0.8))
+
+
 # ------------------------------------------------------------------------------------- residuals
 
 @pytest.mark.parametrize("op", ["Add", "Sum"])
@@ -353,7 +367,8 @@ def test_gemm(trans_b, alpha, beta, bias_shape):
 
 def test_matmul_then_bias_add_is_one_conv():
     nodes = [node("MatMul", ["x", "w"], ["m"]), node("Add", ["m", "b"], ["y"])]
-    graph = check(make(nodes, {"x": [2, 6]}, ["y"], {"w": rand(6, 4, seed=1), "b": rand(4, seed=2)}))
+    inits = {"w": rand(6, 4, seed=1), "b": rand(4, seed=2)}
+    graph = check(make(nodes, {"x": [2, 6]}, ["y"], inits))
     assert ops(graph) == ["INPUT", "CONV"]
 
 
