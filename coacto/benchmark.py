@@ -46,7 +46,8 @@ def onnxruntime_run(onnx_bytes: bytes, feeds, threads: int, repeat: int):
 
 
 def compare(tg, onnx_bytes: bytes | None, threads: int, repeat: int, name: str = "") -> dict:
-    """Median latency of coacto and onnxruntime, runs interleaved so both see the same noise."""
+    """Median latency of coacto and onnxruntime, runs interleaved in blocks so both see the same
+    machine noise."""
     from .runtime import Runtime
 
     rng = np.random.default_rng(0)
@@ -63,14 +64,21 @@ def compare(tg, onnx_bytes: bytes | None, threads: int, repeat: int, name: str =
             row["max_rel_error"] = max(e / s if s else e for e, s in errs)
             row["match"] = all(e <= 1e-4 * s for e, s in errs)
         tc, to = [], []
-        for _ in range(repeat):
-            t0 = time.perf_counter()
-            rt.run(feeds)
-            tc.append(time.perf_counter() - t0)
-            if sess is not None:
+        # Alternate blocks of runs and drop the first run of each block: right after one
+        # runtime's run its idle threads still spin for a moment and would slow the other's.
+        block = 5
+        for _ in range(max(1, (repeat + block - 2) // (block - 1))):
+            for i in range(block):
                 t0 = time.perf_counter()
-                sess.run(onames, feeds)
-                to.append(time.perf_counter() - t0)
+                rt.run(feeds)
+                if i:
+                    tc.append(time.perf_counter() - t0)
+            if sess is not None:
+                for i in range(block):
+                    t0 = time.perf_counter()
+                    sess.run(onames, feeds)
+                    if i:
+                        to.append(time.perf_counter() - t0)
         row["coacto_ms"] = statistics.median(tc) * 1e3
         row["peak_activation_mb"] = rt.last_stats.get("peak_activation_bytes", 0) / 1e6
     if to:

@@ -24,9 +24,12 @@ from .errors import CoactoError
 #: Default work per tile when tiles_per_layer is not given (FLOPs). Large enough that the per-tile
 #: runtime overhead (about a microsecond) stays under 1% of a tile's time, small enough that a
 #: ResNet-50 stage gives every thread several tiles to overlap across layers.
-DEFAULT_TILE_FLOPS = 4.0e6
+DEFAULT_TILE_FLOPS = 2.0e6
 #: Most tiles a layer gets from the default heuristic.
-DEFAULT_MAX_TILES = 32
+DEFAULT_MAX_TILES = 16
+#: Fewest tiles a layer gets from the default heuristic when it has the columns or rows for
+#: them: even a cheap layer is then shared by two threads instead of serialising the network.
+DEFAULT_MIN_TILES = 4
 #: Fewest columns a column block gets from the default heuristic (GEMM efficiency).
 MIN_TILE_COLUMNS = 48
 #: Row-split boundaries of CONV layers are multiples of this (a multiple of every GEMM kernel's
@@ -102,21 +105,21 @@ def _row_align(layer: ir.Layer) -> int:
 def choose_splits(graph: ir.Graph, li: int, tiles_per_layer: int | None) -> tuple[np.ndarray, np.ndarray]:
     """Column and row block boundaries of one layer.
 
-    With tiles_per_layer = T every layer is cut into about T tiles: T column blocks, or, when the
-    layer has fewer than T columns, every column its own block and rows split to make up the rest.
-    Without it, T per layer is FLOPs / DEFAULT_TILE_FLOPS (at least 1, at most DEFAULT_MAX_TILES)
-    with column blocks of at least MIN_TILE_COLUMNS columns. Input layers are one tile per column
-    block of the default size (they are completed at once by set_input). SOFTMAX never splits rows.
+    The layer gets about T tiles: T = tiles_per_layer when given; otherwise FLOPs /
+    DEFAULT_TILE_FLOPS, clamped to [DEFAULT_MIN_TILES, DEFAULT_MAX_TILES]. Columns are split first,
+    into blocks of at least MIN_TILE_COLUMNS columns (a GEMM over fewer rows wastes most of the
+    micro-kernel, and every column block re-reads the layer's weights); when that gives fewer
+    than T blocks — a layer with too few columns — rows are split to make up the rest, at
+    multiples of CONV_ROW_ALIGN for convolutions. SOFTMAX and INPUT layers are never split by rows.
     """
     layer = graph.layers[li]
     cols, rows = layer.columns, layer.rows
     if tiles_per_layer is None:
         want = int(round(layer_flops(graph, li) / DEFAULT_TILE_FLOPS))
-        want = max(1, min(DEFAULT_MAX_TILES, want))
-        col_parts = min(want, max(1, cols // MIN_TILE_COLUMNS))
+        want = max(DEFAULT_MIN_TILES, min(DEFAULT_MAX_TILES, want))
     else:
         want = max(1, int(tiles_per_layer))
-        col_parts = min(want, cols)
+    col_parts = min(want, max(1, cols // MIN_TILE_COLUMNS))
     if layer.op == "INPUT":
         col_parts = min(cols, max(1, want))
     col_bounds = _even_bounds(cols, col_parts)
