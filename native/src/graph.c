@@ -1,12 +1,12 @@
 /* Tile graph load: validate a coacto_graph_desc completely (it may come from a corrupt or hostile
  * file), copy what the runtime needs, derive children, depths and buffer lifetimes. */
 #define _POSIX_C_SOURCE 200809L
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "ops_internal.h"
 #include "runtime_internal.h"
 
 #define MAX_LAYERS (1 << 20)
@@ -24,16 +24,6 @@ void *coacto_aligned_alloc(size_t bytes) {
     size_t rounded = (bytes + COACTO_CACHE_LINE - 1) / COACTO_CACHE_LINE * COACTO_CACHE_LINE;
     if (rounded == 0) rounded = COACTO_CACHE_LINE;
     return aligned_alloc(COACTO_CACHE_LINE, rounded);
-}
-
-static coacto_status fail(char *err, size_t err_size, const char *fmt, ...) {
-    if (err && err_size) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, err_size, fmt, ap);
-        va_end(ap);
-    }
-    return COACTO_ERR_INVALID_GRAPH;
 }
 
 float *graph_buffer_get(coacto_graph *g, int64_t bytes) {
@@ -120,18 +110,18 @@ static coacto_status load_layers(coacto_graph *g, const coacto_graph_desc *d, ch
         const coacto_layer_desc *ld = &d->layers[li];
         layer *l = &g->layers[li];
         if (ld->op < 0 || ld->op >= COACTO_OP_COUNT)
-            return fail(err, es, "layer %d: unknown op code %d", li, ld->op);
+            return ops_fail(err, es, "layer %d: unknown op code %d", li, ld->op);
         if (ld->n_inputs < 0 || ld->n_inputs > COACTO_MAX_INPUTS)
-            return fail(err, es, "layer %d: %d inputs (0..%d allowed)", li, ld->n_inputs,
+            return ops_fail(err, es, "layer %d: %d inputs (0..%d allowed)", li, ld->n_inputs,
                         COACTO_MAX_INPUTS);
         if ((ld->op == COACTO_OP_INPUT) != (ld->n_inputs == 0) && ld->op != COACTO_OP_NOP)
-            return fail(err, es, "layer %d: input layers and only they have no inputs", li);
+            return ops_fail(err, es, "layer %d: input layers and only they have no inputs", li);
         if (ld->n < 1 || ld->c < 1 || ld->h < 1 || ld->w < 1)
-            return fail(err, es, "layer %d: non-positive dims", li);
+            return ops_fail(err, es, "layer %d: non-positive dims", li);
         int64_t floats = (int64_t)ld->n * ld->c * ld->h * ld->w;
         int64_t cols = (int64_t)ld->n * ld->h * ld->w;
         if (floats > MAX_LAYER_FLOATS || cols > INT32_MAX)
-            return fail(err, es, "layer %d: too large (%lld values)", li, (long long)floats);
+            return ops_fail(err, es, "layer %d: too large (%lld values)", li, (long long)floats);
         g->layer_floats[li] = floats;
         g->layer_flags[li] = ld->flags;
         memset(l, 0, sizeof *l);
@@ -146,7 +136,7 @@ static coacto_status load_layers(coacto_graph *g, const coacto_graph_desc *d, ch
         for (int i = 0; i < ld->n_inputs; i++) {
             int32_t p = ld->inputs[i];
             if (p < 0 || p >= li)
-                return fail(err, es, "layer %d: input %d refers to layer %d (must be < %d)", li,
+                return ops_fail(err, es, "layer %d: input %d refers to layer %d (must be < %d)", li,
                             i, p, li);
             l->inputs[i] = p;
             l->in_n[i] = d->layers[p].n;
@@ -159,7 +149,7 @@ static coacto_status load_layers(coacto_graph *g, const coacto_graph_desc *d, ch
             if (size == 0) continue;
             if (size < 0 || off < 0 || off % COACTO_CACHE_LINE || off > d->blob_size ||
                 size > d->blob_size - off)
-                return fail(err, es, "layer %d: array %d [%lld, +%lld) outside the blob (%lld bytes)",
+                return ops_fail(err, es, "layer %d: array %d [%lld, +%lld) outside the blob (%lld bytes)",
                             li, a, (long long)off, (long long)size, (long long)d->blob_size);
             l->arrays[a] = g->blob + off;
             l->array_bytes[a] = size;
@@ -168,7 +158,7 @@ static coacto_status load_layers(coacto_graph *g, const coacto_graph_desc *d, ch
         coacto_status st = op_prepare(l, op_err, sizeof op_err);
         if (st != COACTO_OK) {
             if (st == COACTO_ERR_OUT_OF_MEMORY) return st;
-            return fail(err, es, "layer %d: %s", li, op_err[0] ? op_err : "invalid parameters");
+            return ops_fail(err, es, "layer %d: %s", li, op_err[0] ? op_err : "invalid parameters");
         }
     }
     return COACTO_OK;
@@ -184,7 +174,7 @@ static coacto_status load_tiles(coacto_graph *g, const coacto_graph_desc *d, cha
     for (int32_t t = 0; t < nt && st == COACTO_OK; t++) {
         int32_t li = d->tile_layer[t];
         if (li < 0 || li >= d->n_layers || li < prev) {
-            st = fail(err, es, "tile %d: layer %d out of order or out of range", t, li);
+            st = ops_fail(err, es, "tile %d: layer %d out of order or out of range", t, li);
             break;
         }
         for (int32_t k = prev + 1; k <= li; k++) g->layer_first_tile[k] = t;
@@ -193,7 +183,7 @@ static coacto_status load_tiles(coacto_graph *g, const coacto_graph_desc *d, cha
         const layer *l = &g->layers[li];
         int64_t cols = (int64_t)l->n * l->h * l->w;
         if (b[0] < 0 || b[0] >= b[1] || b[1] > cols || b[2] < 0 || b[2] >= b[3] || b[3] > l->c) {
-            st = fail(err, es, "tile %d: bounds [%d,%d)x[%d,%d) outside layer %d (%lld x %d)", t,
+            st = ops_fail(err, es, "tile %d: bounds [%d,%d)x[%d,%d) outside layer %d (%lld x %d)", t,
                       b[0], b[1], b[2], b[3], li, (long long)cols, l->c);
             break;
         }
@@ -205,7 +195,7 @@ static coacto_status load_tiles(coacto_graph *g, const coacto_graph_desc *d, cha
     g->layer_first_tile[0] = 0;
     for (int32_t li = 0; li < d->n_layers && st == COACTO_OK; li++) {
         if (area[li] != g->layer_floats[li])
-            st = fail(err, es, "layer %d: its tiles cover %lld of %lld values", li,
+            st = ops_fail(err, es, "layer %d: its tiles cover %lld of %lld values", li,
                       (long long)area[li], (long long)g->layer_floats[li]);
     }
     free(area);
@@ -221,13 +211,13 @@ static int layer_reads(const layer *l, int32_t producer) {
 static coacto_status load_edges(coacto_graph *g, const coacto_graph_desc *d, char *err,
                                 size_t es) {
     int32_t nt = d->n_tiles;
-    if (d->parent_offsets[0] != 0) return fail(err, es, "parent offsets must start at 0");
+    if (d->parent_offsets[0] != 0) return ops_fail(err, es, "parent offsets must start at 0");
     for (int32_t t = 0; t < nt; t++) {
         if (d->parent_offsets[t + 1] < d->parent_offsets[t])
-            return fail(err, es, "parent offsets decrease at tile %d", t);
+            return ops_fail(err, es, "parent offsets decrease at tile %d", t);
     }
     int64_t ne = d->parent_offsets[nt];
-    if (ne > MAX_EDGES) return fail(err, es, "too many dependencies (%lld)", (long long)ne);
+    if (ne > MAX_EDGES) return ops_fail(err, es, "too many dependencies (%lld)", (long long)ne);
     g->parents = malloc(sizeof(int32_t) * (size_t)(ne ? ne : 1));
     g->child_off = calloc((size_t)nt + 1, sizeof(int32_t));
     g->children = malloc(sizeof(int32_t) * (size_t)(ne ? ne : 1));
@@ -236,12 +226,12 @@ static coacto_status load_edges(coacto_graph *g, const coacto_graph_desc *d, cha
     for (int32_t t = 0; t < nt; t++) {
         const layer *l = &g->layers[g->tile_layer[t]];
         if (l->op == COACTO_OP_INPUT && d->parent_offsets[t + 1] != d->parent_offsets[t])
-            return fail(err, es, "tile %d of an input layer has parents", t);
+            return ops_fail(err, es, "tile %d of an input layer has parents", t);
         for (int32_t e = d->parent_offsets[t]; e < d->parent_offsets[t + 1]; e++) {
             int32_t p = d->parents[e];
-            if (p < 0 || p >= t) return fail(err, es, "tile %d: parent %d (must be < %d)", t, p, t);
+            if (p < 0 || p >= t) return ops_fail(err, es, "tile %d: parent %d (must be < %d)", t, p, t);
             if (!layer_reads(l, g->tile_layer[p]))
-                return fail(err, es, "tile %d: parent %d is in layer %d, not an input of layer %d",
+                return ops_fail(err, es, "tile %d: parent %d is in layer %d, not an input of layer %d",
                             t, p, g->tile_layer[p], g->tile_layer[t]);
             g->parents[e] = p;
             g->child_off[p + 1]++;
@@ -318,10 +308,10 @@ coacto_status coacto_graph_create(const coacto_graph_desc *d, coacto_graph **out
     *out = NULL;
     if (!d || !d->layers || !d->tile_layer || !d->tile_bounds || !d->parent_offsets ||
         (!d->parents && d->n_tiles > 0) || (!d->blob && d->blob_size > 0))
-        return fail(err, es, "graph description has NULL arrays");
+        return ops_fail(err, es, "graph description has NULL arrays");
     if (d->n_layers < 1 || d->n_layers > MAX_LAYERS || d->n_tiles < 1 || d->n_tiles > MAX_TILES ||
         d->blob_size < 0)
-        return fail(err, es, "graph has %d layers and %d tiles (1..%d and 1..%d allowed)",
+        return ops_fail(err, es, "graph has %d layers and %d tiles (1..%d and 1..%d allowed)",
                     d->n_layers, d->n_tiles, MAX_LAYERS, MAX_TILES);
     coacto_graph *g = calloc(1, sizeof *g);
     if (!g) return COACTO_ERR_OUT_OF_MEMORY;
@@ -351,7 +341,7 @@ coacto_status coacto_graph_create(const coacto_graph_desc *d, coacto_graph **out
     if (st == COACTO_OK) {
         for (int32_t li = 0; li < g->n_layers; li++)
             if (g->layer_first_tile[li + 1] == g->layer_first_tile[li]) {
-                st = fail(err, es, "layer %d has no tiles", li);
+                st = ops_fail(err, es, "layer %d has no tiles", li);
                 break;
             }
     }

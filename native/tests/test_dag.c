@@ -162,25 +162,6 @@ static coacto_graph_desc dag_desc(const dag *d) {
     return g;
 }
 
-/* Direct computation of the last layer. */
-static void dag_reference(const dag *d, const float *input, float *out) {
-    size_t n = (size_t)d->cols * d->rows;
-    float **v = malloc(sizeof(float *) * (size_t)d->n_layers);
-    for (int l = 0; l < d->n_layers; l++) {
-        v[l] = malloc(sizeof(float) * n);
-        const coacto_layer_desc *ld = &d->layers[l];
-        for (size_t i = 0; i < n; i++) {
-            if (ld->op == COACTO_OP_INPUT) v[l][i] = input[i];
-            else if (ld->op == COACTO_OP_AFFINE) v[l][i] = v[ld->inputs[0]][i] * 0.5f + 1.0f;
-            else if (ld->iparams[0] == 0) v[l][i] = v[ld->inputs[0]][i] + v[ld->inputs[1]][i];
-            else v[l][i] = v[ld->inputs[0]][i] * v[ld->inputs[1]][i];
-        }
-    }
-    memcpy(out, v[d->n_layers - 1], sizeof(float) * n);
-    for (int l = 0; l < d->n_layers; l++) free(v[l]);
-    free(v);
-}
-
 typedef struct putter_arg {
     coacto_inference *inf;
     const dag *d;
@@ -220,6 +201,15 @@ static void all_layer_values(const dag *d, const float *input, float **vals) {
             else vals[l][i] = vals[ld->inputs[0]][i] * vals[ld->inputs[1]][i];
         }
     }
+}
+
+/* Direct computation of the last layer. */
+static void dag_reference(const dag *d, const float *input, float *out) {
+    float **v = malloc(sizeof(float *) * (size_t)d->n_layers);
+    all_layer_values(d, input, v);
+    memcpy(out, v[d->n_layers - 1], sizeof(float) * (size_t)d->cols * d->rows);
+    for (int l = 0; l < d->n_layers; l++) free(v[l]);
+    free(v);
 }
 
 static void run_case(int seed, int threads, int with_putter) {
