@@ -64,21 +64,24 @@ def compare(tg, onnx_bytes: bytes | None, threads: int, repeat: int, name: str =
             row["max_rel_error"] = max(e / s if s else e for e, s in errs)
             row["match"] = all(e <= 1e-4 * s for e, s in errs)
         tc, to = [], []
-        # Alternate blocks of runs and drop the first run of each block: right after one
-        # runtime's run its idle threads still spin for a moment and would slow the other's.
-        block = 5
+        # Alternate blocks of runs, pause between blocks and drop the first run of each block:
+        # both runtimes' idle threads spin for a while after a run (onnxruntime's for longer)
+        # and would otherwise slow the other one down.
+        block, pause_s = 5, 0.3
         for _ in range(max(1, (repeat + block - 2) // (block - 1))):
             for i in range(block):
                 t0 = time.perf_counter()
                 rt.run(feeds)
                 if i:
                     tc.append(time.perf_counter() - t0)
+            time.sleep(pause_s)
             if sess is not None:
                 for i in range(block):
                     t0 = time.perf_counter()
                     sess.run(onames, feeds)
                     if i:
                         to.append(time.perf_counter() - t0)
+                time.sleep(pause_s)
         row["coacto_ms"] = statistics.median(tc) * 1e3
         row["peak_activation_mb"] = rt.last_stats.get("peak_activation_bytes", 0) / 1e6
     if to:
