@@ -128,7 +128,16 @@ class NativeGraph:
         check(status, "loading the tile graph into the native runtime", ffi.string(err).decode())
         self.handle = out[0]
         self.layer_floats = [int(np.prod(layer.shape)) for layer in g.layers]
+        self._work_set = False
         self._finalizer = weakref.finalize(self, lib.coacto_graph_destroy, self.handle)
+
+    def ensure_work(self, work: np.ndarray) -> None:
+        """Gives the runtime each tile's work (FLOPs from the inputs) for send decisions, once."""
+        if not self._work_set:
+            w = np.ascontiguousarray(work, dtype=np.float64)
+            check(lib.coacto_graph_set_work(self.handle, ffi.from_buffer("double[]", w), w.size),
+                  "setting tile costs")
+            self._work_set = True
 
 
 def native_graph(tg: TileGraph) -> NativeGraph:
@@ -227,7 +236,7 @@ class Runtime:
                 raise InputError(f"input {name!r} has shape {tuple(arr.shape)}, the model takes "
                                  f"{tuple(expected[name])}; reshape the data or compile the model "
                                  f"with input_shapes={{{name!r}: {tuple(arr.shape)}}}")
-            out[self.graph.graph.inputs[name]] = ir.to_storage(arr)
+            out[self.graph.graph.inputs[name]] = arr
         return out
 
     def run(self, feeds: dict, timeout: float | None = None) -> dict[str, np.ndarray]:
@@ -237,39 +246,15 @@ class Runtime:
         rt = self._rt  # held for the whole inference, even if close() runs meanwhile
         if rt is None:
             raise CoactoError("this Runtime is closed; create a new one")
-        storage = self._check_feeds(feeds)
-        g = self.graph.graph
-        inf_out = ffi.new("coacto_inference **")
-        check(lib.coacto_inference_create(rt.handle, self._native.handle, inf_out),
-              "creating an inference")
-        inf = inf_out[0]
-        try:
-            for li, data in storage.items():
-                check(lib.coacto_inference_set_input(inf, li, ffi.from_buffer("float[]", data),
-                                                     data.size), f"setting input layer {li}")
-            check(lib.coacto_inference_wait(inf, -1.0 if timeout is None else float(timeout)),
-                  "running the inference")
-            results = {}
-            fetched: dict[int, np.ndarray] = {}
-            for name, li in g.outputs.items():
-                if li not in fetched:
-                    layer = g.layers[li]
-                    buf = np.empty(self._native.layer_floats[li], dtype=np.float32)
-                    check(lib.coacto_inference_get_output(inf, li, ffi.from_buffer("float[]", buf),
-                                                          buf.size), f"reading output {name!r}")
-                    fetched[li] = ir.from_storage(buf, layer.shape, layer.onnx_shape)
-                results[name] = fetched[li] if list(g.outputs.values()).count(li) == 1 \
-                    else fetched[li].copy()
-            stats = ffi.new("coacto_inference_stats *")
-            lib.coacto_inference_get_stats(inf, stats)
-            self.last_stats = {
-                "tiles_total": stats.tiles_total, "tiles_computed": stats.tiles_computed,
-                "tiles_external": stats.tiles_external, "seconds": stats.seconds,
-                "peak_activation_bytes": stats.peak_bytes,
-            }
-            return results
-        finally:
-            lib.coacto_inference_destroy(inf)
+        self._check_feeds(feeds)
+        from .inference import NativeInference
+
+        with NativeInference(rt, self.graph) as inf:
+            inf.set_inputs(feeds)
+            inf.wait(timeout)
+            outputs = inf.outputs()
+            self.last_stats = inf.stats()
+        return outputs
 
 
 def _describe(shapes: dict) -> str:

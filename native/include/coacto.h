@@ -101,6 +101,8 @@ typedef struct coacto_inference_stats {
     int64_t tiles_dropped;   /* external copies that lost the race */
     double seconds;          /* start to last completion */
     int64_t peak_bytes;      /* activation memory high-water mark */
+    int64_t tiles_sent;      /* queued for sending by the offloading plan */
+    int64_t bytes_sent;
 } coacto_inference_stats;
 
 typedef struct coacto_runtime coacto_runtime;
@@ -136,8 +138,9 @@ coacto_status coacto_inference_set_input(coacto_inference *inf, int32_t layer, c
  * was already completed or is being computed. */
 coacto_status coacto_inference_put_tile(coacto_inference *inf, int32_t tile, const float *data,
                                         int64_t n_floats);
-/* Waits until every tile is completed (COACTO_OK), the timeout passes (COACTO_ERR_TIMEOUT;
- * negative timeout waits forever), or the inference failed (its error). */
+/* Waits until every tile of the output (KEEP) layers is completed (COACTO_OK), the timeout
+ * passes (COACTO_ERR_TIMEOUT; negative timeout waits forever), or the inference failed (its
+ * error). Tiles still running then are cancelled by coacto_inference_destroy. */
 coacto_status coacto_inference_wait(coacto_inference *inf, double timeout_s);
 coacto_status coacto_inference_get_output(coacto_inference *inf, int32_t layer, float *out,
                                           int64_t n_floats);
@@ -146,6 +149,60 @@ int32_t coacto_inference_tile_state(const coacto_inference *inf, int32_t tile);
 void coacto_inference_cancel(coacto_inference *inf);
 /* Cancels if still running and waits for tiles in flight on the computing threads. */
 void coacto_inference_destroy(coacto_inference *inf);
+
+/* ------------------------------------------------------------------ offloading (DESIGN.md §5)
+ *
+ * An inference can carry a per-tile plan: which tiles this runtime may compute (the others are
+ * parked when they become ready, until they arrive from outside or coacto_inference_compute_all
+ * unparks them), and what happens to a tile once this runtime completed it: never sent, always
+ * sent, or sent when the ECT rule says the server gets it sooner that way:
+ *     now + (bytes queued + tile bytes) / bandwidth + rtt / 2
+ *         <  inputs_at_server + alpha * work(tile) / server_flops
+ * Sent tiles are copied into the inference's send queue (shallowest first) and announced on the
+ * runtime's report queue, whose file descriptor becomes readable when reports are pending (poll it
+ * with zmq.Poller / select). Tiles marked `report` and the completion of the whole inference are
+ * announced there too. All times are seconds on coacto_now_seconds()'s clock. */
+enum { COACTO_SEND_NEVER = 0, COACTO_SEND_ALWAYS = 1, COACTO_SEND_DECIDE = 2 };
+enum { COACTO_REPORT_SEND = 1, COACTO_REPORT_TILE = 2, COACTO_REPORT_DONE = 3 };
+
+typedef struct coacto_offload_params {
+    double bandwidth;        /* bytes per second (goodput estimate); <= 0: never decide to send */
+    double rtt;              /* seconds */
+    double inputs_at_server; /* when the server holds the input tiles */
+    double server_flops;     /* FLOP/s the server gives this device */
+    double alpha;            /* server contention, >= 1 */
+} coacto_offload_params;
+
+typedef struct coacto_report {
+    uint64_t tag;            /* the inference's tag (coacto_inference_set_plan) */
+    int32_t kind;            /* COACTO_REPORT_* */
+    int32_t tile;            /* -1 for DONE */
+} coacto_report;
+
+double coacto_now_seconds(void);
+/* Per-tile plan, before the first input is set. Arrays of n_tiles bytes; NULL keeps the default
+ * (local: every tile; send: never; report: none). tag identifies the inference in reports. */
+coacto_status coacto_inference_set_plan(coacto_inference *inf, const uint8_t *local,
+                                        const uint8_t *send, const uint8_t *report, uint64_t tag);
+/* work[t]: FLOPs the server needs to produce tile t from the inputs (t and its ancestors). */
+coacto_status coacto_graph_set_work(coacto_graph *graph, const double *work, int32_t n_tiles);
+coacto_status coacto_inference_set_offload_params(coacto_inference *inf,
+                                                  const coacto_offload_params *params);
+/* Fallback: this runtime computes every remaining tile itself (parked tiles are scheduled). */
+coacto_status coacto_inference_compute_all(coacto_inference *inf);
+/* Moves queued tiles (shallowest first) into ids / data until max_ids or max_floats would be
+ * exceeded (at least one tile if any is queued and fits). Each tile's data is column by column,
+ * (col1 - col0) * (row1 - row0) floats, as coacto_inference_put_tile takes it. Returns the count. */
+int32_t coacto_inference_take_sends(coacto_inference *inf, int32_t *ids, int32_t max_ids,
+                                    float *data, int64_t max_floats, int64_t *n_floats);
+int64_t coacto_inference_queued_bytes(const coacto_inference *inf);
+/* Copies a completed tile's data (column by column). COACTO_ERR_STATE if not completed or its
+ * buffer is gone (only KEEP layers are guaranteed to stay). */
+coacto_status coacto_inference_get_tile(coacto_inference *inf, int32_t tile, float *out,
+                                        int64_t n_floats);
+int32_t coacto_runtime_report_fd(coacto_runtime *rt);
+/* Takes up to max pending reports (non-blocking); returns how many. */
+int32_t coacto_runtime_take_reports(coacto_runtime *rt, coacto_report *out, int32_t max);
 
 /* Benchmark hook: runs C[m x n] = A[m x k] * B[k x n] with the selected kernel (B packed once,
  * outside the timing) `repeats` times and returns the best time in seconds, or a negative value on

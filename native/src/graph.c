@@ -92,6 +92,8 @@ static void graph_free(coacto_graph *g) {
     free(g->children);
     free(g->tile_bucket);
     free(g->sources);
+    free(g->work);
+    free(g->work_old);
     free(g->blob);
     free(g);
 }
@@ -298,6 +300,10 @@ static coacto_status derive_lifetimes(coacto_graph *g) {
         }
     }
     g->layer_input_off[nl] = k;
+    g->n_output_tiles = 0;
+    for (int32_t li = 0; li < nl; li++)
+        if (g->layer_flags[li] & COACTO_LAYER_KEEP)
+            g->n_output_tiles += g->layer_first_tile[li + 1] - g->layer_first_tile[li];
     return COACTO_OK;
 }
 

@@ -120,6 +120,11 @@ static void pool_push(coacto_runtime *rt, coacto_inference *inf, int32_t tile) {
     wake_one(rt);
 }
 
+void runtime_schedule(coacto_inference *inf, int32_t tile) {
+    atomic_fetch_add(&inf->inflight, 1);
+    pool_push(inf->rt, inf, tile);
+}
+
 /* ---------------------------------------------------------------- inference state */
 
 static void signal_done(coacto_inference *inf) {
@@ -173,12 +178,23 @@ static void use_done(coacto_inference *inf, int32_t li) {
     }
 }
 
-/* Called once per tile by whoever completed it. Readies children: the first becomes *next (when
- * next != NULL, the caller continues with it depth-first), the others go to the pool. */
-static void complete_tile(coacto_inference *inf, int32_t tile, int32_t *next) {
+static void inference_finished(coacto_inference *inf) {
+    inf->t_end = coacto_now_seconds();
+    signal_done(inf);
+    if (inf->has_plan) report_push(inf->rt, inf->tag, COACTO_REPORT_DONE, -1);
+}
+
+/* Called once per tile by whoever completed it (`local`: computed or given here, not received).
+ * Readies children: the first becomes *next (when next != NULL, the caller continues with it
+ * depth-first), the others go to the pool; children this runtime must not compute are parked. */
+static void complete_tile(coacto_inference *inf, int32_t tile, int32_t *next, int local) {
     const coacto_graph *g = inf->g;
     int32_t li = g->tile_layer[tile];
+    if (local && inf->plan_send) /* before the layer's use below: its buffer is alive */
+        offload_on_local_completion(inf, tile, atomic_load(&inf->buffers[li]));
     atomic_store_explicit(&inf->state[tile], COACTO_TILE_COMPLETED, memory_order_release);
+    if (inf->plan_report && inf->plan_report[tile])
+        report_push(inf->rt, inf->tag, COACTO_REPORT_TILE, tile);
     for (int32_t k = g->layer_input_off[li]; k < g->layer_input_off[li + 1]; k++)
         use_done(inf, g->layer_input_ids[k]);
     use_done(inf, li);
@@ -189,17 +205,22 @@ static void complete_tile(coacto_inference *inf, int32_t tile, int32_t *next) {
         int expected = COACTO_TILE_NOT_READY;
         if (!atomic_compare_exchange_strong(&inf->state[child], &expected, COACTO_TILE_READY))
             continue; /* already completed from outside */
+        if (!tile_is_local(inf, child)) {
+            atomic_fetch_add_explicit(&inf->tiles_parked, 1, memory_order_relaxed);
+            continue; /* parked: arrives from outside, or compute_all schedules it */
+        }
         if (next && *next < 0) {
             *next = child;
         } else {
-            atomic_fetch_add(&inf->inflight, 1);
-            pool_push(inf->rt, inf, child);
+            runtime_schedule(inf, child);
         }
     }
-    if (atomic_fetch_add(&inf->completed, 1) + 1 == g->n_tiles) {
-        inf->t_end = coacto_now_seconds();
-        signal_done(inf);
-    }
+    atomic_fetch_add(&inf->completed, 1);
+    if (g->n_output_tiles > 0 ? (g->layer_flags[li] & COACTO_LAYER_KEEP) &&
+                                    atomic_fetch_add(&inf->outputs_completed, 1) + 1 ==
+                                        g->n_output_tiles
+                              : atomic_load(&inf->completed) == g->n_tiles)
+        inference_finished(inf);
 }
 
 static int scratch_reserve(worker *w, size_t floats) {
@@ -245,7 +266,7 @@ static void run_chain(worker *w, coacto_inference *inf, int32_t tile) {
         }
         atomic_fetch_add_explicit(&inf->tiles_computed, 1, memory_order_relaxed);
         int32_t next = -1;
-        complete_tile(inf, tile, &next);
+        complete_tile(inf, tile, &next, 1);
         tile = next;
     }
     release_inflight(inf);
@@ -300,6 +321,12 @@ coacto_status coacto_runtime_create(int32_t n_threads, coacto_runtime **out) {
         return COACTO_ERR_OUT_OF_MEMORY;
     }
     memset(rt->rows, 0, sizeof(pool_row) * (size_t)n_threads);
+    if (!report_queue_init(&rt->reports)) {
+        free(rt->rows);
+        free(rt->workers);
+        free(rt);
+        return COACTO_ERR_OUT_OF_MEMORY;
+    }
     memset(rt->workers, 0, sizeof(worker) * (size_t)n_threads);
     for (int32_t i = 0; i < n_threads; i++) pthread_mutex_init(&rt->rows[i].mu, NULL);
     pthread_mutex_init(&rt->sleep_mu, NULL);
@@ -333,6 +360,7 @@ void coacto_runtime_destroy(coacto_runtime *rt) {
     }
     pthread_mutex_destroy(&rt->sleep_mu);
     pthread_cond_destroy(&rt->sleep_cv);
+    report_queue_destroy(&rt->reports);
     free(rt->rows);
     free(rt->workers);
     free(rt);
@@ -375,6 +403,10 @@ coacto_status coacto_inference_create(coacto_runtime *rt, coacto_graph *g,
     atomic_fetch_add(&g->refs, 1);
     pthread_mutex_init(&inf->mu, NULL);
     pthread_cond_init(&inf->cv, NULL);
+    pthread_mutex_init(&inf->params_mu, NULL);
+    pthread_mutex_init(&inf->send_mu, NULL);
+    inf->params.alpha = 1.0;
+    inf->params.server_flops = 1.0;
     *out = inf;
     return COACTO_OK;
 }
@@ -386,10 +418,9 @@ static void mark_started(coacto_inference *inf) {
     for (int32_t i = 0; i < inf->g->n_sources; i++) {
         int32_t t = inf->g->sources[i];
         int st = COACTO_TILE_NOT_READY;
-        if (atomic_compare_exchange_strong(&inf->state[t], &st, COACTO_TILE_READY)) {
-            atomic_fetch_add(&inf->inflight, 1);
-            pool_push(inf->rt, inf, t);
-        }
+        if (atomic_compare_exchange_strong(&inf->state[t], &st, COACTO_TILE_READY) &&
+            tile_is_local(inf, t))
+            runtime_schedule(inf, t);
     }
 }
 
@@ -422,7 +453,7 @@ coacto_status coacto_inference_set_input(coacto_inference *inf, int32_t li, cons
     memcpy(buf, data, (size_t)n_floats * sizeof(float));
     atomic_fetch_add(&inf->inflight, 1); /* pushes below happen on this thread's reference */
     for (int32_t t = first; t < end; t++) {
-        if (claim_tile(inf, t)) complete_tile(inf, t, NULL);
+        if (claim_tile(inf, t)) complete_tile(inf, t, NULL, 1);
     }
     release_inflight(inf);
     return COACTO_OK;
@@ -454,7 +485,7 @@ coacto_status coacto_inference_put_tile(coacto_inference *inf, int32_t tile, con
                 memcpy(buf + (size_t)col * c + b[2], data + (size_t)(col - b[0]) * rows,
                        (size_t)rows * sizeof(float));
             atomic_fetch_add(&inf->tiles_external, 1);
-            complete_tile(inf, tile, NULL);
+            complete_tile(inf, tile, NULL, 0);
         }
     }
     release_inflight(inf);
@@ -514,6 +545,8 @@ coacto_status coacto_inference_get_stats(const coacto_inference *inf, coacto_inf
     out->tiles_dropped = atomic_load(&inf->tiles_dropped);
     out->seconds = (inf->t_end > 0 && inf->t_start > 0) ? inf->t_end - inf->t_start : 0.0;
     out->peak_bytes = atomic_load(&inf->bytes_peak);
+    out->tiles_sent = atomic_load(&inf->tiles_sent);
+    out->bytes_sent = atomic_load(&inf->bytes_sent);
     return COACTO_OK;
 }
 
@@ -541,6 +574,7 @@ void coacto_inference_destroy(coacto_inference *inf) {
     }
     pthread_mutex_destroy(&inf->mu);
     pthread_cond_destroy(&inf->cv);
+    offload_release(inf);
     graph_release(inf->g);
     free(inf->state);
     free(inf->parents_left);

@@ -29,6 +29,9 @@ struct coacto_graph {
     int32_t *parent_off, *parents;
     int32_t *child_off, *children;
     uint8_t *tile_bucket;          /* depth bucket of the ready pool */
+    int32_t n_output_tiles;        /* tiles of KEEP layers: their completion ends an inference */
+    double *work;                  /* coacto_graph_set_work, or NULL */
+    double *work_old;              /* the array a later set_work replaced (freed with the graph) */
     int32_t n_sources;             /* non-INPUT tiles without parents */
     int32_t *sources;
     uint8_t *blob;                 /* 64-byte aligned copy */
@@ -70,7 +73,27 @@ typedef struct worker {
     size_t scratch_cap; /* floats */
 } __attribute__((aligned(COACTO_CACHE_LINE))) worker;
 
+/* Announcements for the communication engine: an eventfd becomes readable when any is pending. */
+typedef struct report_queue {
+    pthread_mutex_t mu;
+    coacto_report *items;
+    int32_t head, count, cap;
+    int fd;
+} report_queue;
+
+typedef struct send_item {
+    int32_t tile;
+    int64_t n_floats;
+    float *data;
+} send_item;
+
+typedef struct send_fifo {
+    send_item *items;
+    uint32_t cap, head, count;
+} send_fifo;
+
 struct coacto_runtime {
+    report_queue reports;
     int32_t n_threads;
     pool_row *rows;
     worker *workers;
@@ -100,7 +123,31 @@ struct coacto_inference {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int done;
+    atomic_long outputs_completed;
+    /* Offloading plan (NULL: compute every tile, send none, report none). */
+    uint8_t *plan_local, *plan_send, *plan_report;
+    uint64_t tag;
+    int has_plan;
+    atomic_int compute_all;
+    pthread_mutex_t params_mu;
+    coacto_offload_params params;
+    pthread_mutex_t send_mu;
+    send_fifo sendq[POOL_DEPTH_BUCKETS];
+    atomic_long send_bytes;          /* bytes queued */
+    atomic_long tiles_sent, bytes_sent, tiles_parked;
 };
+
+/* runtime.c */
+/* Takes an inflight reference for the tile and puts it in the ready pool. */
+void runtime_schedule(coacto_inference *inf, int32_t tile);
+
+/* offload.c */
+int report_queue_init(report_queue *q);
+void report_queue_destroy(report_queue *q);
+void report_push(coacto_runtime *rt, uint64_t tag, int32_t kind, int32_t tile);
+int tile_is_local(const coacto_inference *inf, int32_t tile);
+void offload_on_local_completion(coacto_inference *inf, int32_t tile, const float *layer_buf);
+void offload_release(coacto_inference *inf);
 
 /* graph.c */
 void graph_release(coacto_graph *g);

@@ -103,6 +103,14 @@ static void dag_build(dag *d, int n_layers, int cols, int rows, int max_col_part
         nrp[l] = random_cuts(rows, max_row_parts, rcuts + (size_t)l * (rows + 1));
         total += ncp[l] * nrp[l];
     }
+    /* Every sink layer is an output: an inference ends when its outputs are done, and every tile
+     * must then have run (elementwise reads make every tile an ancestor of a sink's tile). */
+    for (int l = 0; l < n_layers; l++) {
+        int consumed = 0;
+        for (int k = l + 1; k < n_layers && !consumed; k++)
+            for (int i = 0; i < d->layers[k].n_inputs; i++) consumed |= d->layers[k].inputs[i] == l;
+        if (!consumed) d->layers[l].flags = COACTO_LAYER_KEEP;
+    }
     d->n_tiles = total;
     d->tile_layer = malloc(sizeof(int32_t) * (size_t)total);
     d->bounds = malloc(sizeof(int32_t) * 4 * (size_t)total);

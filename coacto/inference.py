@@ -1,0 +1,234 @@
+"""One native inference with its offloading plan: the handle the communication engines drive.
+
+Runtime.run covers local inference; a device's Client and the Server use NativeInference directly:
+they set a per-tile plan, feed tiles that arrive from the network, take the tiles the runtime
+decided to send, and learn of completions through the runtime's report queue (a file descriptor
+zmq.Poller can wait on alongside the sockets).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import ir
+from .errors import CoactoError, InputError
+from .runtime import NativeRuntime, check, ffi, lib, native_graph
+from .tilegraph import TileGraph
+
+SEND_NEVER = lib.COACTO_SEND_NEVER
+SEND_ALWAYS = lib.COACTO_SEND_ALWAYS
+SEND_DECIDE = lib.COACTO_SEND_DECIDE
+REPORT_SEND = lib.COACTO_REPORT_SEND
+REPORT_TILE = lib.COACTO_REPORT_TILE
+REPORT_DONE = lib.COACTO_REPORT_DONE
+
+
+def now() -> float:
+    """The runtime's clock (seconds): the one offload parameters are expressed in."""
+    return lib.coacto_now_seconds()
+
+
+def tile_work(tg: TileGraph) -> np.ndarray:
+    """FLOPs needed to produce each tile from the inputs: the tile and all its ancestors.
+
+    Exact, from ancestor bitsets built in topological order (tile ids are topological)."""
+    cached = getattr(tg, "_tile_work", None)
+    if cached is not None:
+        return cached
+    plan = tg.plan
+    n = plan.n_tiles
+    words = (n + 63) // 64
+    anc = np.zeros((n, words), dtype=np.uint64)
+    off, par = plan.parent_offsets, plan.parents
+    one = np.uint64(1)
+    for t in range(n):
+        ps = par[off[t]:off[t + 1]]
+        if len(ps):
+            anc[t] = np.bitwise_or.reduce(anc[ps], axis=0)
+        anc[t, t >> 6] |= one << np.uint64(t & 63)
+    flops = plan.tile_flops
+    work = np.empty(n, dtype=np.float64)
+    chunk = max(1, (1 << 24) // max(n, 1))
+    for s in range(0, n, chunk):
+        bits = np.unpackbits(anc[s:s + chunk].view(np.uint8), axis=1, bitorder="little")[:, :n]
+        work[s:s + chunk] = bits @ flops
+    tg._tile_work = work
+    return work
+
+
+class ReportQueue:
+    """The runtime's report queue: poll `fd`, then `take()` the reports."""
+
+    def __init__(self, rt: NativeRuntime):
+        self._rt = rt
+        self.fd = lib.coacto_runtime_report_fd(rt.handle)
+        self._buf = ffi.new("coacto_report[]", 1024)
+
+    def take(self) -> list[tuple[int, int, int]]:
+        """Pending reports as (tag, kind, tile) tuples (tile -1 for REPORT_DONE)."""
+        out = []
+        while True:
+            n = lib.coacto_runtime_take_reports(self._rt.handle, self._buf, 1024)
+            out.extend((int(self._buf[i].tag), int(self._buf[i].kind), int(self._buf[i].tile))
+                       for i in range(n))
+            if n < 1024:
+                return out
+
+
+class NativeInference:
+    """A coacto_inference: created, planned, fed, waited on, read, destroyed (close)."""
+
+    def __init__(self, rt: NativeRuntime, tg: TileGraph, tag: int = 0):
+        self.tg = tg
+        self.rt = rt  # keeps the threads alive while this inference exists
+        self.native = native_graph(tg)
+        self.tag = tag
+        out = ffi.new("coacto_inference **")
+        check(lib.coacto_inference_create(rt.handle, self.native.handle, out), "creating an inference")
+        self.handle = out[0]
+        self._bounds = tg.plan.tile_bounds
+        self._sizes = ((self._bounds[:, 1] - self._bounds[:, 0]).astype(np.int64)
+                       * (self._bounds[:, 3] - self._bounds[:, 2]))
+
+    # -------------------------------------------------------------- lifecycle
+
+    def close(self) -> None:
+        if self.handle is not None:
+            lib.coacto_inference_destroy(self.handle)
+            self.handle = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        self.close()
+
+    # -------------------------------------------------------------- plan
+
+    def set_plan(self, local=None, send=None, report=None) -> None:
+        n = self.tg.n_tiles
+
+        def mask(a):
+            if a is None:
+                return ffi.NULL, None
+            arr = np.ascontiguousarray(a, dtype=np.uint8)
+            if arr.shape != (n,):
+                raise CoactoError(f"a tile plan needs {n} entries, got shape {arr.shape}")
+            return ffi.from_buffer("uint8_t[]", arr), arr
+
+        (lp, _l), (sp, _s), (rp, _r) = mask(local), mask(send), mask(report)
+        if send is not None or local is not None:
+            self.native.ensure_work(tile_work(self.tg))
+        check(lib.coacto_inference_set_plan(self.handle, lp, sp, rp, self.tag), "setting the tile plan")
+
+    def set_offload_params(self, bandwidth: float, rtt: float, inputs_at_server: float,
+                           server_flops: float, alpha: float = 1.0) -> None:
+        p = ffi.new("coacto_offload_params *")
+        p.bandwidth, p.rtt, p.inputs_at_server = float(bandwidth), float(rtt), float(inputs_at_server)
+        p.server_flops, p.alpha = float(server_flops), max(1.0, float(alpha))
+        check(lib.coacto_inference_set_offload_params(self.handle, p), "setting offload parameters")
+
+    def compute_all(self) -> None:
+        """Fallback: compute every remaining tile here."""
+        check(lib.coacto_inference_compute_all(self.handle), "falling back to local computation")
+
+    # -------------------------------------------------------------- data
+
+    def set_inputs(self, feeds: dict[str, np.ndarray]) -> None:
+        g = self.tg.graph
+        for name, arr in feeds.items():
+            if name not in g.inputs:
+                raise InputError(f"unknown input {name!r}")
+            data = ir.to_storage(np.asarray(arr, dtype=np.float32))
+            check(lib.coacto_inference_set_input(self.handle, g.inputs[name],
+                                                 ffi.from_buffer("float[]", data), data.size),
+                  f"setting input {name!r}")
+
+    def put_tiles(self, ids: np.ndarray, data: np.ndarray) -> tuple[int, int]:
+        """Completes tiles from outside; returns (accepted, duplicates). Raises on bad ids or
+        sizes (nothing of the batch after the bad tile is applied)."""
+        ids = np.asarray(ids, dtype=np.int32)
+        data = np.asarray(data, dtype=np.float32).reshape(-1)
+        if ids.size and (ids.min() < 0 or ids.max() >= self.tg.n_tiles):
+            raise InputError("tile ids out of range")
+        sizes = self._sizes[ids]
+        if int(sizes.sum()) != data.size:
+            raise InputError(f"tile data has {data.size} floats, the tiles need {int(sizes.sum())}")
+        buf = ffi.from_buffer("float[]", data)
+        accepted = dup = 0
+        pos = 0
+        for tile, size in zip(ids.tolist(), sizes.tolist()):
+            st = lib.coacto_inference_put_tile(self.handle, tile, buf + pos, size)
+            pos += size
+            if st == lib.COACTO_OK:
+                accepted += 1
+            elif st == lib.COACTO_ERR_DUPLICATE:
+                dup += 1
+            elif st == lib.COACTO_ERR_CANCELLED:
+                break
+            else:
+                check(st, f"completing tile {tile}")
+        return accepted, dup
+
+    def take_sends(self, max_bytes: int = 1 << 20, max_tiles: int = 4096) -> tuple[np.ndarray, np.ndarray]:
+        """Queued tiles to send (shallowest first): (ids int32, data float32)."""
+        ids = np.empty(max_tiles, dtype=np.int32)
+        data = np.empty(max(1, max_bytes // 4), dtype=np.float32)
+        used = ffi.new("int64_t *")
+        n = lib.coacto_inference_take_sends(self.handle, ffi.from_buffer("int32_t[]", ids), max_tiles,
+                                            ffi.from_buffer("float[]", data), data.size, used)
+        if n == 0 and self.queued_bytes() > max_bytes:  # one tile larger than max_bytes
+            return self.take_sends(self.queued_bytes(), max_tiles)
+        return ids[:n].copy(), data[:used[0]].copy()
+
+    def queued_bytes(self) -> int:
+        return int(lib.coacto_inference_queued_bytes(self.handle))
+
+    def get_tiles(self, ids) -> np.ndarray:
+        ids = np.asarray(ids, dtype=np.int32)
+        sizes = self._sizes[ids]
+        out = np.empty(int(sizes.sum()), dtype=np.float32)
+        buf = ffi.from_buffer("float[]", out)
+        pos = 0
+        for tile, size in zip(ids.tolist(), sizes.tolist()):
+            check(lib.coacto_inference_get_tile(self.handle, tile, buf + pos, size), f"reading tile {tile}")
+            pos += size
+        return out
+
+    def tile_state(self, tile: int) -> int:
+        return int(lib.coacto_inference_tile_state(self.handle, tile))
+
+    def wait(self, timeout: float | None = None) -> None:
+        check(lib.coacto_inference_wait(self.handle, -1.0 if timeout is None else float(timeout)),
+              "running the inference")
+
+    def done(self) -> bool:
+        return lib.coacto_inference_wait(self.handle, 0.0) == lib.COACTO_OK
+
+    def cancel(self) -> None:
+        lib.coacto_inference_cancel(self.handle)
+
+    def outputs(self) -> dict[str, np.ndarray]:
+        g = self.tg.graph
+        results, fetched = {}, {}
+        for name, li in g.outputs.items():
+            if li not in fetched:
+                layer = g.layers[li]
+                buf = np.empty(self.native.layer_floats[li], dtype=np.float32)
+                check(lib.coacto_inference_get_output(self.handle, li, ffi.from_buffer("float[]", buf),
+                                                      buf.size), f"reading output {name!r}")
+                fetched[li] = ir.from_storage(buf, layer.shape, layer.onnx_shape)
+                results[name] = fetched[li]
+            else:
+                results[name] = fetched[li].copy()
+        return results
+
+    def stats(self) -> dict:
+        s = ffi.new("coacto_inference_stats *")
+        lib.coacto_inference_get_stats(self.handle, s)
+        return {"tiles_total": s.tiles_total, "tiles_computed": s.tiles_computed,
+                "tiles_external": s.tiles_external, "tiles_dropped": s.tiles_dropped,
+                "tiles_sent": s.tiles_sent, "bytes_sent": s.bytes_sent, "seconds": s.seconds,
+                "peak_activation_bytes": s.peak_bytes}

@@ -1,0 +1,272 @@
+/* Offloading support of the runtime (DESIGN.md §5): per-tile plans, the ECT send decision, the
+ * send queue, and the report queue the communication engine polls. Per-tile work here is C: the
+ * decision, the copy into the send queue and the announcement cost well under 5 us per tile. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include "runtime_internal.h"
+
+/* ---------------------------------------------------------------- report queue */
+
+int report_queue_init(report_queue *q) {
+    memset(q, 0, sizeof *q);
+    pthread_mutex_init(&q->mu, NULL);
+    q->fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    return q->fd >= 0;
+}
+
+void report_queue_destroy(report_queue *q) {
+    if (q->fd >= 0) close(q->fd);
+    free(q->items);
+    pthread_mutex_destroy(&q->mu);
+}
+
+void report_push(coacto_runtime *rt, uint64_t tag, int32_t kind, int32_t tile) {
+    report_queue *q = &rt->reports;
+    pthread_mutex_lock(&q->mu);
+    if (q->count == q->cap) {
+        int32_t cap = q->cap ? q->cap * 2 : 256;
+        coacto_report *items = malloc(sizeof *items * (size_t)cap);
+        if (!items) {
+            pthread_mutex_unlock(&q->mu);
+            return; /* a lost report only delays the engine until its next poll timeout */
+        }
+        for (int32_t i = 0; i < q->count; i++) items[i] = q->items[(q->head + i) % q->cap];
+        free(q->items);
+        q->items = items;
+        q->cap = cap;
+        q->head = 0;
+    }
+    q->items[(q->head + q->count) % q->cap] = (coacto_report){tag, kind, tile};
+    q->count++;
+    pthread_mutex_unlock(&q->mu);
+    uint64_t one = 1;
+    ssize_t w = write(q->fd, &one, sizeof one);
+    (void)w; /* EAGAIN only when the counter is saturated: it is readable anyway */
+}
+
+int32_t coacto_runtime_report_fd(coacto_runtime *rt) { return rt ? rt->reports.fd : -1; }
+
+int32_t coacto_runtime_take_reports(coacto_runtime *rt, coacto_report *out, int32_t max) {
+    if (!rt || !out || max <= 0) return 0;
+    report_queue *q = &rt->reports;
+    uint64_t counter;
+    ssize_t r = read(q->fd, &counter, sizeof counter);
+    (void)r;
+    pthread_mutex_lock(&q->mu);
+    int32_t n = q->count < max ? q->count : max;
+    for (int32_t i = 0; i < n; i++) out[i] = q->items[(q->head + i) % q->cap];
+    if (n) {
+        q->head = (q->head + n) % q->cap;
+        q->count -= n;
+    }
+    int more = q->count > 0;
+    pthread_mutex_unlock(&q->mu);
+    if (more) {
+        uint64_t one = 1;
+        ssize_t w = write(q->fd, &one, sizeof one);
+        (void)w;
+    }
+    return n;
+}
+
+/* ---------------------------------------------------------------- plan */
+
+int tile_is_local(const coacto_inference *inf, int32_t tile) {
+    return !inf->plan_local || inf->plan_local[tile] ||
+           atomic_load_explicit(&inf->compute_all, memory_order_acquire);
+}
+
+static coacto_status copy_mask(uint8_t **dst, const uint8_t *src, int32_t n) {
+    free(*dst);
+    *dst = NULL;
+    if (!src) return COACTO_OK;
+    *dst = malloc((size_t)n);
+    if (!*dst) return COACTO_ERR_OUT_OF_MEMORY;
+    memcpy(*dst, src, (size_t)n);
+    return COACTO_OK;
+}
+
+coacto_status coacto_inference_set_plan(coacto_inference *inf, const uint8_t *local,
+                                        const uint8_t *send, const uint8_t *report, uint64_t tag) {
+    if (!inf) return COACTO_ERR_INVALID_ARGUMENT;
+    if (atomic_load(&inf->started)) return COACTO_ERR_STATE;
+    int32_t n = inf->g->n_tiles;
+    if (send) {
+        for (int32_t t = 0; t < n; t++)
+            if (send[t] > COACTO_SEND_DECIDE) return COACTO_ERR_INVALID_ARGUMENT;
+    }
+    coacto_status st = copy_mask(&inf->plan_local, local, n);
+    if (st == COACTO_OK) st = copy_mask(&inf->plan_send, send, n);
+    if (st == COACTO_OK) st = copy_mask(&inf->plan_report, report, n);
+    inf->tag = tag;
+    inf->has_plan = 1;
+    return st;
+}
+
+coacto_status coacto_graph_set_work(coacto_graph *g, const double *work, int32_t n_tiles) {
+    if (!g || !work || n_tiles != g->n_tiles) return COACTO_ERR_INVALID_ARGUMENT;
+    double *copy = malloc(sizeof(double) * (size_t)n_tiles);
+    if (!copy) return COACTO_ERR_OUT_OF_MEMORY;
+    for (int32_t t = 0; t < n_tiles; t++) {
+        if (!(work[t] >= 0)) { /* also rejects NaN */
+            free(copy);
+            return COACTO_ERR_INVALID_ARGUMENT;
+        }
+        copy[t] = work[t];
+    }
+    /* Set once per graph before inferences use it; later calls replace it atomically enough for
+     * a heuristic, but the old array is kept alive until the graph dies. */
+    double *old = __atomic_exchange_n(&g->work, copy, __ATOMIC_ACQ_REL);
+    if (old) {
+        free(g->work_old);
+        g->work_old = old;
+    }
+    return COACTO_OK;
+}
+
+coacto_status coacto_inference_set_offload_params(coacto_inference *inf,
+                                                  const coacto_offload_params *p) {
+    if (!inf || !p) return COACTO_ERR_INVALID_ARGUMENT;
+    if (!(p->rtt >= 0) || !(p->alpha >= 1.0) || !(p->server_flops > 0) || p->bandwidth != p->bandwidth)
+        return COACTO_ERR_INVALID_ARGUMENT;
+    pthread_mutex_lock(&inf->params_mu);
+    inf->params = *p;
+    pthread_mutex_unlock(&inf->params_mu);
+    return COACTO_OK;
+}
+
+coacto_status coacto_inference_compute_all(coacto_inference *inf) {
+    if (!inf) return COACTO_ERR_INVALID_ARGUMENT;
+    atomic_store_explicit(&inf->compute_all, 1, memory_order_release);
+    if (!inf->plan_local) return COACTO_OK;
+    /* Tiles parked before the flag was seen: schedule them (a tile readied concurrently may be
+     * pushed twice; the second copy loses the READY -> RUNNING race and is dropped). */
+    for (int32_t t = 0; t < inf->g->n_tiles; t++) {
+        if (!inf->plan_local[t] && atomic_load(&inf->state[t]) == COACTO_TILE_READY)
+            runtime_schedule(inf, t);
+    }
+    return COACTO_OK;
+}
+
+/* ---------------------------------------------------------------- send decision and queue */
+
+static int send_decided(coacto_inference *inf, int32_t tile, int64_t bytes) {
+    int mode = inf->plan_send[tile];
+    if (mode == COACTO_SEND_ALWAYS) return 1;
+    if (mode != COACTO_SEND_DECIDE) return 0;
+    const double *work = __atomic_load_n(&inf->g->work, __ATOMIC_ACQUIRE);
+    pthread_mutex_lock(&inf->params_mu);
+    coacto_offload_params p = inf->params;
+    pthread_mutex_unlock(&inf->params_mu);
+    if (!(p.bandwidth > 0) || !(p.server_flops > 0) || !work) return 0;
+    double now = coacto_now_seconds();
+    double queued = (double)atomic_load_explicit(&inf->send_bytes, memory_order_relaxed);
+    double ect_offloaded = now + (queued + (double)bytes) / p.bandwidth + 0.5 * p.rtt;
+    double ect_server = p.inputs_at_server + p.alpha * work[tile] / p.server_flops;
+    return ect_offloaded < ect_server;
+}
+
+void offload_on_local_completion(coacto_inference *inf, int32_t tile, const float *layer_buf) {
+    if (!inf->plan_send || inf->plan_send[tile] == COACTO_SEND_NEVER) return;
+    const coacto_graph *g = inf->g;
+    const int32_t *b = &g->tile_bounds[4 * (size_t)tile];
+    int64_t rows = b[3] - b[2], n = (int64_t)(b[1] - b[0]) * rows;
+    if (!send_decided(inf, tile, n * (int64_t)sizeof(float))) return;
+    float *copy = malloc(sizeof(float) * (size_t)n);
+    if (!copy) return; /* not sent: the server computes it itself */
+    int32_t c = g->layers[g->tile_layer[tile]].c;
+    for (int32_t col = b[0]; col < b[1]; col++)
+        memcpy(copy + (size_t)(col - b[0]) * rows, layer_buf + (size_t)col * c + b[2],
+               sizeof(float) * (size_t)rows);
+    send_fifo *q = &inf->sendq[g->tile_bucket[tile]];
+    pthread_mutex_lock(&inf->send_mu);
+    if (q->count == q->cap) {
+        uint32_t cap = q->cap ? q->cap * 2 : 64;
+        send_item *items = malloc(sizeof *items * cap);
+        if (!items) {
+            pthread_mutex_unlock(&inf->send_mu);
+            free(copy);
+            return;
+        }
+        for (uint32_t i = 0; i < q->count; i++) items[i] = q->items[(q->head + i) % q->cap];
+        free(q->items);
+        q->items = items;
+        q->cap = cap;
+        q->head = 0;
+    }
+    q->items[(q->head + q->count) % q->cap] = (send_item){tile, n, copy};
+    q->count++;
+    long before = atomic_fetch_add(&inf->send_bytes, (long)(n * (int64_t)sizeof(float)));
+    pthread_mutex_unlock(&inf->send_mu);
+    atomic_fetch_add(&inf->tiles_sent, 1);
+    atomic_fetch_add(&inf->bytes_sent, (long)(n * (int64_t)sizeof(float)));
+    if (before == 0) report_push(inf->rt, inf->tag, COACTO_REPORT_SEND, tile);
+}
+
+int32_t coacto_inference_take_sends(coacto_inference *inf, int32_t *ids, int32_t max_ids,
+                                    float *data, int64_t max_floats, int64_t *n_floats) {
+    if (n_floats) *n_floats = 0;
+    if (!inf || !ids || !data || max_ids <= 0 || max_floats <= 0) return 0;
+    int32_t n = 0;
+    int64_t used = 0;
+    pthread_mutex_lock(&inf->send_mu);
+    for (int bkt = 0; bkt < POOL_DEPTH_BUCKETS && n < max_ids; bkt++) {
+        send_fifo *q = &inf->sendq[bkt];
+        while (q->count && n < max_ids) {
+            send_item it = q->items[q->head];
+            if (used + it.n_floats > max_floats) goto full;
+            memcpy(data + used, it.data, sizeof(float) * (size_t)it.n_floats);
+            free(it.data);
+            ids[n++] = it.tile;
+            used += it.n_floats;
+            q->head = (q->head + 1) % q->cap;
+            q->count--;
+            atomic_fetch_sub(&inf->send_bytes, (long)(it.n_floats * (int64_t)sizeof(float)));
+        }
+    }
+full:
+    pthread_mutex_unlock(&inf->send_mu);
+    if (n_floats) *n_floats = used;
+    return n;
+}
+
+int64_t coacto_inference_queued_bytes(const coacto_inference *inf) {
+    return inf ? atomic_load(&inf->send_bytes) : 0;
+}
+
+void offload_release(coacto_inference *inf) {
+    for (int bkt = 0; bkt < POOL_DEPTH_BUCKETS; bkt++) {
+        send_fifo *q = &inf->sendq[bkt];
+        for (uint32_t i = 0; i < q->count; i++) free(q->items[(q->head + i) % q->cap].data);
+        free(q->items);
+    }
+    free(inf->plan_local);
+    free(inf->plan_send);
+    free(inf->plan_report);
+    pthread_mutex_destroy(&inf->params_mu);
+    pthread_mutex_destroy(&inf->send_mu);
+}
+
+coacto_status coacto_inference_get_tile(coacto_inference *inf, int32_t tile, float *out,
+                                        int64_t n_floats) {
+    if (!inf || !out || tile < 0 || tile >= inf->g->n_tiles) return COACTO_ERR_INVALID_ARGUMENT;
+    const coacto_graph *g = inf->g;
+    const int32_t *b = &g->tile_bounds[4 * (size_t)tile];
+    int32_t li = g->tile_layer[tile];
+    int64_t rows = b[3] - b[2];
+    if (n_floats != (int64_t)(b[1] - b[0]) * rows) return COACTO_ERR_INVALID_ARGUMENT;
+    if (!(g->layer_flags[li] & COACTO_LAYER_KEEP)) return COACTO_ERR_STATE;
+    if (atomic_load(&inf->state[tile]) != COACTO_TILE_COMPLETED) return COACTO_ERR_STATE;
+    const float *buf = atomic_load(&inf->buffers[li]);
+    if (!buf) return COACTO_ERR_STATE;
+    int32_t c = g->layers[li].c;
+    for (int32_t col = b[0]; col < b[1]; col++)
+        memcpy(out + (size_t)(col - b[0]) * rows, buf + (size_t)col * c + b[2],
+               sizeof(float) * (size_t)rows);
+    return COACTO_OK;
+}
