@@ -172,7 +172,7 @@ static int send_decided(coacto_inference *inf, int32_t tile, int64_t bytes) {
 }
 
 void offload_on_local_completion(coacto_inference *inf, int32_t tile, const float *layer_buf) {
-    if (!inf->plan_send || inf->plan_send[tile] == COACTO_SEND_NEVER) return;
+    if (!inf->plan_send || inf->plan_send[tile] == COACTO_SEND_NEVER || !layer_buf) return;
     const coacto_graph *g = inf->g;
     const int32_t *b = &g->tile_bounds[4 * (size_t)tile];
     int64_t rows = b[3] - b[2], n = (int64_t)(b[1] - b[0]) * rows;

@@ -180,8 +180,9 @@ static void use_done(coacto_inference *inf, int32_t li) {
 
 static void inference_finished(coacto_inference *inf) {
     inf->t_end = coacto_now_seconds();
-    signal_done(inf);
+    /* Report before waking waiters: whoever wakes finds the DONE report already queued. */
     if (inf->has_plan) report_push(inf->rt, inf->tag, COACTO_REPORT_DONE, -1);
+    signal_done(inf);
 }
 
 /* Called once per tile by whoever completed it (`local`: computed or given here, not received).
@@ -236,7 +237,8 @@ static coacto_status execute_tile(worker *w, coacto_inference *inf, int32_t tile
     int32_t li = g->tile_layer[tile];
     const layer *l = &g->layers[li];
     const int32_t *b = &g->tile_bounds[4 * (size_t)tile];
-    if (l->op == COACTO_OP_NOP) return COACTO_OK;
+    if (l->op == COACTO_OP_NOP) /* nothing to compute, but a buffer to send from */
+        return ensure_buffer(inf, li) ? COACTO_OK : COACTO_ERR_OUT_OF_MEMORY;
     const float *in[COACTO_MAX_INPUTS];
     for (int i = 0; i < l->n_inputs; i++) {
         in[i] = ensure_buffer(inf, l->inputs[i]);
