@@ -42,6 +42,12 @@ def __getattr__(name):
     if name == "Runtime":
         from .runtime import Runtime
         return Runtime
+    if name == "Client":
+        from .mobile.client import Client
+        return Client
+    if name == "Server":
+        from .server import Server
+        return Server
     if name == "zoo":
         import importlib
 
@@ -50,7 +56,7 @@ def __getattr__(name):
 
 
 __all__ = [
-    "compile", "load", "Runtime", "TileGraph", "CoactoError", "ModelError",
+    "compile", "load", "Runtime", "Client", "Server", "TileGraph", "CoactoError", "ModelError",
     "UnsupportedOperatorError", "ShapeError", "GraphFileError", "InputError", "NativeError",
     "InferenceTimeout",
 ]

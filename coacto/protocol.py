@@ -45,6 +45,8 @@ E_INTERNAL = 9
 
 #: Frames at least this large are sent without copying (pyzmq zero-copy has a fixed cost).
 ZERO_COPY_MIN_BYTES = 64 * 1024
+#: Header frames larger than this are refused unparsed.
+MAX_HEADER_BYTES = 1 << 20
 
 
 class ProtocolError(ValueError):
@@ -60,11 +62,14 @@ def unpack(frames: list) -> tuple[dict, list]:
     """Frames of one message (without the ROUTER identity) -> (header, raw frames)."""
     if not frames:
         raise ProtocolError("empty message")
+    data = bytes(frames[0])
+    if len(data) > MAX_HEADER_BYTES:
+        raise ProtocolError(f"header frame of {len(data)} bytes (at most {MAX_HEADER_BYTES})")
     try:
-        header = msgpack.unpackb(bytes(frames[0]), raw=False, strict_map_key=True,
-                                 max_buffer_size=1 << 20)
+        header = msgpack.unpackb(data, raw=False, strict_map_key=True)
     except Exception as e:
         raise ProtocolError(f"header is not msgpack: {e}") from None
-    if not isinstance(header, dict) or header.get("t") not in MESSAGE_TYPES:
+    if not isinstance(header, dict) or not isinstance(header.get("t"), str) \
+            or header["t"] not in MESSAGE_TYPES:
         raise ProtocolError("header must be a map with a known 't'")
     return header, list(frames[1:])

@@ -1,0 +1,166 @@
+"""Per-device state on the server (sessions and their inferences) and the load figures the server
+reports to devices: the contention factor alpha and the FLOP rate estimate.
+
+alpha (docs/PROTOCOL.md, "Contention"): every inference whose inputs have all arrived is
+*computing* on the shared runtime. The server keeps time-weighted moving averages (time constant
+ALPHA_TAU seconds) of the number of computing inferences, server-wide (C_all) and per device
+(C_dev). A device should expect its next inference to get 1 / alpha of the server, with
+
+    alpha = 1 + max(0, C_all - C_dev)
+
+i.e. one plus the other devices' computing inferences, each assumed able to use every thread (a
+pessimistic bound that is exact for a saturated server). The device's own inferences are left out:
+it knows about them itself.
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+
+import numpy as np
+
+from ..inference import NativeInference
+from .store import GraphEntry
+
+#: Time constant (seconds) of the moving averages behind alpha.
+ALPHA_TAU = 1.0
+#: Weight of one measured inference in the server's FLOP rate estimate (EWMA).
+FLOPS_EWMA_WEIGHT = 0.3
+#: Inferences smaller than this (FLOPs) measure per-tile overheads more than the server's speed;
+#: they refine their own graph's rate, not the server-wide estimate.
+FLOPS_MIN_SAMPLE = 1e8
+#: Freed inference ids remembered per device, to explain late tiles cheaply.
+RECENT_FREED = 64
+
+
+class LoadAverage:
+    """Time-weighted exponential moving average of a piecewise-constant level."""
+
+    def __init__(self, t: float, tau: float = ALPHA_TAU):
+        self.tau = tau
+        self.t = t
+        self.level = 0
+        self.value = 0.0
+
+    def _advance(self, t: float) -> None:
+        dt = t - self.t
+        if dt > 0:
+            self.value += (1.0 - math.exp(-dt / self.tau)) * (self.level - self.value)
+            self.t = t
+
+    def add(self, delta: int, t: float) -> None:
+        self._advance(t)
+        self.level += delta
+
+    def get(self, t: float) -> float:
+        self._advance(t)
+        return self.value
+
+
+def alpha(all_computing: LoadAverage, device_computing: LoadAverage, t: float) -> float:
+    return 1.0 + max(0.0, all_computing.get(t) - device_computing.get(t))
+
+
+class ServedInference:
+    """One device's inference on the server: the native inference and what has been sent back."""
+
+    __slots__ = ("inf_id", "tag", "native", "entry", "session", "sent", "n_sent", "inputs_seen",
+                 "n_inputs_seen", "t_begin", "t_inputs", "contended", "tiles_in", "bytes_in",
+                 "duplicates", "computing")
+
+    def __init__(self, inf_id, tag: int, native: NativeInference, entry: GraphEntry, session,
+                 t: float):
+        self.inf_id = inf_id
+        self.tag = tag
+        self.native = native
+        self.entry = entry
+        self.session = session
+        n = entry.tg.n_tiles
+        self.sent = np.zeros(n, bool)           # output tiles already in a RESULT
+        self.n_sent = 0
+        self.inputs_seen = np.zeros(n, bool)    # input tiles received
+        self.n_inputs_seen = 0
+        self.t_begin = t
+        self.t_inputs = None                    # when the last input tile arrived
+        self.contended = False                  # another inference computed at the same time
+        self.tiles_in = 0
+        self.bytes_in = 0
+        self.duplicates = 0
+        self.computing = False
+
+    def note_inputs(self, ids: np.ndarray) -> bool:
+        """Records received input tiles; True when this batch completed the inputs."""
+        info = self.entry.info
+        if self.t_inputs is not None or info.n_inputs == 0:
+            return False
+        new = ids[info.is_input[ids] & ~self.inputs_seen[ids]]
+        if new.size:
+            self.inputs_seen[new] = True
+            self.n_inputs_seen = int(self.inputs_seen.sum())
+        return self.n_inputs_seen == info.n_inputs
+
+    def unsent_outputs(self) -> np.ndarray:
+        mask = self.entry.info.output_mask.astype(bool) & ~self.sent
+        return np.flatnonzero(mask).astype(np.int32)
+
+
+class Session:
+    """A device (one ROUTER identity): its inferences, liveness and load average."""
+
+    def __init__(self, identity: bytes, t: float):
+        self.identity = identity
+        self.name = identity.hex()[:16] if identity else "?"
+        self.last_seen = t
+        self.inferences: dict = {}
+        self.recent_freed: deque = deque(maxlen=RECENT_FREED)
+        self.computing = LoadAverage(t)
+        self.client = ""
+        self.version = None
+        self.pending_jobs = 0
+        self.messages = 0
+
+
+class FlopEstimate:
+    """The server's FLOP rate for one device: calibrated at start, refined by measured inferences
+    the server computed alone and entirely (FLOPs of the graph / seconds from the last input tile
+    to the last output tile), as an EWMA."""
+
+    def __init__(self, calibrated: float):
+        self.calibrated = float(calibrated)
+        self.value = float(calibrated)
+        self.samples = 0
+
+    def record(self, entry: GraphEntry, flops: float, seconds: float) -> None:
+        if seconds <= 0 or flops <= 0 or not math.isfinite(flops / seconds):
+            return
+        rate = flops / seconds
+        w = FLOPS_EWMA_WEIGHT
+        entry.flops = rate if entry.flops is None else (1 - w) * entry.flops + w * rate
+        if flops >= FLOPS_MIN_SAMPLE:
+            self.value = (1 - w) * self.value + w * rate
+            self.samples += 1
+
+    def for_graph(self, entry: GraphEntry | None) -> float:
+        if entry is not None and entry.flops is not None:
+            return entry.flops
+        return self.value
+
+
+#: The calibration GEMM: a mid-network 3x3 convolution of a ResNet at 224x224 (256 filters over
+#: 14x14 positions, 3*3*128 inputs per output), about 115 MFLOP.
+CALIBRATION_GEMM = (256, 196, 1152)
+#: Share of (threads x single-thread GEMM rate) a whole tile graph sustains: per-tile overheads,
+#: memory-bound layers (pooling, elementwise), dependency stalls. Measured inferences replace it.
+CALIBRATION_EFFICIENCY = 0.6
+
+
+def calibrate_flops(threads: int, repeats: int = 5) -> float:
+    """FLOP/s the server expects to give one device, before any inference was measured:
+    best single-thread rate of the calibration GEMM x min(threads, CPUs) x
+    CALIBRATION_EFFICIENCY."""
+    from ..runtime import default_threads, lib
+
+    m, n, k = CALIBRATION_GEMM
+    best = lib.coacto_gemm_benchmark(m, n, k, repeats)
+    per_thread = 2.0 * m * n * k / best if best > 0 else 1e9
+    return per_thread * max(1, min(int(threads), default_threads())) * CALIBRATION_EFFICIENCY

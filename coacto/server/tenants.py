@@ -1,0 +1,284 @@
+"""The tenants of a server: every device's session and inferences on the shared runtime.
+
+Inference ids are looked up in the sending device's own session only, so no device can reach
+another's inferences. The I/O thread alone calls these methods (no locks); messages go out through
+the server's `send`.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+from typing import Callable
+
+import numpy as np
+
+from .. import protocol as P
+from ..errors import CoactoError
+from ..inference import REPORT_DONE, REPORT_TILE, NativeInference, now
+from ..runtime import NativeRuntime
+from .sessions import FlopEstimate, LoadAverage, ServedInference, Session, alpha
+from .store import ModelStore, is_hash
+
+log = logging.getLogger(__name__)
+
+MAX_INF_ID_CHARS = 128
+
+
+class Reject(Exception):
+    """Answer the current message with ERROR {code, text, **extra}."""
+
+    def __init__(self, code: int, text: str, **extra):
+        super().__init__(text)
+        self.code, self.text, self.extra = code, text, extra
+
+
+def parse_inf_id(header: dict):
+    inf = header.get("inf")
+    if (type(inf) is int and -(1 << 63) <= inf < (1 << 64)) or \
+            (type(inf) is str and 0 < len(inf) <= MAX_INF_ID_CHARS):
+        return inf
+    raise Reject(P.E_BAD_MESSAGE, f"'inf' must be an integer or a string of at most "
+                                  f"{MAX_INF_ID_CHARS} characters")
+
+
+def echo(value):
+    """A value the server echoes (batch): numbers and short strings only."""
+    if type(value) in (int, float) or (type(value) is str and len(value) <= MAX_INF_ID_CHARS):
+        return value
+    return None
+
+
+class Tenants:
+    """Sessions by identity, inferences by tag, and the load they put on the runtime."""
+
+    def __init__(self, rt: NativeRuntime, store: ModelStore, flops: FlopEstimate,
+                 send: Callable, counts: dict, max_inferences_per_device: int, max_devices: int):
+        self.rt = rt
+        self.store = store
+        self.flops = flops
+        self.send = send
+        self.counts = counts
+        self.max_inferences_per_device = max_inferences_per_device
+        self.max_devices = max_devices
+        self.sessions: dict[bytes, Session] = {}
+        self.by_tag: dict[int, ServedInference] = {}
+        self.computing: set[ServedInference] = set()
+        self.all_computing = LoadAverage(now())
+        self._tags = itertools.count(1)
+
+    def session(self, identity: bytes, t: float) -> Session | None:
+        """The device's session (created on its first message); None when the server is full."""
+        session = self.sessions.get(identity)
+        if session is None:
+            if len(self.sessions) >= self.max_devices:
+                return None
+            session = self.sessions[identity] = Session(identity, t)
+            log.debug("device %s connected", session.name)
+        session.last_seen = t
+        session.messages += 1
+        return session
+
+    def sweep(self, timeout: float) -> None:
+        """Frees the state of devices silent for longer than `timeout` seconds."""
+        t = now()
+        for session in [s for s in self.sessions.values()
+                        if t - s.last_seen > timeout]:
+            n = len(session.inferences)
+            self.counts["devices_expired"] += 1
+            self.counts["inferences_expired"] += n
+            log.info("device %s silent for %.1f s: freeing it (%d inference(s))", session.name,
+                     t - session.last_seen, n)
+            self.drop(session, "expired")
+
+    def drop(self, session: Session, why: str) -> None:
+        for si in list(session.inferences.values()):
+            self._free(si, why)
+        self.sessions.pop(session.identity, None)
+
+    def drop_all(self, why: str) -> None:
+        for session in list(self.sessions.values()):
+            self.drop(session, why)
+
+    # ------------------------------------------------------------------ messages
+
+    def begin(self, session: Session, h: dict, frames: list) -> None:
+        inf_id = parse_inf_id(h)
+        graph_id = h.get("graph_id")
+        if not is_hash(graph_id):
+            raise Reject(P.E_BAD_MESSAGE, "BEGIN needs 'graph_id', a sha256 hex digest", inf=inf_id)
+        existing = session.inferences.get(inf_id)
+        if existing is not None:
+            if existing.entry.tg.graph_id == graph_id:
+                return  # a repeated BEGIN (a retry): the inference is already there
+            raise Reject(P.E_BAD_MESSAGE, f"inference {inf_id!r} was already begun with another "
+                                          f"graph; CANCEL it or use a new id", inf=inf_id)
+        entry = self.store.graph(graph_id)
+        if entry is None:
+            raise Reject(P.E_UNKNOWN_MODEL, f"graph {graph_id[:12]} is not loaded here; send "
+                                            f"MODEL_QUERY (and MODEL_UPLOAD) first", inf=inf_id)
+        if len(session.inferences) >= self.max_inferences_per_device:
+            raise Reject(P.E_BUSY, f"this device already has {len(session.inferences)} "
+                                   f"inferences in flight (the limit)", inf=inf_id)
+        tag = next(self._tags)
+        native = NativeInference(self.rt, entry.tg, tag)
+        try:
+            native.set_plan(report=entry.info.output_mask)
+        except Exception:
+            native.close()
+            raise
+        si = ServedInference(inf_id, tag, native, entry, session, now())
+        session.inferences[inf_id] = si
+        self.by_tag[tag] = si
+        if entry.info.n_inputs == 0:
+            self._start_computing(si)
+
+    def tiles(self, session: Session, h: dict, frames: list) -> None:
+        inf_id = parse_inf_id(h)
+        batch = echo(h.get("batch"))
+        si = session.inferences.get(inf_id)
+        if si is None:
+            why = "has finished or was cancelled" if inf_id in session.recent_freed else \
+                "was not begun (or expired)"
+            raise Reject(P.E_UNKNOWN_INFERENCE, f"inference {inf_id!r} {why}", inf=inf_id,
+                         batch=batch)
+        if len(frames) != 2:
+            raise Reject(P.E_BAD_TILES, "TILES carries two frames after the header: tile ids "
+                                        "(int32) and tile data (float32)", inf=inf_id, batch=batch)
+        n_id_bytes, n_data_bytes = len(frames[0]), len(frames[1])
+        if n_id_bytes == 0 or n_id_bytes % 4 or n_data_bytes % 4:
+            raise Reject(P.E_BAD_TILES, f"frame sizes {n_id_bytes} and {n_data_bytes} are not "
+                                        f"non-empty multiples of 4 bytes", inf=inf_id, batch=batch)
+        info = si.entry.info
+        ids = np.frombuffer(frames[0].buffer, dtype="<i4").astype(np.int32)
+        n_tiles = si.entry.tg.n_tiles
+        if int(ids.min()) < 0 or int(ids.max()) >= n_tiles:
+            raise Reject(P.E_BAD_TILES, f"tile ids must be from 0 to {n_tiles - 1}", inf=inf_id,
+                         batch=batch)
+        need = int(info.sizes[ids].sum())
+        if need * 4 != n_data_bytes:
+            raise Reject(P.E_BAD_TILES, f"the data frame holds {n_data_bytes // 4} floats; these "
+                                        f"{ids.size} tiles take {need}", inf=inf_id, batch=batch)
+        data = np.frombuffer(frames[1].buffer, dtype="<f4")
+        if data.ctypes.data % 4:
+            data = data.copy()  # the runtime reads aligned floats
+        try:
+            accepted, dup = si.native.put_tiles(ids, data)
+        except CoactoError as e:
+            raise Reject(P.E_BAD_TILES, str(e), inf=inf_id, batch=batch) from None
+        outputs = np.unique(ids[info.output_mask[ids] == 1])
+        outputs = outputs[~si.sent[outputs]]
+        if outputs.size:  # output tiles the device sent: it has them, no RESULT for those
+            si.sent[outputs] = True
+            si.n_sent += int(outputs.size)
+        si.tiles_in += accepted
+        si.duplicates += dup
+        si.bytes_in += n_id_bytes + n_data_bytes
+        self.counts["tiles_in"] += accepted
+        self.counts["bytes_in"] += n_id_bytes + n_data_bytes
+        if si.note_inputs(ids):
+            self._start_computing(si)
+        t_send = h.get("t_send")
+        self.send(session.identity, {
+            "t": P.ACK, "inf": inf_id, "batch": batch, "bytes": n_id_bytes + n_data_bytes,
+            "t_send": t_send if type(t_send) in (int, float) else None, "t_server": now(),
+            "accepted": accepted, "duplicates": dup})
+
+    def cancel(self, session: Session, h: dict, frames: list) -> None:
+        si = session.inferences.get(parse_inf_id(h))
+        if si is not None:  # cancelling what is already gone is not an error
+            self.counts["inferences_cancelled"] += 1
+            self._free(si, "cancelled")
+
+    def heartbeat(self, session: Session, h: dict, frames: list) -> None:
+        t = now()
+        t_send = h.get("t_send")
+        self.send(session.identity, {
+            "t": P.STATS, "t_send": t_send if type(t_send) in (int, float) else None,
+            "t_server": t, "alpha": alpha(self.all_computing, session.computing, t),
+            "inferences": len(self.by_tag), "devices": len(self.sessions),
+            "threads": self.rt.threads, "server_flops": self.flops.value,
+            "computing": len(self.computing)})
+
+    # ------------------------------------------------------------------ inferences
+
+    def _start_computing(self, si: ServedInference) -> None:
+        t = now()
+        si.t_inputs = t
+        si.computing = True
+        if self.computing:
+            si.contended = True
+            for other in self.computing:
+                other.contended = True
+        self.computing.add(si)
+        self.all_computing.add(1, t)
+        si.session.computing.add(1, t)
+
+    def _stop_computing(self, si: ServedInference) -> None:
+        if si.computing:
+            t = now()
+            si.computing = False
+            self.computing.discard(si)
+            self.all_computing.add(-1, t)
+            si.session.computing.add(-1, t)
+
+    def on_reports(self, reports) -> None:
+        ready: dict[int, list[int]] = {}
+        done: list[int] = []
+        for tag, kind, tile in reports:
+            if kind == REPORT_TILE:
+                ready.setdefault(tag, []).append(tile)
+            elif kind == REPORT_DONE:
+                done.append(tag)
+        for tag, tiles in ready.items():
+            si = self.by_tag.get(tag)  # None: freed meanwhile
+            if si is not None:
+                self._send_results(si, tiles)
+        for tag in done:
+            si = self.by_tag.get(tag)
+            if si is not None:
+                self._send_results(si, si.unsent_outputs())
+
+    def _send_results(self, si: ServedInference, tiles) -> None:
+        """One RESULT with every given output tile not sent yet; DONE when none is left."""
+        info = si.entry.info
+        ids = np.unique(np.asarray(tiles, dtype=np.int32))
+        ids = ids[(info.output_mask[ids] == 1) & ~si.sent[ids]]
+        if ids.size:
+            try:
+                data = si.native.get_tiles(ids)
+            except CoactoError as e:
+                log.warning("inference %r of device %s: reading output tiles failed: %s",
+                            si.inf_id, si.session.name, e)
+                return
+            si.sent[ids] = True
+            si.n_sent += int(ids.size)
+            self.counts["results"] += 1
+            self.send(si.session.identity, {"t": P.RESULT, "inf": si.inf_id},
+                       ids.astype("<i4"), data.astype("<f4", copy=False))
+        if si.n_sent == info.n_outputs:
+            self._finish(si)
+
+    def _finish(self, si: ServedInference) -> None:
+        t = now()
+        info = si.entry.info
+        st = si.native.stats()
+        computed_all = st["tiles_external"] == info.n_inputs
+        compute_s = t - si.t_inputs if si.t_inputs is not None else None
+        if compute_s is not None and computed_all and not si.contended:
+            self.flops.record(si.entry, info.total_flops, compute_s)
+        self.counts["inferences_done"] += 1
+        self.send(si.session.identity, {
+            "t": P.DONE, "inf": si.inf_id, "seconds": t - si.t_begin, "compute_s": compute_s,
+            "tiles_computed": st["tiles_computed"], "tiles_external": st["tiles_external"],
+            "duplicates": si.duplicates})
+        self._free(si, "done")
+
+    def _free(self, si: ServedInference, why: str) -> None:
+        self._stop_computing(si)
+        session = si.session
+        if session.inferences.get(si.inf_id) is si:
+            del session.inferences[si.inf_id]
+            session.recent_freed.append(si.inf_id)
+        self.by_tag.pop(si.tag, None)
+        si.native.close()  # cancels its tiles and waits for those running
+        log.debug("inference %r of device %s freed (%s)", si.inf_id, session.name, why)

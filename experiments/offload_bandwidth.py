@@ -1,0 +1,197 @@
+"""Latency of every offloading policy vs bandwidth, with a device slower than the server.
+
+How the setup is emulated on one machine (and said in the output and the CSV):
+- the server: `coacto-server` pinned to CPU 1 (taskset), one computing thread;
+- the device: `coacto-client` pinned to CPU 0 inside a cgroup (v1 `cpu.cfs_quota_us`) limited to
+  `--quota` of one CPU (0.25: a device 4x slower than the server), one computing thread;
+- the link: the client's token-bucket shaper at each `--bandwidths` setting (both directions);
+  the measured goodput and RTT the client reports are logged beside the nominal setting.
+Without root (no cgroup), the device runs unthrottled and the output says so.
+
+Every output is compared with onnxruntime. Writes CSV (+ PNG when matplotlib is installed) and
+prints the table with, per bandwidth, dynamic's latency over the best baseline's.
+
+    python experiments/offload_bandwidth.py --model resnet50 --bandwidths 5,20,100 --repeat 5
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+CGROUP = Path("/sys/fs/cgroup/cpu/coacto-device")
+POLICIES = ["local", "cloud", "split", "fl", "dynamic"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_cgroup(quota: float) -> bool:
+    try:
+        CGROUP.mkdir(exist_ok=True)
+        period = int((CGROUP / "cpu.cfs_period_us").read_text())
+        (CGROUP / "cpu.cfs_quota_us").write_text(str(int(period * quota)))
+        return True
+    except OSError as e:
+        print(f"no cgroup CPU quota ({e.strerror}): the device runs unthrottled", file=sys.stderr)
+        return False
+
+
+def bin_path(name: str) -> str:
+    found = shutil.which(name)
+    if not found:
+        sys.exit(f"{name} is not installed: pip install -e . first")
+    return found
+
+
+def start_server(models_dir: Path, port: int, threads: int) -> subprocess.Popen:
+    cmd = ["taskset", "-c", "1", bin_path("coacto-server"), "--bind", f"tcp://127.0.0.1:{port}",
+           "--threads", str(threads), "--models", str(models_dir)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while time.time() < deadline:  # wait until it accepts connections
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return proc
+        if proc.poll() is not None:
+            sys.exit(f"coacto-server exited: {proc.stderr.read()}")
+        time.sleep(0.2)
+    proc.kill()
+    sys.exit("coacto-server did not start within 60 s")
+
+
+def run_client(args, model_path: Path, inputs: Path, out_npz: Path, port: int, policy: str,
+               bandwidth: str, throttled: bool) -> list[dict]:
+    client = [bin_path("coacto-client"), "--server", f"tcp://127.0.0.1:{port}", "--model",
+              str(model_path), "--input", str(inputs), "--policy", policy, "--threads", "1",
+              "--repeat", str(args.repeat), "--json", "--output", str(out_npz),
+              "--timeout", str(args.timeout)]
+    if bandwidth != "unlimited":
+        client += ["--bandwidth", bandwidth]
+    pinned = ["taskset", "-c", "0", *client]
+    if throttled:  # join the cgroup, then exec the client (its threads inherit the group)
+        cmd = ["sh", "-c", f'echo $$ > {CGROUP}/cgroup.procs && exec "$@"', "sh", *pinned]
+    else:
+        cmd = pinned
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=args.repeat * 120 + 120)
+    if r.returncode != 0:
+        raise RuntimeError(f"coacto-client {policy} @ {bandwidth} failed: {r.stderr.strip()[-800:]}")
+    return [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="resnet50", help="zoo model name")
+    ap.add_argument("--bandwidths", default="5,20,100", help="Mbit/s, comma-separated")
+    ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--repeat", type=int, default=5, help="inferences per setting (median)")
+    ap.add_argument("--quota", type=float, default=0.25, help="device CPU share of one core")
+    ap.add_argument("--server-threads", type=int, default=1)
+    ap.add_argument("--timeout", type=float, default=5.0)
+    ap.add_argument("--out", default="experiments/results", help="folder for CSV / PNG")
+    args = ap.parse_args()
+
+    import onnxruntime as ort
+
+    from coacto import zoo
+
+    tmp = Path(tempfile.mkdtemp(prefix="coacto-exp-"))
+    models = tmp / "models"
+    models.mkdir()
+    model = zoo.build(args.model)
+    model_path = zoo.save(args.model, models / f"{args.model}.onnx")
+    feeds = zoo.input_feeds(model)
+    np.savez(tmp / "inputs.npz", **feeds)
+    ref = ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"]).run(None, feeds)
+    ref_names = [o.name for o in model.graph.output]
+
+    throttled = os.geteuid() == 0 and make_cgroup(args.quota)
+    port = free_port()
+    server = start_server(models, port, args.server_threads)
+    rows = []
+    try:
+        for bw in args.bandwidths.split(","):
+            rate = "unlimited" if bw in ("0", "unlimited") else f"{bw}mbit"
+            for policy in args.policies.split(","):
+                out_npz = tmp / f"out-{policy}-{bw}.npz"
+                print(f"{policy:8s} @ {rate:>9s} ...", file=sys.stderr, flush=True)
+                results = run_client(args, model_path, tmp / "inputs.npz", out_npz, port, policy,
+                                     rate, throttled)
+                got = np.load(out_npz)
+                err = max(float(np.abs(got[n] - r).max() / np.abs(r).max()) for n, r in zip(ref_names, ref))
+                lat = [r["latency_s"] for r in results]
+                rows.append({
+                    "model": args.model, "policy": policy, "bandwidth": rate,
+                    "latency_ms": statistics.median(lat) * 1e3,
+                    "latency_min_ms": min(lat) * 1e3,
+                    "measured_mbps": statistics.median(r.get("bandwidth_est_mbps") or 0 for r in results),
+                    "rtt_ms": statistics.median(r.get("rtt_est_ms") or 0 for r in results),
+                    "tiles_sent": statistics.median(r.get("tiles_sent", 0) for r in results),
+                    "fallback": any(r.get("fallback") for r in results),
+                    "max_rel_error": err, "match": err <= 1e-4,
+                    "device": f"1 thread, CPU 0, quota {args.quota if throttled else 'none'}",
+                    "server": f"{args.server_threads} thread(s), CPU 1",
+                })
+    finally:
+        server.terminate()
+        try:
+            server.wait(10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    csv_path = out / f"offload_bandwidth_{args.model}.csv"
+    with open(csv_path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    print(f"\n{args.model}: device {rows[0]['device']}; server {rows[0]['server']}")
+    print(f"{'bandwidth':>10} " + " ".join(f"{p:>9}" for p in args.policies.split(","))
+          + "   dynamic/best-baseline  (measured Mbit/s)")
+    for bw in dict.fromkeys(r["bandwidth"] for r in rows):
+        sub = {r["policy"]: r for r in rows if r["bandwidth"] == bw}
+        base = [sub[p]["latency_ms"] for p in sub if p != "dynamic"]
+        ratio = sub["dynamic"]["latency_ms"] / min(base) if "dynamic" in sub and base else float("nan")
+        print(f"{bw:>10} " + " ".join(f"{sub[p]['latency_ms']:9.1f}" for p in args.policies.split(","))
+              + f"   {ratio:.3f}   ({sub.get('dynamic', next(iter(sub.values())))['measured_mbps']:.1f})")
+    print("all outputs match onnxruntime" if all(r["match"] for r in rows) else "MISMATCH in some outputs")
+    print(f"wrote {csv_path}")
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(6, 4))
+        bws = list(dict.fromkeys(r["bandwidth"] for r in rows))
+        for p in args.policies.split(","):
+            ax.plot(bws, [next(r["latency_ms"] for r in rows if r["policy"] == p and r["bandwidth"] == b)
+                          for b in bws], marker="o", label=p)
+        ax.set_xlabel("bandwidth cap")
+        ax.set_ylabel("latency (ms, median)")
+        ax.set_title(f"{args.model}: device {rows[0]['device']}")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(out / f"offload_bandwidth_{args.model}.png", dpi=120)
+    except ImportError:
+        print("(matplotlib not installed: no PNG)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,654 @@
+"""The server over real ZeroMQ on 127.0.0.1, driven by a raw DEALER that speaks the protocol by hand
+(docs/PROTOCOL.md): handshake, model store, cloud inferences checked against onnxruntime, hostile
+input, tenant isolation, vanished devices, several devices at once, and the coacto-server command.
+Every wait is bounded: nothing here can hang."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import queue
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import msgpack
+import numpy as np
+import pytest
+import zmq
+
+import coacto
+from coacto import ir, zoo
+from coacto import protocol as P
+from coacto.server import Server, ServerError
+from coacto.tilegraph import graph_identity
+
+TILES = 3
+MAX_MODEL_BYTES = 6 << 20  # the test model is about 5 MB
+
+
+# ------------------------------------------------------------------------------ fixtures
+
+@pytest.fixture(scope="module")
+def model():
+    import onnxruntime as ort
+
+    proto = zoo.build("squeezenet", image_size=32)
+    data = proto.SerializeToString()
+    tg = coacto.compile(data, tiles_per_layer=TILES)
+    feeds = zoo.input_feeds(proto, seed=0)
+    sess = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    ref = dict(zip(names, sess.run(names, feeds)))
+    return {"data": data, "tg": tg, "feeds": feeds, "ref": ref,
+            "tiles": input_tiles(tg, feeds)}
+
+
+@pytest.fixture(scope="module")
+def ctx():
+    c = zmq.Context()
+    yield c
+    c.destroy(linger=0)
+
+
+@pytest.fixture(scope="module")
+def server():
+    with Server("tcp://127.0.0.1:0", threads=2, max_model_bytes=MAX_MODEL_BYTES,
+                heartbeat_timeout=5.0, max_inferences_per_device=4, server_flops=1e10) as s:
+        yield s
+
+
+@pytest.fixture
+def device(ctx, server, model):
+    """A device that said hello and made sure the test model is on the server."""
+    d = Device(ctx, server.address)
+    assert d.rpc({"t": P.HELLO, "v": P.PROTOCOL_VERSION})[0]["t"] == P.HELLO_OK
+    ensure_model(d, model["tg"], model["data"])
+    yield d
+    d.close()
+
+
+# ------------------------------------------------------------------------------ a raw device
+
+class Device:
+    def __init__(self, ctx, address, identity: bytes | None = None):
+        self.sock = ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        if identity is not None:
+            self.sock.setsockopt(zmq.IDENTITY, identity)
+        self.sock.connect(address)
+
+    def send(self, header, *frames):
+        self.sock.send_multipart(P.pack(header, *frames) if isinstance(header, dict)
+                                 else [header, *frames])
+
+    def recv(self, timeout=10.0):
+        assert self.sock.poll(int(timeout * 1000)), "no reply from the server"
+        return P.unpack(self.sock.recv_multipart())
+
+    def rpc(self, header, *frames, timeout=10.0):
+        self.send(header, *frames)
+        return self.recv(timeout)
+
+    def error(self, header, *frames) -> dict:
+        h, _ = self.rpc(header, *frames)
+        assert h["t"] == P.ERROR, h
+        return h
+
+    def silent(self, timeout=0.2) -> bool:
+        return not self.sock.poll(int(timeout * 1000))
+
+    def close(self):
+        self.sock.close(0)
+
+
+def ensure_model(dev: Device, tg, data):
+    q = {"graph_id": tg.graph_id, "model_hash": tg.model_hash, "params": tg.params}
+    h, _ = dev.rpc({"t": P.MODEL_QUERY, **q})
+    if h["t"] == P.MODEL_MISSING:
+        h, _ = dev.rpc({"t": P.MODEL_UPLOAD, **q}, data)
+    assert h["t"] == P.MODEL_READY, h
+
+
+def input_tiles(tg, feeds) -> list[tuple[int, np.ndarray]]:
+    """(tile id, data) of every input tile: the tile's columns, each with its rows."""
+    out = []
+    b, first = tg.plan.tile_bounds, tg.plan.layer_first_tile
+    for name, li in tg.graph.inputs.items():
+        layer = tg.graph.layers[li]
+        x = ir.to_storage(feeds[name]).reshape(-1, layer.shape[1])
+        for t in range(first[li], first[li + 1]):
+            c0, c1, r0, r1 = b[t]
+            out.append((t, np.ascontiguousarray(x[c0:c1, r0:r1]).ravel()))
+    return out
+
+
+def tiles_message(inf, tiles, batch=0):
+    ids = np.asarray([t for t, _ in tiles], dtype="<i4")
+    data = np.concatenate([d for _, d in tiles]).astype("<f4")
+    return {"t": P.TILES, "inf": inf, "batch": batch, "t_send": time.monotonic()}, \
+        ids.tobytes(), data.tobytes()
+
+
+class Results:
+    """Assembles the output layers from RESULT tiles."""
+
+    def __init__(self, tg):
+        self.tg = tg
+        self.store = {li: np.full((int(np.prod(tg.graph.layers[li].shape)) //
+                                   tg.graph.layers[li].shape[1], tg.graph.layers[li].shape[1]),
+                                  np.nan, np.float32) for li in set(tg.graph.outputs.values())}
+        self.tiles = []
+
+    def add(self, frames):
+        ids = np.frombuffer(frames[0], "<i4")
+        data = np.frombuffer(frames[1], "<f4")
+        b, layer_of = self.tg.plan.tile_bounds, self.tg.plan.tile_layer
+        pos = 0
+        for t in ids.tolist():
+            c0, c1, r0, r1 = b[t]
+            n = (c1 - c0) * (r1 - r0)
+            self.store[layer_of[t]][c0:c1, r0:r1] = data[pos:pos + n].reshape(c1 - c0, r1 - r0)
+            pos += n
+        assert pos == data.size
+        self.tiles += ids.tolist()
+
+    def outputs(self):
+        g = self.tg.graph
+        return {name: ir.from_storage(self.store[li], g.layers[li].shape, g.layers[li].onnx_shape)
+                for name, li in g.outputs.items()}
+
+
+def collect(dev: Device, tg, inf, timeout=20.0, heartbeat=None):
+    """Reads until DONE for `inf`: (outputs, acks, done header, other messages)."""
+    res, acks, others = Results(tg), [], []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if heartbeat:
+            dev.send({"t": P.HEARTBEAT, "t_send": time.monotonic()})
+        if not dev.sock.poll(100):
+            continue
+        h, frames = P.unpack(dev.sock.recv_multipart())
+        if h["t"] == P.RESULT and h["inf"] == inf:
+            res.add(frames)
+        elif h["t"] == P.ACK:
+            acks.append(h)
+        elif h["t"] == P.DONE and h["inf"] == inf:
+            return res, acks, h, others
+        else:
+            others.append(h)
+    raise AssertionError(f"inference {inf!r} did not finish within {timeout} s")
+
+
+def assert_matches(got: dict, ref: dict):
+    assert set(got) == set(ref)
+    for k in ref:
+        assert got[k].shape == ref[k].shape
+        scale = float(np.abs(ref[k]).max())
+        err = float(np.abs(got[k].astype(np.float64) - ref[k]).max())
+        assert err <= 1e-4 * scale, f"{k}: max |error| {err:.3g} > 1e-4 * {scale:.3g}"
+
+
+def cloud_inference(dev, model, inf, order=None, duplicate=False, per_message=None):
+    tg = model["tg"]
+    dev.send({"t": P.BEGIN, "inf": inf, "graph_id": tg.graph_id})
+    tiles = [model["tiles"][i] for i in (order or range(len(model["tiles"])))]
+    if duplicate:
+        tiles = tiles + tiles[::-1]
+    step = per_message or len(tiles)
+    for i in range(0, len(tiles), step):
+        dev.send(*tiles_message(inf, tiles[i:i + step], batch=i))
+    res, acks, done, others = collect(dev, tg, inf)
+    assert not [h for h in others if h["t"] == P.ERROR], others
+    assert_matches(res.outputs(), model["ref"])
+    assert sorted(res.tiles) == sorted(set(res.tiles)), "an output tile came twice"
+    return res, acks, done
+
+
+# ------------------------------------------------------------------------------ handshake
+
+def test_hello(ctx, server):
+    d = Device(ctx, server.address)
+    try:
+        h, _ = d.rpc({"t": P.HELLO, "v": P.PROTOCOL_VERSION, "client": "test"})
+        assert h["t"] == P.HELLO_OK and h["v"] == P.PROTOCOL_VERSION
+        assert h["threads"] == 2 and h["max_model_bytes"] == MAX_MODEL_BYTES
+        assert h["server_flops"] > 0 and 0 < h["heartbeat_s"] < 5.0
+        e = d.error({"t": P.HELLO, "v": 99})
+        assert e["code"] == P.E_VERSION
+        assert "99" in e["text"] and str(P.PROTOCOL_VERSION) in e["text"]
+        assert d.error({"t": P.HELLO})["code"] == P.E_BAD_MESSAGE
+    finally:
+        d.close()
+
+
+def test_address_resolves_the_port(server):
+    assert server.address.startswith("tcp://127.0.0.1:")
+    assert int(server.address.rsplit(":", 1)[1]) > 0
+
+
+def test_bad_bind_address():
+    with pytest.raises(ServerError, match="cannot bind"):
+        Server("tcp://256.0.0.1:99999", threads=1, server_flops=1e9).start()
+
+
+# ------------------------------------------------------------------------------ model store
+
+def test_model_query_and_upload(ctx, model, tmp_path):
+    tg, data = model["tg"], model["data"]
+    q = {"graph_id": tg.graph_id, "model_hash": tg.model_hash, "params": tg.params}
+    with Server("tcp://127.0.0.1:0", threads=1, max_model_bytes=MAX_MODEL_BYTES,
+                server_flops=1e9, cache_dir=tmp_path) as srv:
+        d = Device(ctx, srv.address)
+        try:
+            h, _ = d.rpc({"t": P.MODEL_QUERY, **q})
+            assert h == {"t": P.MODEL_MISSING, "graph_id": tg.graph_id, "model_hash": tg.model_hash}
+            # bytes that do not hash to model_hash
+            e = d.error({"t": P.MODEL_UPLOAD, **q}, data[:-1] + b"\0")
+            assert e["code"] == P.E_MODEL_INVALID and e["graph_id"] == tg.graph_id
+            # too large: refused before hashing or compiling
+            e = d.error({"t": P.MODEL_UPLOAD, **q}, b"\0" * (MAX_MODEL_BYTES + 1))
+            assert e["code"] == P.E_MODEL_TOO_LARGE
+            # the right model with params that do not give the claimed graph
+            bad = dict(q, params={"tiles_per_layer": TILES + 1, "input_shapes": {}})
+            e = d.error({"t": P.MODEL_UPLOAD, **bad}, data)
+            assert e["code"] == P.E_MODEL_INVALID and "compiles to" in e["text"]
+            h, _ = d.rpc({"t": P.MODEL_UPLOAD, **q}, data)
+            assert h["t"] == P.MODEL_READY and h["tiles"] == tg.n_tiles
+            h, _ = d.rpc({"t": P.MODEL_QUERY, **q})
+            assert h["t"] == P.MODEL_READY and h["graph_id"] == tg.graph_id
+            # other partition parameters: compiled from the stored ONNX, no upload needed
+            params2 = {"tiles_per_layer": 2, "input_shapes": {}}
+            gid2 = graph_identity(tg.model_hash, params2)
+            h, _ = d.rpc({"t": P.MODEL_QUERY, "graph_id": gid2, "model_hash": tg.model_hash,
+                          "params": params2})
+            assert h["t"] == P.MODEL_READY and h["graph_id"] == gid2
+            assert (tmp_path / f"{tg.model_hash}.onnx").read_bytes() == data
+            assert srv.stats()["store"]["graphs"] == 2
+        finally:
+            d.close()
+    # the cache folder survives a restart
+    with Server("tcp://127.0.0.1:0", threads=1, server_flops=1e9, cache_dir=tmp_path) as srv:
+        d = Device(ctx, srv.address)
+        try:
+            assert d.rpc({"t": P.MODEL_QUERY, **q})[0]["t"] == P.MODEL_READY
+        finally:
+            d.close()
+
+
+def test_preloaded_models(ctx, model, tmp_path):
+    tg = model["tg"]
+    (tmp_path / "squeezenet.onnx").write_bytes(model["data"])
+    tg2 = coacto.compile(model["data"], tiles_per_layer=2)
+    tg2.save(tmp_path / "squeezenet2.ctg")
+    (tmp_path / "broken.onnx").write_bytes(b"not a model")
+    with Server("tcp://127.0.0.1:0", threads=1, models=tmp_path, server_flops=1e9) as srv:
+        kinds = {m["file"]: m for m in srv.loaded_models}
+        assert kinds["squeezenet.onnx"]["model_hash"] == hashlib.sha256(model["data"]).hexdigest()
+        assert kinds["squeezenet2.ctg"]["graph_id"] == tg2.graph_id
+        assert "broken.onnx" not in kinds
+        d = Device(ctx, srv.address)
+        try:
+            for g in (tg, tg2):
+                h, _ = d.rpc({"t": P.MODEL_QUERY, "graph_id": g.graph_id,
+                              "model_hash": g.model_hash, "params": g.params})
+                assert h["t"] == P.MODEL_READY, h
+        finally:
+            d.close()
+    with pytest.raises(coacto.CoactoError, match="does not exist"):
+        Server("tcp://127.0.0.1:0", threads=1, models=tmp_path / "nope", server_flops=1e9).start()
+
+
+# ------------------------------------------------------------------------------ inferences
+
+def test_cloud_inference_matches_onnxruntime(device, model, server):
+    res, acks, done = cloud_inference(device, model, inf=1)
+    tg = model["tg"]
+    n_in = len(model["tiles"])
+    assert len(acks) == 1 and acks[0]["accepted"] == n_in and acks[0]["duplicates"] == 0
+    assert acks[0]["batch"] == 0 and acks[0]["bytes"] > 0 and acks[0]["t_server"] > 0
+    assert done["tiles_external"] == n_in and done["tiles_computed"] == tg.n_tiles - n_in
+    # the measured rate of this graph refines what MODEL_READY announces
+    h, _ = device.rpc({"t": P.MODEL_QUERY, "graph_id": tg.graph_id, "model_hash": tg.model_hash,
+                       "params": tg.params})
+    assert h["t"] == P.MODEL_READY and h["server_flops"] != 1e10
+    # the inference is freed: late tiles are refused cheaply, naming the batch
+    e = device.error(*tiles_message(1, model["tiles"][:1], batch=42))
+    assert e["code"] == P.E_UNKNOWN_INFERENCE and e["batch"] == 42 and e["inf"] == 1
+
+
+def test_duplicated_and_out_of_order_tiles(device, model):
+    n = len(model["tiles"])
+    _, acks, done = cloud_inference(device, model, inf="dup", order=list(range(n))[::-1],
+                                    duplicate=True, per_message=1)
+    assert sum(a["accepted"] for a in acks) == n
+    assert sum(a["duplicates"] for a in acks) == n
+    assert done["duplicates"] == n
+
+
+def test_stats_alpha_and_cancel(device, model, server):
+    h, _ = device.rpc({"t": P.HEARTBEAT, "t_send": 12.5})
+    assert h["t"] == P.STATS and h["t_send"] == 12.5 and h["alpha"] >= 1.0
+    assert h["threads"] == 2 and h["devices"] >= 1 and h["t_server"] > 0
+    gid = model["tg"].graph_id
+    for i in range(4):
+        device.send({"t": P.BEGIN, "inf": 100 + i, "graph_id": gid})
+    e = device.error({"t": P.BEGIN, "inf": 104, "graph_id": gid})
+    assert e["code"] == P.E_BUSY and e["inf"] == 104
+    for i in range(4):
+        device.send({"t": P.CANCEL, "inf": 100 + i})
+    device.send({"t": P.CANCEL, "inf": 100})  # twice: not an error
+    e = device.error(*tiles_message(100, model["tiles"][:1]))
+    assert e["code"] == P.E_UNKNOWN_INFERENCE and "cancelled" in e["text"]
+    cloud_inference(device, model, inf=104)  # room again
+
+
+def test_hostile_input_never_hurts(device, model, server):
+    tg = model["tg"]
+    gid = tg.graph_id
+    rejected = server.stats()["rejected"]
+    device.send({"t": P.BEGIN, "inf": 7, "graph_id": gid})
+    tile0 = model["tiles"][0]
+    header, ids, data = tiles_message(7, [tile0])
+    bad = [
+        [b"\xc1\xff garbage"],                                    # not msgpack
+        [b""],                                                    # empty header
+        [msgpack.packb([1, 2, 3])],                               # not a map
+        [msgpack.packb({"t": "nope"})],                           # unknown type
+        [msgpack.packb({"t": [1]})],                              # unhashable type
+        [msgpack.packb({"t": None, "inf": 1})],
+        [msgpack.packb({1: 2})],                                  # non-string keys
+        [msgpack.packb({"t": P.HELLO_OK, "v": 1})],               # a server's message
+        [msgpack.packb({"t": P.BEGIN})],                          # missing fields
+        [msgpack.packb({"t": P.BEGIN, "inf": [1], "graph_id": gid})],      # wrong type
+        [msgpack.packb({"t": P.BEGIN, "inf": True, "graph_id": gid})],
+        [msgpack.packb({"t": P.BEGIN, "inf": 8, "graph_id": "../../etc/passwd"})],
+        [msgpack.packb({"t": P.MODEL_QUERY, "graph_id": gid, "model_hash": 5, "params": {}})],
+        [msgpack.packb({"t": P.MODEL_QUERY, "graph_id": "0" * 64, "model_hash": tg.model_hash,
+                        "params": {"tiles_per_layer": 10 ** 9}})],
+        [msgpack.packb({"t": P.MODEL_QUERY, "graph_id": "0" * 64, "model_hash": tg.model_hash,
+                        "params": {"tiles_per_layer": float("nan")}})],
+        [msgpack.packb({"t": P.MODEL_QUERY, "graph_id": "0" * 64, "model_hash": tg.model_hash,
+                        "params": {"input_shapes": {"input": [-1, 3]}}})],
+        [msgpack.packb({"t": P.MODEL_UPLOAD, "graph_id": gid, "model_hash": tg.model_hash,
+                        "params": tg.params})],                   # no model frame
+        [msgpack.packb({"t": P.TILES, "inf": 7, "pad": "x" * 100_000})],  # header too large
+        [header],                                                 # no frames
+        [header, ids],                                            # one frame
+        [header, ids[:3], data],                                  # ids not a multiple of 4
+        [header, ids, data[:-4]],                                 # data too short
+        [header, ids, data + b"\0\0\0\0"],                        # data too long
+        [header, ids, data[:-1]],                                 # not whole floats
+        [header, np.asarray([tg.n_tiles], "<i4").tobytes(), data],        # unknown tile id
+        [header, np.asarray([-1], "<i4").tobytes(), data],
+        [header, np.asarray([2 ** 31 - 1], "<i4").tobytes(), data],
+        [header, b"", b""],                                       # no tiles at all
+        [msgpack.packb({"t": P.TILES, "inf": 999, "batch": 3}), ids, data],  # not begun
+    ]
+    codes = []
+    for frames in bad:
+        device.send(*frames)
+        h, _ = device.recv()
+        assert h["t"] == P.ERROR, (frames[0][:40], h)
+        codes.append(h["code"])
+    assert set(codes) <= {P.E_BAD_MESSAGE, P.E_BAD_TILES, P.E_UNKNOWN_INFERENCE,
+                          P.E_UNKNOWN_MODEL}
+    assert codes[-1] == P.E_UNKNOWN_INFERENCE
+    assert server.stats()["rejected"] >= rejected + len(bad)
+    # NaN data and timestamps are the device's own business: accepted, echoed
+    nan_tile = [(tile0[0], np.full_like(tile0[1], np.nan))]
+    h, _ = device.rpc({**tiles_message(7, nan_tile)[0], "t_send": float("nan")},
+                      *tiles_message(7, nan_tile)[1:])
+    assert h["t"] == P.ACK and h["accepted"] == 1 and np.isnan(h["t_send"])
+    device.send({"t": P.CANCEL, "inf": 7})
+    # nothing was harmed: a fresh inference on the same connection is exact
+    cloud_inference(device, model, inf=8)
+
+
+def test_other_device_cannot_touch_an_inference(ctx, device, model, server):
+    tiles = model["tiles"]
+    device.send({"t": P.BEGIN, "inf": 5, "graph_id": model["tg"].graph_id})
+    device.send(*tiles_message(5, tiles[:1]))
+    intruder = Device(ctx, server.address)
+    try:
+        garbage = [(t, np.full_like(d, 1e30)) for t, d in tiles]
+        e = intruder.error(*tiles_message(5, garbage))
+        assert e["code"] == P.E_UNKNOWN_INFERENCE
+        intruder.send({"t": P.CANCEL, "inf": 5})
+        intruder.send({"t": P.BEGIN, "inf": 5, "graph_id": model["tg"].graph_id})  # its own 5
+        intruder.send(*tiles_message(5, garbage))
+        assert intruder.recv()[0]["t"] == P.ACK
+    finally:
+        intruder.close()
+    device.send(*tiles_message(5, tiles[1:], batch=1))
+    res, acks, done, others = collect(device, model["tg"], 5)
+    assert_matches(res.outputs(), model["ref"])
+
+
+def test_vanished_device_is_freed(ctx, model):
+    tg = model["tg"]
+    with Server("tcp://127.0.0.1:0", threads=1, heartbeat_timeout=1.0, server_flops=1e9) as srv:
+        gone, alive = Device(ctx, srv.address), Device(ctx, srv.address)
+        try:
+            for d in (gone, alive):
+                ensure_model(d, tg, model["data"])
+            gone.send({"t": P.BEGIN, "inf": 1, "graph_id": tg.graph_id})
+            gone.send(*tiles_message(1, model["tiles"][:1]))
+            assert gone.recv()[0]["t"] == P.ACK
+            assert srv.stats()["inferences"] == 1
+            gone.close()  # vanishes mid-inference
+            alive.send({"t": P.BEGIN, "inf": 1, "graph_id": tg.graph_id})
+            deadline = time.monotonic() + 5
+            while srv.stats()["devices"] > 1 and time.monotonic() < deadline:
+                alive.rpc({"t": P.HEARTBEAT, "t_send": 0.0})  # stays alive meanwhile
+                time.sleep(0.1)
+            st = srv.stats()
+            assert st["devices"] == 1 and st["devices_expired"] == 1
+            assert st["inferences_expired"] == 1 and st["inferences"] == 1  # only alive's
+            alive.send(*tiles_message(1, model["tiles"]))
+            res, _, _, _ = collect(alive, tg, 1, heartbeat=True)
+            assert_matches(res.outputs(), model["ref"])
+            deadline = time.monotonic() + 5  # freed right after DONE was sent
+            while srv.stats()["inferences"] and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert srv.stats()["inferences"] == 0
+        finally:
+            gone.close()
+            alive.close()
+
+
+def test_several_devices_at_once(ctx, server, model):
+    errors = []
+
+    def run(k):
+        try:
+            d = Device(ctx, server.address, identity=f"device-{k}".encode())
+            try:
+                ensure_model(d, model["tg"], model["data"])
+                for i in range(3):
+                    cloud_inference(d, model, inf=i, per_message=1 + (k % 2))
+                h, _ = d.rpc({"t": P.HEARTBEAT, "t_send": 0.0})
+                assert h["alpha"] >= 1.0
+            finally:
+                d.close()
+        except BaseException as e:  # reported by the main thread
+            errors.append(f"device {k}: {e!r}")
+
+    threads = [threading.Thread(target=run, args=(k,), daemon=True) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads), "a device hung"
+    assert not errors, errors
+
+
+# ------------------------------------------------------------------------------ the command
+
+def _server_command():
+    exe = shutil.which("coacto-server")
+    return [exe] if exe else [sys.executable, "-m", "coacto.server.cli"]
+
+
+def test_cli_serves_and_stops_cleanly(ctx, model, tmp_path):
+    (tmp_path / "squeezenet.onnx").write_bytes(model["data"])
+    proc = subprocess.Popen(_server_command() + [
+        "--bind", "tcp://127.0.0.1:0", "--threads", "1", "--models", str(tmp_path),
+        "--heartbeat-timeout", "5", "--json-log"], stderr=subprocess.PIPE, text=True)
+    lines: queue.SimpleQueue = queue.SimpleQueue()  # a reader thread: readline may block
+    reader = threading.Thread(target=lambda: [lines.put(ln) for ln in proc.stderr], daemon=True)
+    reader.start()
+    try:
+        address, seen = None, []
+        deadline = time.monotonic() + 30
+        while address is None and time.monotonic() < deadline:
+            try:
+                line = lines.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            seen.append(line)
+            msg = json.loads(line)["message"]
+            if msg.startswith("ready: "):
+                address = msg.split()[1].rstrip(",")
+        assert address, "".join(seen)
+        assert any(model["tg"].model_hash in ln for ln in seen)  # models logged with hashes
+        d = Device(ctx, address)
+        try:
+            assert d.rpc({"t": P.HELLO, "v": P.PROTOCOL_VERSION})[0]["t"] == P.HELLO_OK
+            ensure_model(d, model["tg"], model["data"])  # compiled from the preloaded file
+            cloud_inference(d, model, inf=1)
+        finally:
+            d.close()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
+        reader.join(5)  # EOF once the server is gone
+        proc.stderr.close()
+
+
+@pytest.mark.parametrize("args, text", [
+    (["--bind", "tcp://nonsense"], "cannot bind"),
+    (["--bind", "tcp://127.0.0.1:0", "--models", "/nonexistent/models"], "does not exist"),
+])
+def test_cli_start_errors(args, text):
+    r = subprocess.run(_server_command() + args + ["--server-flops", "1e9", "--threads", "1"],
+                       capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert r.returncode == 1 and text in r.stderr, r.stderr
+
+
+def test_cli_help_has_examples():
+    r = subprocess.run(_server_command() + ["--help"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "examples:" in r.stdout and "--models" in r.stdout
+
+
+# ------------------------------------------------------------------------------ pieces
+
+def test_output_tiles_from_the_device_are_not_sent_back(device, model):
+    from coacto.inference import NativeInference
+    from coacto.runtime import NativeRuntime
+
+    tg = model["tg"]
+    li = tg.graph.outputs["output"]
+    first = tg.plan.layer_first_tile
+    mine = int(first[li])
+    with NativeInference(NativeRuntime(1), tg) as local:
+        local.set_inputs(model["feeds"])
+        local.wait(10)
+        own = local.get_tiles([mine])
+    device.send({"t": P.BEGIN, "inf": "own", "graph_id": tg.graph_id})
+    device.send(*tiles_message("own", [(mine, own)] + model["tiles"]))
+    res, acks, done, _ = collect(device, tg, "own")
+    assert mine not in res.tiles
+    assert sorted(res.tiles + [mine]) == list(range(first[li], first[li + 1]))
+    res.add([np.asarray([mine], "<i4").tobytes(), own.astype("<f4").tobytes()])
+    assert_matches(res.outputs(), model["ref"])
+
+
+def test_alpha_counts_other_devices_computing():
+    from coacto.server.sessions import ALPHA_TAU, LoadAverage, alpha
+
+    all_, mine, other = LoadAverage(0.0), LoadAverage(0.0), LoadAverage(0.0)
+    assert alpha(all_, mine, 0.0) == 1.0
+    all_.add(1, 0.0)
+    mine.add(1, 0.0)        # only my own inference computes: no contention
+    assert alpha(all_, mine, 10 * ALPHA_TAU) == pytest.approx(1.0)
+    all_.add(2, 10 * ALPHA_TAU)
+    other.add(2, 10 * ALPHA_TAU)  # two of another device's start computing
+    a_soon = alpha(all_, mine, 10.5 * ALPHA_TAU)
+    a_late = alpha(all_, mine, 30 * ALPHA_TAU)
+    assert 1.0 < a_soon < a_late and a_late == pytest.approx(3.0, rel=1e-6)
+    assert alpha(all_, other, 30 * ALPHA_TAU) == pytest.approx(2.0, rel=1e-6)
+
+
+def test_large_frames_both_ways(ctx, server):
+    """Input and output tiles of hundreds of kB (zero-copy on the server's side)."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(1)
+    w = numpy_helper.from_array(rng.standard_normal((32, 16, 3, 3)).astype(np.float32) * 0.1, "w")
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1]),
+         helper.make_node("Relu", ["y"], ["z"])], "big",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 64, 64])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 32, 64, 64])], [w])
+    data = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)],
+                             ir_version=8).SerializeToString()
+    tg = coacto.compile(data, tiles_per_layer=2)
+    feeds = {"x": rng.standard_normal((1, 16, 64, 64)).astype(np.float32)}
+    sess = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    ref = {"z": sess.run(["z"], feeds)[0]}
+    model = {"tg": tg, "data": data, "feeds": feeds, "ref": ref, "tiles": input_tiles(tg, feeds)}
+    assert min(d.nbytes for _, d in model["tiles"]) >= P.ZERO_COPY_MIN_BYTES
+    d = Device(ctx, server.address)
+    try:
+        ensure_model(d, tg, data)
+        cloud_inference(d, model, inf=1)
+    finally:
+        d.close()
+
+
+def test_fuzzed_headers_never_crash(device, model, server):
+    """Random field values of random types in every device message type: each answered with a
+    proper error (never E_INTERNAL) or ignored, and the server keeps serving."""
+    rng = np.random.default_rng(7)
+    tg = model["tg"]
+    pool = [None, True, False, -1, 0, 3, 2 ** 63, 2 ** 64 - 1, -2 ** 63, 1.5, float("nan"),
+            float("inf"), "", "x" * 200, "0" * 64, tg.graph_id, tg.model_hash, [1, "a"],
+            {"a": 1}, {"tiles_per_layer": "3"}, {"input_shapes": {"input": [1, 3, 0, 2]}},
+            {"input_shapes": {"input": "abc"}}, b"\x00" * 8]
+    fields = ["v", "client", "graph_id", "model_hash", "params", "inf", "batch", "t_send"]
+    kinds = [P.HELLO, P.MODEL_QUERY, P.MODEL_UPLOAD, P.BEGIN, P.TILES, P.CANCEL, P.HEARTBEAT]
+    frame_pool = [b"", b"\x01\x02\x03", np.asarray([0, 1], "<i4").tobytes(),
+                  np.zeros(5, "<f4").tobytes()]
+    for _ in range(300):
+        h = {"t": kinds[rng.integers(len(kinds))]}
+        for f in rng.choice(fields, size=rng.integers(0, 5), replace=False):
+            h[str(f)] = pool[rng.integers(len(pool))]
+        frames = [frame_pool[i] for i in rng.integers(len(frame_pool), size=rng.integers(0, 3))]
+        device.send(h, *frames)
+    device.send({"t": P.HEARTBEAT, "t_send": -7.0})
+    codes = []
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        h, _ = device.recv()
+        if h["t"] == P.ERROR:
+            codes.append(h["code"])
+            assert h["code"] != P.E_INTERNAL, h
+        if h["t"] == P.STATS and h["t_send"] == -7.0:
+            break
+    else:
+        raise AssertionError("the server stopped answering")
+    assert len(codes) > 100
+    for i in range(8):
+        device.send({"t": P.CANCEL, "inf": i})
+    for inf in (0, 3, -1, 2 ** 63, 2 ** 64 - 1, -2 ** 63, "0" * 64, tg.graph_id):
+        device.send({"t": P.CANCEL, "inf": inf})
+    cloud_inference(device, model, inf="after-fuzz")
