@@ -219,7 +219,45 @@ def cmd_demo(args) -> int:
         print(f"output {out_name} {tuple(value.shape)}: max |error| {err:.3g} vs max |reference| "
               f"{scale:.3g} -> {'matches onnxruntime' if ok else 'MISMATCH'}")
     print(f"onnxruntime latency: {ort_lat * 1e3:.1f} ms -> coacto / onnxruntime = {lat / ort_lat:.2f}x")
+    if args.bandwidths:
+        status = max(status, demo_offload(model, feeds, ref, args))
     return status
+
+
+def demo_offload(model, feeds, ref, args) -> int:
+    """Every policy against a server on loopback, at a few bandwidth caps of the client's link."""
+    import coacto
+
+    from . import benchmark as bm
+
+    policies = ["local", "cloud", "split", "fl", "dynamic"]
+    bandwidths = [b.strip() for b in args.bandwidths.split(",") if b.strip()]
+    print("\ncollaborative offloading: a coacto server on loopback (in this process), the device's "
+          "link capped by its own shaper; device and server share this machine's cores, so this "
+          "shows the policies working, not a slow device (see experiments/offload_bandwidth.py)")
+    rows, worst = {}, 0.0
+    with coacto.Server("tcp://127.0.0.1:0", threads=args.threads or 1).start() as server:
+        for bw in bandwidths:
+            for policy in policies:
+                _progress(f"  {policy} at {bw} ...")
+                with coacto.Client(server.address, model, threads=args.threads or 1, policy=policy,
+                                   bandwidth=bw) as client:
+                    times = []
+                    for _ in range(1 + max(1, args.repeat // 2)):
+                        out = client.infer(feeds)
+                        times.append(client.last_stats["latency_s"])
+                    rows[bw, policy] = (float(np.median(times[1:])), client.last_stats)
+                for name, value in out.items():
+                    err, scale = bm.max_error(value, ref[name])
+                    worst = max(worst, err / scale if scale else err)
+    head = f"{'bandwidth':>10} " + "".join(f"{p:>10}" for p in policies) + "   (ms, median)"
+    print(head)
+    for bw in bandwidths:
+        print(f"{bw:>10} " + "".join(f"{rows[bw, p][0] * 1e3:10.1f}" for p in policies))
+    ok = worst <= 1e-4
+    print(f"all {len(rows)} runs agree with onnxruntime (max relative error {worst:.2g})" if ok
+          else f"MISMATCH: max relative error {worst:.2g}")
+    return 0 if ok else EXIT_MISMATCH
 
 
 # ------------------------------------------------------------------------------ parser
@@ -279,14 +317,19 @@ def build_parser() -> argparse.ArgumentParser:
     model_args(b)
     b.set_defaults(func=cmd_bench)
 
-    d = sub.add_parser("demo", help="build a zoo ResNet-50, compile, run, check vs onnxruntime",
+    d = sub.add_parser("demo", help="a zoo ResNet-50: compile, run, check vs onnxruntime, then "
+                                    "every offloading policy against a server on loopback",
                        formatter_class=argparse.RawDescriptionHelpFormatter,
-                       epilog="example:\n  coacto demo --threads 2 --model mobilenetv2")
+                       epilog="examples:\n  coacto demo --threads 2 --model mobilenetv2\n"
+                              "  coacto demo --bandwidths 10mbit,1gbit\n"
+                              "  coacto demo --bandwidths ''        # local part only")
     d.add_argument("--model", default="resnet50", help="zoo model (default resnet50)")
     d.add_argument("--image-size", type=int, default=None)
     d.add_argument("--tiles", type=int, default=None, help="tiles per layer")
     d.add_argument("--threads", type=int, default=None)
     d.add_argument("--repeat", type=int, default=5)
+    d.add_argument("--bandwidths", default="5mbit,20mbit,100mbit",
+                   help="link caps for the offloading part ('' skips it)")
     d.set_defaults(func=cmd_demo)
     return p
 

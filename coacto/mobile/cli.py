@@ -1,0 +1,168 @@
+"""The `coacto-client` command: run inferences of a model on this device with a coacto server.
+
+Exit codes: 0 success; 1 bad input or a coacto error (message on stderr); 2 bad usage."""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import CoactoError, InputError
+from .policies import POLICIES
+
+log = logging.getLogger("coacto.mobile.cli")
+
+EPILOG = """\
+examples:
+  coacto-client --server tcp://gpu-box:5555 --model resnet50.onnx --input data=img.npy
+  coacto-client --server tcp://127.0.0.1:5555 --model model.onnx --input inputs.npz \\
+                --policy split --bandwidth 20mbit --repeat 10 --json
+  coacto-client --model model.onnx --input x=x.npy --policy local --output out.npz
+  coacto-client --server tcp://host:5555 --model model.ctg --model-bytes model.onnx --input x.npy
+  coacto-client --server tcp://127.0.0.1:5555 --model m.onnx --input x.npy --threads 1 \
+                --compute-cgroup /sys/fs/cgroup/cpu/slow-device     (a throttled device)
+
+policies: local (this device alone), cloud (send the input), split (one split layer chosen from
+the estimates), fl (fused-layer: the first layers split spatially), dynamic (CoActo: tile by tile).
+--bandwidth takes tc's units: bit, kbit, mbit, gbit (bits/s); bps, kbps, mbps (bytes/s); a bare
+number is bits/s. With --json every inference prints one JSON object on stdout (latency_s,
+tiles_local, tiles_sent, tiles_from_server, bytes_sent, fallback, bandwidth_est_mbps, ...).
+
+exit codes: 0 success, 1 bad input or an error (message on stderr), 2 bad usage.
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="coacto-client", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
+        description="Run a model on this device, offloading to a coacto server. The device can "
+                    "always finish alone: a missing or stalled server means a local run "
+                    "(\"fallback\": true), never a lost inference.")
+    p.add_argument("--server", metavar="ADDR",
+                   help="the server's endpoint, tcp://host:port (not needed with --policy local)")
+    p.add_argument("--model", required=True, metavar="PATH",
+                   help="an ONNX file, a .ctg tile graph, or a zoo model name")
+    p.add_argument("--model-bytes", metavar="ONNX",
+                   help="with a .ctg model: its ONNX file, uploaded if the server lacks the model")
+    p.add_argument("--input", action="append", metavar="NAME=FILE.npy | FILE.npz",
+                   help="an input array (repeat for several inputs; an .npz holds them by name)")
+    p.add_argument("--random", action="store_true", help="random inputs for those not given")
+    p.add_argument("--policy", default="dynamic", metavar="P",
+                   help=f"one of {', '.join(POLICIES)} (default: dynamic)")
+    p.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="computing threads on this device (default: all CPUs)")
+    p.add_argument("--bandwidth", metavar="RATE", help="cap this client's link, e.g. 20mbit")
+    p.add_argument("--repeat", type=int, default=1, metavar="R",
+                   help="inferences to run (default 1)")
+    p.add_argument("--timeout", type=float, default=5.0, metavar="S",
+                   help="seconds without news from the server before finishing alone (default 5)")
+    p.add_argument("--tiles", type=int, default=None, metavar="T",
+                   help="tiles per layer (the server compiles the same; default: heuristic)")
+    p.add_argument("--image-size", type=int, default=None, help="zoo models: the image size")
+    p.add_argument("--compute-cgroup", metavar="DIR",
+                   help="move the computing threads (only them) into this cgroup v1 cpu folder: "
+                        "a slower device whose network stack is not throttled")
+    p.add_argument("--output", metavar="OUT.npz", help="write the last outputs (ONNX names)")
+    p.add_argument("--json", action="store_true", help="one JSON object per inference on stdout")
+    p.add_argument("--verbose", "-v", action="count", default=0, help="log more (-vv: debug)")
+    return p
+
+
+def _json_default(o):
+    if isinstance(o, (np.integer,)):
+        return int(o)
+    if isinstance(o, (np.floating,)):
+        return float(o)
+    return str(o)
+
+
+def join_cgroup(folder: Path, tids: list[int]) -> None:
+    tasks = folder / "tasks"
+    if not tids:
+        raise InputError("--compute-cgroup: the computing threads' ids are unknown on this system")
+    try:
+        for tid in tids:
+            tasks.write_text(str(tid))
+    except OSError as e:
+        raise InputError(f"--compute-cgroup {folder}: cannot write {tasks} ({e.strerror}); give a "
+                         "cgroup v1 cpu folder this user may write (e.g. /sys/fs/cgroup/cpu/dev)")
+    log.info("computing threads %s moved into %s", tids, folder)
+
+
+def run(args) -> int:
+    from ..cli import load_inputs, resolve_model
+    from .client import Client, ServerUnavailable
+    from .shaper import parse_rate
+
+    if args.policy not in POLICIES:
+        raise InputError(f"unknown policy {args.policy!r}; choose one of {', '.join(POLICIES)}")
+    if args.bandwidth is not None:
+        parse_rate(args.bandwidth)  # a bad rate fails before any model is loaded
+    if args.repeat < 1:
+        raise InputError("--repeat must be at least 1")
+    if args.timeout <= 0:
+        raise InputError("--timeout must be positive")
+    if args.server is None and args.policy != "local":
+        raise InputError(f"--policy {args.policy} needs --server tcp://host:port "
+                         "(or use --policy local)")
+    if args.model_bytes is not None and not Path(args.model_bytes).is_file():
+        raise InputError(f"--model-bytes {args.model_bytes}: no such file")
+    tg, onnx_bytes = resolve_model(args.model, args.tiles, None, args.image_size)
+    feeds = load_inputs(args.input, tg, args.random)
+    with Client(args.server, tg, threads=args.threads, policy=args.policy,
+                bandwidth=args.bandwidth, timeout=args.timeout,
+                model_bytes=args.model_bytes or onnx_bytes) as client:
+        if args.compute_cgroup:
+            join_cgroup(Path(args.compute_cgroup), client.compute_threads)
+        if args.server is not None and args.policy != "local":
+            try:  # the handshake (and a first upload) before the first inference
+                client.connect()
+            except ServerUnavailable as e:
+                log.warning("%s; inferences run on this device alone", e)
+        outputs = None
+        t0 = time.perf_counter()
+        for i in range(args.repeat):
+            outputs = client.infer(feeds)
+            stats = dict(client.last_stats, run=i)
+            if args.json:
+                print(json.dumps(stats, default=_json_default), flush=True)
+            else:
+                print(f"[{i + 1}/{args.repeat}] {stats['policy']}: "
+                      f"{stats['latency_s'] * 1e3:.2f} ms, "
+                      f"{stats['tiles_local']} tiles here, {stats['tiles_sent']} sent, "
+                      f"{stats['tiles_from_server']} from the server"
+                      + (f" (fallback: {stats['fallback_reason']})" if stats["fallback"] else ""),
+                      file=sys.stderr, flush=True)
+        if not args.json:
+            print(f"{args.repeat} inference(s) in {time.perf_counter() - t0:.2f} s; goodput "
+                  f"{client.estimates['bandwidth_est_mbps']:.3g} Mbit/s, RTT "
+                  f"{client.estimates['rtt_est_ms']:.3g} ms", file=sys.stderr)
+    if args.output:
+        out = Path(args.output)
+        np.savez(out, **outputs)
+        if not args.json:
+            print(f"outputs written to {out}", file=sys.stderr)
+    return 0
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    level = logging.WARNING - 10 * min(args.verbose, 2)
+    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
+    try:
+        return run(args)
+    except (CoactoError, ValueError, OSError) as e:
+        print(f"coacto-client: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("coacto-client: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,268 @@
+"""coacto.Client: run a model on this device together with a coacto server.
+
+    import coacto
+    with coacto.Client("tcp://server:5555", "model.onnx", policy="dynamic") as client:
+        outputs = client.infer({"data": image})      # {output name: array}, as onnxruntime's
+        print(client.last_stats["latency_s"], client.last_stats["tiles_from_server"])
+
+The device always holds the whole tile graph and can always finish alone: a server that is down,
+stalls, errs or sits behind a collapsed link costs at most ``timeout`` seconds of waiting, never a
+lost inference (the stats then say ``fallback: true``).
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import threading
+import time
+import weakref
+from concurrent.futures import Future
+
+import numpy as np
+
+from ..errors import CoactoError, ModelError
+from ..inference import now
+from ..runtime import Runtime
+from ..tilegraph import MAGIC, TileGraph
+from . import policies
+from .engine import Engine
+from .estimates import Estimates
+from .jobs import Job
+from .shaper import TokenBucket, parse_rate
+
+log = logging.getLogger(__name__)
+
+
+class ServerUnavailable(CoactoError):
+    """No usable server (unreachable, not answering, or unable to run this model) when one was
+    required (Client.connect). Inferences never raise it: they finish on the device."""
+
+
+class ServerVersionError(ServerUnavailable):
+    """The server speaks another protocol version; install matching coacto versions."""
+
+
+def _recorder(client_ref):
+    def record(stats: dict) -> None:
+        client = client_ref()
+        if client is not None:
+            client.last_stats = stats
+    return record
+
+
+def _thread_ids() -> set[int]:
+    try:
+        return {int(t) for t in os.listdir("/proc/self/task")}
+    except OSError:
+        return set()
+
+
+def _release(engine, runtime) -> None:
+    engine.close()
+    runtime.close()
+
+
+def normalize_address(server: str) -> str:
+    """'host:port' or a ZeroMQ endpoint -> a ZeroMQ endpoint."""
+    if not isinstance(server, str) or not server.strip():
+        raise CoactoError(f"the server address must be a string like tcp://host:5555, "
+                          f"got {server!r}")
+    server = server.strip()
+    if "://" in server:
+        return server
+    host, sep, port = server.rpartition(":")
+    if not sep or not port.isdigit():
+        raise CoactoError(f"cannot read server address {server!r}: write tcp://host:5555 or "
+                          "host:5555")
+    return f"tcp://{host}:{port}"
+
+
+def resolve_model(model, tiles_per_layer=None, input_shapes=None, model_bytes=None):
+    """(TileGraph, ONNX bytes or None) from an ONNX path/bytes/ModelProto, a TileGraph or a .ctg."""
+    from .. import compile as compile_model
+    from ..onnx_import import load_model
+
+    def onnx_bytes(src):
+        return None if src is None else load_model(src)[1]
+
+    if isinstance(model, TileGraph):
+        tg, data = model, onnx_bytes(model_bytes)
+    elif isinstance(model, (str, os.PathLike)) and str(model).endswith(".ctg") or \
+            isinstance(model, (bytes, bytearray)) and bytes(model[:8]) == MAGIC:
+        tg = TileGraph.load(model) if not isinstance(model, (bytes, bytearray)) else \
+            TileGraph.from_bytes(bytes(model))
+        data = onnx_bytes(model_bytes)
+    else:
+        _, data = load_model(model)
+        tg = compile_model(data, tiles_per_layer=tiles_per_layer, input_shapes=input_shapes)
+        return tg, data
+    if data is not None:
+        import hashlib
+
+        if hashlib.sha256(data).hexdigest() != tg.model_hash:
+            raise ModelError("model_bytes is not the ONNX model this tile graph was compiled from "
+                             "(sha256 differs); pass the same .onnx file")
+    return tg, data
+
+
+class Client:
+    """A device-side handle on a model, offloading to ``server`` (None: local only).
+
+    ``model``: an ONNX file path, bytes or ModelProto (compiled with ``tiles_per_layer`` and
+    ``input_shapes``), or a TileGraph / .ctg file (then ``model_bytes``, the ONNX file, is needed
+    only if the server must be sent the model). ``threads``: computing threads here (default: the
+    CPUs this process may use). ``policy``: local, cloud, split, fl or dynamic (see
+    coacto.mobile.policies). ``bandwidth``: cap this client's link, tc-style (``"20mbit"``; a
+    number is bits/s; inference traffic only, not the one-time model upload); it is also the
+    goodput assumed until one is measured (else 10 Mbit/s, see estimates.py). ``timeout``: seconds
+    of silence after which the device stops waiting for the server. ``device_flops``: this device's
+    FLOP/s on the model (default: measured by one local run when split or fl first need it).
+    ``split_layer`` / ``fl_layer`` / ``device_share``: fix the split point or the fused stack
+    instead of choosing them from the estimates.
+    """
+
+    def __init__(self, server, model, threads: int | None = None, policy: str = "dynamic",
+                 bandwidth=None, timeout: float = 5.0, tiles_per_layer: int | None = None,
+                 input_shapes: dict | None = None, *, model_bytes=None,
+                 device_flops: float | None = None, split_layer: int | None = None,
+                 fl_layer: int | None = None, device_share: float | None = None, name=None):
+        self.policy = self._check_policy(policy)
+        if not (isinstance(timeout, (int, float)) and timeout > 0):
+            raise CoactoError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        self.timeout = float(timeout)
+        rate = parse_rate(bandwidth) if bandwidth is not None else None
+        self.bandwidth = rate
+        address = normalize_address(server) if server is not None else None
+        if address is None and self.policy != "local":
+            raise CoactoError(f"policy {self.policy!r} needs a server address; pass server=None "
+                              "only with policy='local'")
+        self.server = address
+        self.graph, self.model_bytes = resolve_model(model, tiles_per_layer, input_shapes,
+                                                     model_bytes)
+        before = _thread_ids()
+        self._runtime = Runtime(self.graph, threads)
+        #: OS thread ids of this client's computing threads (Linux; empty elsewhere): experiments
+        #: that emulate a slower device throttle these alone (see coacto-client --compute-cgroup)
+        self.compute_threads = sorted(_thread_ids() - before)
+        self.threads = self._runtime.threads
+        self._options = {"split_layer": split_layer, "fl_layer": fl_layer,
+                         "device_share": device_share}
+        self._estimates = Estimates(rate, device_flops)
+        self._ids = itertools.count(1)
+        self._calibrate_lock = threading.Lock()
+        self._closed = False
+        self.last_stats: dict = {}
+        self._engine = Engine(
+            address=address, tg=self.graph, model_bytes=self.model_bytes,
+            runtime=self._runtime._rt, estimates=self._estimates, timeout=self.timeout,
+            uplink=TokenBucket(rate) if rate else None,
+            downlink=TokenBucket(rate) if rate else None,
+            on_finish=_recorder(weakref.ref(self)), name=name)
+        self._engine.start(connect=self.policy != "local")
+        # a Client dropped without close() still stops its thread and releases its runtime
+        self._finalizer = weakref.finalize(self, _release, self._engine, self._runtime)
+
+    @staticmethod
+    def _check_policy(policy) -> str:
+        if policy not in policies.POLICIES:
+            raise policies.PolicyError(f"unknown policy {policy!r}; choose one of "
+                                       + ", ".join(policies.POLICIES))
+        return policy
+
+    # ------------------------------------------------------------------ inference
+
+    def infer(self, feeds: dict, policy: str | None = None) -> dict[str, np.ndarray]:
+        """One inference: {input name: float32 array} -> {output name: array} (ONNX names)."""
+        return self.infer_async(feeds, policy).result()
+
+    def infer_async(self, feeds: dict, policy: str | None = None) -> Future:
+        """Submits an inference; the Future's result is the outputs, its ``stats`` attribute the
+        inference's statistics once done. Any number may be in flight."""
+        if self._closed:
+            raise CoactoError("this Client is closed; create a new one")
+        policy = self.policy if policy is None else self._check_policy(policy)
+        self._runtime._check_feeds(feeds)
+        if policy in ("split", "fl") and self._estimates.device_flops is None:
+            self.calibrate()
+        feeds = {k: np.array(v, dtype=np.float32, copy=True) for k, v in feeds.items()}
+        keys = {"split": ("split_layer",), "fl": ("fl_layer", "device_share")}.get(policy, ())
+        options = {k: self._options[k] for k in keys if self._options[k] is not None}
+        job = Job(next(self._ids), feeds, policy, options, now())
+        self._engine.submit(job)
+        return job.future
+
+    def calibrate(self, repeats: int = 2) -> float:
+        """Measures this device's FLOP/s on the model (local runs on zeros; the first warms up)."""
+        with self._calibrate_lock:
+            if self._estimates.device_flops is not None:
+                return self._estimates.device_flops
+            zeros = {k: np.zeros(v, np.float32) for k, v in self.graph.inputs.items()}
+            best = float("inf")
+            for _ in range(max(2, repeats)):
+                t0 = time.perf_counter()
+                self._runtime.run(zeros)
+                best = min(best, time.perf_counter() - t0)
+            rate = self.graph.total_flops / best
+            self._estimates.on_local_run(self.graph.total_flops, best)
+            log.info("device rate on this model: %.3g GFLOP/s (%.2f ms per inference)",
+                     rate / 1e9, best * 1e3)
+            return self._estimates.device_flops
+
+    # ------------------------------------------------------------------ connection
+
+    @property
+    def connected(self) -> bool:
+        """True while the server is ready for this model."""
+        return self._engine.session.ready
+
+    def connect(self, timeout: float | None = None) -> "Client":
+        """Waits until the server is ready for this model (handshake and, once, the upload);
+        raises ServerVersionError / ServerUnavailable if it is not within ``timeout`` (default:
+        the client's timeout, extended while a model upload is under way)."""
+        if self.server is None:
+            raise ServerUnavailable("this client has no server address")
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        while True:
+            left = deadline - time.monotonic()
+            if self._engine.wait_ready(max(0.0, min(left, 0.25))):
+                return self
+            session = self._engine.session
+            if session.version_error:
+                raise ServerVersionError(session.version_error)
+            if left <= 0 and not (timeout is None and session.state == "upload"):
+                break
+        raise ServerUnavailable(f"server {self.server} is not available: "
+                                f"{session.last_error or 'no answer'}")
+
+    @property
+    def server_info(self) -> dict:
+        """What the server said at hello (its FLOP/s, threads, limits) plus connection counters."""
+        s = self._engine.session
+        return {**s.server_info, "state": s.state, "uploads": s.uploads, "connects": s.connects,
+                "reconnects": s.reconnects, "last_error": s.last_error}
+
+    @property
+    def estimates(self) -> dict:
+        """The current goodput, RTT, server and device estimates."""
+        return self._estimates.snapshot()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def close(self) -> None:
+        """Stops the communication engine (inferences still in flight fail with CoactoError) and
+        releases the computing threads."""
+        if self._closed:
+            return
+        self._closed = True
+        self._finalizer()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"Client(server={self.server!r}, policy={self.policy!r}, threads={self.threads}, "
+                f"tiles={self.graph.n_tiles})")

@@ -1,0 +1,527 @@
+"""The device's communication engine: one thread per Client owns the DEALER socket.
+
+It waits on three things with one zmq.Poller: the socket, the native runtime's report queue (tiles
+queued for sending, inferences done) and a wake-up pipe (work submitted, close requested). The
+application's threads never touch the socket; they submit jobs and wait on Futures.
+
+Per inference (a job) it plans (policies.py), starts the native inference, and, when the plan uses
+the server, sends BEGIN and then streams the tiles the runtime queues, in TILES batches of up to
+MAX_BATCH_BYTES, oldest inference first (inputs first: the native queue is ordered shallowest
+first). ACKs feed the goodput and RTT estimates, which are pushed into every dynamic inference
+(set_offload_params) for the C-side ECT rule; RESULTs complete the device's inference from outside.
+Whichever side completes the exit tiles first wins; the loser's work is cancelled (CANCEL to the
+server, or closing the native inference here).
+
+The device always finishes (DESIGN.md §5, "Faults"). Connections follow the Lazy Pirate pattern:
+every request that expects an answer arms a reply timer; silence for ``timeout`` seconds, or the
+TCP connection dropping, closes the socket (LINGER 0) and opens a fresh one after an exponential,
+capped back-off, HELLO and model query again. Inferences attached to the lost connection finish on
+the device (``compute_all``; ``fallback`` in their stats). An inference that hears nothing about
+itself for ``timeout`` seconds, that finds no server within ``timeout``, or that the server answers
+with ERROR, does the same; results that still come from the server are taken (exactly once).
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+import queue
+import socket
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import zmq
+
+from .. import __version__
+from .. import protocol as P
+from ..errors import CoactoError
+from ..inference import REPORT_DONE, SEND_ALWAYS, SEND_DECIDE, NativeInference, ReportQueue, now
+from . import policies
+from .jobs import COALESCE_S, Job, job_stats
+from .link import Link
+from .session import Session
+
+log = logging.getLogger(__name__)
+
+MAX_BATCH_BYTES = 256 << 10
+MIN_BATCH_BYTES = 16 << 10
+#: A batch carries about this much link time (bounded by the two sizes above).
+BATCH_SECONDS = 0.010
+#: The send window (bytes handed to the link, not yet acknowledged) covers at least this much
+#: link time, and twice the RTT: enough to keep the link busy while the engine is descheduled.
+WINDOW_S = 0.05
+#: A dynamic inference skips the server when the device is predicted to finish before any split
+#: point could (policies.split_costs with the current estimates): then not even the inputs are
+#: worth their link time and CPU. Every EXPLORE_EVERY-th such inference offloads anyway, so the
+#: estimates stay fresh.
+EXPLORE_EVERY = 8
+#: Longest poll (the loop also wakes on every event).
+MAX_POLL_S = 0.5
+
+
+class Engine:
+    """The communication engine of one Client (see the module text)."""
+
+    def __init__(self, *, address, tg, model_bytes, runtime, estimates, timeout, uplink=None,
+                 downlink=None, on_finish=None, name=None):
+        self.address = address
+        self.tg = tg
+        self.rt = runtime
+        self.est = estimates
+        self.timeout = float(timeout)
+        self.on_finish = on_finish
+        name = name or f"coacto-client/{__version__} {socket.gethostname()} pid {os.getpid()}"
+        self._ready_cv = threading.Condition()
+        self._submissions: queue.SimpleQueue = queue.SimpleQueue()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._closing = False
+        self._thread = threading.Thread(target=self._run, name="coacto-client-io", daemon=True)
+        self._reaper = ThreadPoolExecutor(1, thread_name_prefix="coacto-client-reaper")
+        self._ctx = zmq.Context()
+        self._reports = ReportQueue(runtime)
+        self._poller = zmq.Poller()
+        self.link = Link(self._ctx, self._poller, self.timeout, uplink, downlink)
+        self.session = Session(self.link, address, tg, model_bytes, estimates, self.timeout, name,
+                               on_ready=self._server_ready, on_lost=self._server_lost)
+        self._jobs: dict[int, Job] = {}
+        self._is_input = np.zeros(tg.n_tiles, bool)
+        self._is_input[policies.input_tiles(tg)] = True
+        self._n_computable = tg.n_tiles - int(self._is_input.sum())
+        self._gated = 0
+
+    # ------------------------------------------------------------------ other threads
+
+    @property
+    def reconnects(self) -> int:
+        return self.session.reconnects
+
+    def start(self, connect: bool) -> None:
+        self.session.want = bool(connect and self.address)
+        self._thread.start()
+
+    def submit(self, job: Job) -> None:
+        if self._closing:
+            raise RuntimeError("closed")
+        self._submissions.put(job)
+        self._wake()
+
+    def wait_ready(self, timeout: float | None) -> bool:
+        with self._ready_cv:
+            if self.address and not self.session.want:
+                self.session.want = True
+                self._wake()
+            return self._ready_cv.wait_for(lambda: self.session.ready or self._closing, timeout) \
+                and self.session.ready
+
+    def close(self, timeout: float = 10.0) -> None:
+        if self._closing:
+            return
+        self._closing = True
+        self._wake()
+        if threading.current_thread() is self._thread:
+            return  # closed from a Future's callback: the loop ends when the callback returns
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+        self._fail_submissions()  # any that raced with the loop's end
+        for fd in (self._wake_r, self._wake_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        if not self._thread.is_alive():
+            self._ctx.term()
+
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"w")
+        except (BlockingIOError, OSError):
+            pass
+
+    # ------------------------------------------------------------------ loop
+
+    def _run(self) -> None:
+        poller, link, session = self._poller, self.link, self.session
+        poller.register(self._reports.fd, zmq.POLLIN)
+        poller.register(self._wake_r, zmq.POLLIN)
+        try:
+            while not self._closing:
+                self._intake()
+                self._timers(now())
+                link.deliver(now(), self._handle)
+                link.pump(now(), self._next_batch, self._on_sent)
+                t = now()
+                wait = min([t + MAX_POLL_S, *link.wakeups(), *session.wakeups(),
+                            *self._job_wakeups(t)]) - t
+                # zmq polls in whole milliseconds (a fraction is truncated: round up, no spin)
+                events = dict(poller.poll(math.ceil(max(0.0, wait) * 1000.0)))
+                if self._wake_r in events:
+                    self._drain_wake()
+                if self._reports.fd in events:
+                    self._on_reports()
+                if link.monitor is not None and link.monitor in events and link.disconnected():
+                    session.lost("the connection was closed")
+                if link.sock is not None and link.sock in events:
+                    link.receive(self._handle, now)
+        except Exception as e:  # a bug: never leave a Future hanging
+            log.exception("the client's communication engine failed")
+            for job in list(self._jobs.values()):
+                job.fail(e)
+            self._jobs.clear()
+        finally:
+            self._shutdown()
+
+    def _shutdown(self) -> None:
+        for job in list(self._jobs.values()):
+            if job.begin_released and job.epoch == self.link.epoch:
+                self.link.send_now({"t": P.CANCEL, "inf": job.id})
+            job.fail(CoactoError("the client was closed before this inference finished"))
+        self._jobs.clear()
+        self._fail_submissions()
+        self.link.flush(P.CANCEL)  # the server frees what we no longer need at once
+        self.link.close()
+        self._reaper.shutdown(wait=True)
+        with self._ready_cv:
+            self._ready_cv.notify_all()
+
+    def _fail_submissions(self) -> None:
+        while True:
+            try:
+                job = self._submissions.get_nowait()
+            except queue.Empty:
+                return
+            job.fail(CoactoError("the client was closed before this inference started"))
+
+    def _drain_wake(self) -> None:
+        try:
+            while os.read(self._wake_r, 4096):
+                pass
+        except (BlockingIOError, OSError):
+            pass
+
+    def _job_wakeups(self, t: float) -> list[float]:
+        times = []
+        for job in self._jobs.values():
+            if job.deadline is not None and not job.fallback:
+                times.append(job.deadline)
+            if job.attached and not job.fallback:
+                times.append(job.last_news + self.timeout)
+            if job.queued_since is not None and job.queued_since + COALESCE_S > t:
+                times.append(job.queued_since + COALESCE_S)  # (past: the window holds it)
+        return times
+
+    def _timers(self, t: float) -> None:
+        self.session.tick(t)
+        self.est.goodput.expire(t - max(30.0, 4 * self.timeout))
+        for job in list(self._jobs.values()):
+            if job.fallback or job.native is None and not job.waiting:
+                continue
+            if job.deadline is not None and t >= job.deadline:
+                self._fallback(job, f"no server within {self.timeout:g} s "
+                                    f"({self.session.why_down()})")
+            elif job.attached and t - job.last_news > self.timeout:
+                self._fallback(job, f"nothing heard about this inference for {self.timeout:g} s")
+
+    # ------------------------------------------------------------------ server events
+
+    def _server_ready(self) -> None:
+        for job in list(self._jobs.values()):
+            if job.waiting:
+                self._start(job, lambda job=job: self._plan(job))
+            elif job.native is not None and job.plan.uses_server and not job.fallback \
+                    and not job.attached:
+                self._attach(job)
+        with self._ready_cv:
+            self._ready_cv.notify_all()
+
+    def _server_lost(self, reason: str) -> None:
+        """Inferences that relied on the lost connection finish on the device."""
+        for job in list(self._jobs.values()):
+            if job.attached or job.waiting or (job.native is not None and job.plan.uses_server):
+                self._fallback(job, f"server lost: {reason}")
+            job.attached = False
+        with self._ready_cv:
+            self._ready_cv.notify_all()
+
+    # ------------------------------------------------------------------ jobs
+
+    def _intake(self) -> None:
+        while True:
+            try:
+                job = self._submissions.get_nowait()
+            except queue.Empty:
+                return
+            if not job.future.set_running_or_notify_cancel():
+                continue  # cancelled before it started
+            self._jobs[job.id] = job
+            self._admit(job)
+
+    def _admit(self, job: Job) -> None:
+        session = self.session
+        if job.policy == "local" or not self.address:
+            self._start(job, policies.plan_local(self.tg))
+            return
+        session.want = True
+        if session.ready and job.policy == "dynamic" and self._local_is_faster(job):
+            self._start(job, policies.plan_local(self.tg))
+        elif session.ready:
+            self._start(job, lambda: self._plan(job))
+        elif session.server_down or session.version_error:
+            job.fallback = True
+            job.fallback_reason = f"server unavailable ({session.why_down()})"
+            self._start(job, policies.plan_local(self.tg))
+        else:  # a connection is being made: wait for it at most `timeout`
+            job.deadline = job.t_submit + self.timeout
+            if job.policy in ("cloud", "dynamic"):
+                self._start(job, lambda: self._plan(job))  # its part meanwhile; attaches later
+            else:
+                job.waiting = True  # split / fl plan with the server's figures
+
+    def _local_is_faster(self, job: Job) -> bool:
+        e = self.est
+        if e.device_flops is None:
+            return False
+        local, offloaded = policies.local_and_best_offload(
+            self.tg, e.device_flops, e.server_flops, e.bandwidth, e.rtt.value, e.alpha)
+        if local >= offloaded:
+            self._gated = 0
+            return False
+        self._gated += 1
+        if self._gated % EXPLORE_EVERY == 0:
+            return False
+        job.skipped = (f"the device is predicted to finish first ({local * 1e3:.1f} ms vs "
+                       f"{offloaded * 1e3:.1f} ms offloaded at best)")
+        return True
+
+    def _plan(self, job: Job) -> policies.Plan:
+        e = self.est
+        return policies.make_plan(job.policy, self.tg, device_flops=e.device_flops,
+                                  server_flops=e.server_flops, bandwidth=e.bandwidth,
+                                  rtt=e.rtt.value, alpha=e.alpha, **job.options)
+
+    def _start(self, job: Job, plan) -> None:
+        """Starts a job with ``plan`` (a Plan, or a function making one); a failure fails only
+        this job's Future."""
+        try:
+            self._start_native(job, plan if isinstance(plan, policies.Plan) else plan())
+        except Exception as e:  # a bad input the checks missed, a native error, a policy error
+            log.debug("inference %d failed to start: %s", job.id, e)
+            self._jobs.pop(job.id, None)
+            job.fail(e)
+
+    def _start_native(self, job: Job, plan: policies.Plan) -> None:
+        job.waiting = False
+        job.plan = plan
+        native = NativeInference(self.rt, self.tg, tag=job.id)
+        job.native = native
+        native.set_plan(plan.local, plan.send, None)  # any plan: REPORT_DONE is announced
+        if plan.uses_server:
+            send = plan.send
+            job.inputs_to_send = int((send[self._is_input] == SEND_ALWAYS).sum())
+            job.input_bytes = int(self.tg.plan.tile_bytes[self._is_input & (send == SEND_ALWAYS)]
+                                  .sum())
+            job.decides = bool((send == SEND_DECIDE).any())
+        job.t_start = now()
+        if plan.uses_server and self.session.ready and not job.fallback:
+            self._attach(job)  # BEGIN and the ECT parameters before the first tile completes
+        native.set_inputs(job.feeds)
+        job.feeds = None
+
+    def _attach(self, job: Job) -> None:
+        t = now()
+        job.attached, job.epoch, job.deadline = True, self.link.epoch, None
+        job.t_begin = job.last_news = t
+        job.sending = True
+        self.link.control({"t": P.BEGIN, "inf": job.id, "graph_id": self.tg.graph_id}, job=job)
+        self._push_params(job, t)
+
+    def _push_params(self, job: Job, t: float) -> None:
+        if not job.decides or not job.sending or job.native is None:
+            return
+        e = self.est
+        b, rtt = e.bandwidth, e.rtt.value
+        if job.inputs_at_server is None:  # estimate until the ACK of the last input says
+            left = job.unacked + (job.native.queued_bytes() if job.inputs_to_send else 0)
+            at = max(job.t_begin + job.input_bytes / b, t + left / b) + rtt / 2
+        else:
+            at = job.inputs_at_server
+        # what waits in the link, and the coalescing delay, lengthen every send: count them as RTT
+        extra = COALESCE_S + self.link.backlog_bytes / b
+        job.native.set_offload_params(b, rtt + 2 * extra, at, e.server_flops, e.alpha)
+
+    def _fallback(self, job: Job, reason: str) -> None:
+        if job.fallback and job.native is not None:
+            return
+        if not job.fallback:
+            log.info("inference %d finishes on the device: %s", job.id, reason)
+        job.fallback, job.fallback_reason = True, job.fallback_reason or reason
+        job.sending = False
+        job.deadline = None
+        if job.native is None:
+            self._start(job, policies.plan_local(self.tg))
+            return
+        job.native.set_offload_params(0.0, 0.0, 0.0, 1.0, 1.0)  # decide nothing more
+        job.native.compute_all()
+
+    def _on_reports(self) -> None:
+        for tag, kind, _tile in self._reports.take():
+            if kind == REPORT_DONE:
+                job = self._jobs.get(tag)
+                if job is not None and job.native is not None:
+                    self._finish(job)
+        # REPORT_SEND only wakes the loop: _pump looks at every sending job's queue
+
+    def _finish(self, job: Job) -> None:
+        del self._jobs[job.id]
+        job.done = True
+        native = job.native
+        outputs = native.outputs()
+        native_stats = native.stats()
+        for frames in self.link.drop_job(job, now()):  # batches not sent yet: withdrawn
+            self.est.goodput.forget((job.id, P.unpack(frames[:1])[0].get("batch")))
+        if job.begin_released and job.epoch == self.link.epoch and not job.server_done \
+                and self.link.is_open:
+            self.link.control({"t": P.CANCEL, "inf": job.id}, job=job)
+        t = now()
+        # the loser's remaining local work is cancelled; destroying the inference waits for the
+        # tiles in flight (a throttled device may take a while): not on this thread
+        native.cancel()
+        self._reaper.submit(native.close)
+        if job.plan.uses_server and job.t_begin is None and not job.fallback:
+            job.fallback = True
+            job.fallback_reason = "finished on the device before a server was ready"
+        if native_stats["tiles_computed"] == self._n_computable:  # the device's own speed
+            self.est.on_local_run(self.tg.total_flops, native_stats["seconds"])
+        stats = job_stats(job, native_stats, t, self)
+        if self.on_finish is not None:
+            self.on_finish(stats)  # before the Future: whoever waits on it reads last_stats
+        job.complete(outputs, stats)
+
+    # ------------------------------------------------------------------ sending
+
+    def _on_sent(self, kind: str, frames, nbytes: int, job: Job | None, t_booked) -> bool:
+        """The link releases a message; False drops it (its inference finished meanwhile)."""
+        if job is None:
+            return True
+        if kind == P.TILES:
+            key = (job.id, P.unpack(frames[:1])[0].get("batch"))
+            if job.done:
+                self.est.goodput.forget(key)
+                return False
+            if t_booked is not None:
+                self.est.goodput.booked(key, t_booked)
+            job.tiles_sent += len(frames[1])  # the int32 ids
+        elif kind == P.BEGIN and job.done:
+            return False
+        job.bytes_sent += nbytes
+        if kind == P.BEGIN:
+            job.begin_released = True
+        return True
+
+    def _next_batch(self):
+        """The next TILES message: oldest inference first, when the send window allows."""
+        if not self.session.ready:
+            return None
+        b = self.est.bandwidth
+        batch_bytes = int(min(MAX_BATCH_BYTES, max(MIN_BATCH_BYTES, b * BATCH_SECONDS)))
+        window = max(2 * batch_bytes, b * max(2 * self.est.rtt.value, WINDOW_S))
+        if self.est.goodput.inflight_bytes >= window:
+            return None
+        epoch = self.link.epoch
+        for job in self._jobs.values():
+            if job.attached and job.sending and job.epoch == epoch:
+                frames = job.take_batch(batch_bytes, self._is_input, self.est.goodput)
+                if frames is not None:
+                    return P.TILES, frames, job
+        return None
+
+    # ------------------------------------------------------------------ receiving
+
+    def _handle(self, frames) -> None:
+        try:
+            header, rest = P.unpack(frames)
+        except P.ProtocolError as e:
+            log.warning("dropping a malformed message from the server: %s", e)
+            return
+        kind = header["t"]
+        try:
+            if self.session.handle(kind, header, rest):
+                if kind == P.STATS:
+                    self._refresh_params()
+                return
+            handler = getattr(self, "_on_" + kind, None)
+            if handler is None:
+                log.debug("ignoring a %r message (devices do not take it)", kind)
+                return
+            handler(header, rest, sum(len(f) for f in frames))
+        except Exception:
+            log.exception("handling a %r message from the server failed", kind)
+
+    def _job_of(self, header: dict, nbytes: int) -> Job | None:
+        job = self._jobs.get(header.get("inf"))
+        if job is not None:
+            job.bytes_received += nbytes
+            job.last_news = now()
+        return job
+
+    def _refresh_params(self) -> None:
+        t = now()
+        for job in self._jobs.values():
+            if job.attached and job.decides and job.sending:
+                self._push_params(job, t)
+
+    def _on_ack(self, h, rest, nbytes) -> None:
+        job = self._job_of(h, nbytes)
+        batch = h.get("batch")
+        t = now()
+        inf = h.get("inf")
+        t_server = h.get("t_server")
+        sample = self.est.goodput.acked((inf, batch), t, self.est.rtt.value,
+                                        t_server if isinstance(t_server, (int, float)) else None)
+        if sample is not None:
+            self.est.rtt.sample(sample)
+        if job is None:
+            return
+        job.unacked -= job.inflight.pop(batch, 0)
+        if batch == job.input_batch and job.inputs_at_server is None:
+            # when the server took in the last input: its own stamp on our clock if the offset
+            # is known (immune to how late we read the ACK), else the ACK's arrival - RTT / 2
+            at = self.est.clock.to_local(t_server) if isinstance(t_server, (int, float)) else None
+            job.inputs_at_server = min(at, t) if at is not None else t - self.est.rtt.value / 2
+        self._refresh_params()
+
+    def _on_result(self, h, rest, nbytes) -> None:
+        job = self._job_of(h, nbytes)
+        if job is None or job.native is None or len(rest) != 2:
+            return
+        ids = np.frombuffer(rest[0].buffer, dtype="<i4")
+        data = np.frombuffer(rest[1].buffer, dtype="<f4")
+        if data.ctypes.data % 4:
+            data = data.copy()
+        try:
+            accepted, _dup = job.native.put_tiles(ids, data)
+        except Exception as e:
+            self._fallback(job, f"the server sent unusable results ({e})")
+            return
+        job.tiles_from_server += accepted
+
+    def _on_done(self, h, rest, nbytes) -> None:
+        job = self._job_of(h, nbytes)
+        if job is not None:
+            job.server_done = True
+            job.server_report = {k: v for k, v in h.items() if k not in ("t", "inf")}
+
+    def _on_error(self, h, rest, nbytes) -> None:
+        code, text, re_ = h.get("code"), str(h.get("text", ""))[:500], h.get("re")
+        job = self._job_of(h, nbytes) if "inf" in h else None
+        if "batch" in h:  # a TILES batch that will not be acknowledged
+            self.est.goodput.forget((h.get("inf"), h.get("batch")))
+        if job is not None:
+            job.server_done = True  # the server holds nothing more for it
+            self._fallback(job, f"server error {code}: {text}")
+            if code == P.E_UNKNOWN_MODEL:
+                self.session.model_lost()
+        elif "inf" not in h:
+            self.session.on_error(code, text, re_)

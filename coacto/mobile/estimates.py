@@ -1,0 +1,246 @@
+"""Online estimates the dynamic scheduler and the baselines plan with: link goodput, round-trip
+time, the server's speed and contention, the device's own speed.
+
+Goodput comes from acknowledgements. Each TILES batch is acknowledged once the server has taken it
+in; the ACK echoes the time the batch was handed to the link and carries the server's clock. While
+the sender is backlogged (a batch was handed over while earlier ones were still unacknowledged) the
+link never idles between them, so the time between the server taking in successive batches is the
+time the link took for the later one: bytes acknowledged over the spacing of the server's ACK
+timestamps is the goodput, whatever the pipelining depth and the RTT, and untouched by how late the
+device gets around to reading the ACKs (a busy or CPU-capped device reads them in bunches).
+Samples are pooled over windows of at least ``WINDOW_S`` and the windows are smoothed with an EWMA.
+An isolated batch, or the probe the session sends after the handshake, still bounds the goodput
+from below (it took at most its round trip), which lifts a too-low initial guess quickly.
+
+Round-trip time comes from HEARTBEAT -> STATS exchanges (the server echoes our timestamp), from the
+HELLO handshake and from ACKs of small, unqueued batches; each sample is min-filtered over the last
+few (queueing behind our own data only ever adds) and then smoothed.
+
+All times are seconds on the runtime's clock (``coacto.inference.now``); rates are bytes/s and
+FLOP/s.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+
+log = logging.getLogger(__name__)
+
+#: Goodput before anything was measured, when no --bandwidth is given: 10 Mbit/s, a modest WiFi or
+#: LTE uplink. Conservative on purpose: the dynamic scheduler then sends little beyond the inputs
+#: until ACKs show the link is faster (one batch is enough to lift the estimate).
+DEFAULT_BANDWIDTH = 10e6 / 8
+#: Round-trip time before anything was measured.
+DEFAULT_RTT = 0.010
+#: Server FLOP/s assumed before HELLO_OK says (only for planning before the first handshake).
+DEFAULT_SERVER_FLOPS = 20e9
+#: Shortest window pooled into one goodput sample.
+WINDOW_S = 0.020
+#: Smallest byte count a goodput window must hold to count (tiny windows measure overheads).
+WINDOW_MIN_BYTES = 16 * 1024
+#: EWMA weights of new samples.
+GOODPUT_GAIN = 0.3
+RTT_GAIN = 0.25
+DEVICE_GAIN = 0.3
+#: RTT samples a min-filter spans.
+RTT_MIN_OF = 5
+
+
+class Goodput:
+    """Goodput from acknowledged batches (see the module text)."""
+
+    def __init__(self, initial: float = DEFAULT_BANDWIDTH):
+        self.value = float(initial)
+        self.samples = 0
+        self.inflight_bytes = 0
+        self._pending: dict = {}
+        self._last_ack: float | None = None
+        self._last_server: float | None = None
+        self._last_booked: float | None = None
+        self._booked: dict = {}
+        self._win_bytes = 0
+        self._win_time = 0.0
+
+    def sent(self, key, nbytes: int, t: float) -> None:
+        """A batch of ``nbytes`` was handed to the link at ``t``."""
+        self._pending[key] = (int(nbytes), t, self.inflight_bytes > 0)
+        self.inflight_bytes += int(nbytes)
+
+    def booked(self, key, t_release: float) -> None:
+        """The client's own shaper scheduled the batch's last byte to cross at ``t_release``."""
+        if key in self._pending:
+            self._booked[key] = t_release
+
+    def forget(self, key) -> None:
+        """A batch that will never be acknowledged (its inference or connection is gone)."""
+        item = self._pending.pop(key, None)
+        self._booked.pop(key, None)
+        if item is not None:
+            self.inflight_bytes -= item[0]
+
+    def expire(self, before: float) -> None:
+        """Forgets batches handed over before ``before`` that were never acknowledged."""
+        if self._pending:
+            for key in [k for k, (_, t, _) in self._pending.items() if t < before]:
+                self.forget(key)
+
+    def reset(self) -> None:
+        """The connection was replaced: nothing in flight any more (the estimate stays)."""
+        self._pending.clear()
+        self._booked.clear()
+        self.inflight_bytes = 0
+        self._last_ack = self._last_server = self._last_booked = None
+        self._win_bytes, self._win_time = 0, 0.0
+
+    def acked(self, key, t: float, rtt: float, t_server: float | None = None) -> float | None:
+        """The batch's ACK arrived at ``t`` (stamped ``t_server`` by the server); returns the
+        round-trip time it shows when the batch was small and not queued behind others (an RTT
+        sample), else None."""
+        item = self._pending.pop(key, None)
+        if item is None:
+            return None
+        n, t_sent, backlogged = item
+        t_booked = self._booked.pop(key, None)
+        self.inflight_bytes -= n
+        rtt_sample = None
+        if backlogged and self._last_ack is not None:
+            self._win_bytes += n
+            if t_server is not None and self._last_server is not None:
+                dt = t_server - self._last_server
+            else:
+                dt = t - max(self._last_ack, t_sent)
+            if t_booked is not None and self._last_booked is not None:
+                # with the client's own shaper, a device too busy to send on time releases
+                # batches in bunches; the link they emulate still carried them this far apart
+                dt = max(dt, t_booked - self._last_booked)
+            self._win_time += max(0.0, dt)
+        else:
+            elapsed = t - t_sent
+            if elapsed > 0:
+                # It took at most `elapsed`: a lower bound on the goodput, always valid.
+                bound = n / elapsed
+                if bound > self.value:
+                    self.value = bound
+                if n <= 4096:
+                    rtt_sample = max(0.0, elapsed - n / self.value)
+                elif elapsed > 3 * rtt:  # the transfer dominates the round trip: a real sample
+                    self._win_bytes += n
+                    self._win_time += elapsed - rtt
+        self._last_ack = t
+        self._last_server = t_server
+        self._last_booked = t_booked
+        if self._win_time >= WINDOW_S or (self.inflight_bytes == 0 and self._win_time > 0):
+            self._close_window()
+        return rtt_sample
+
+    def bound(self, key, t: float) -> None:
+        """An isolated probe's answer arrived at ``t``: it proves the link at least that fast
+        (its round trip also holds scheduling and processing delays), so it only ever raises the
+        estimate."""
+        item = self._pending.pop(key, None)
+        if item is None:
+            return
+        n, t_sent, _ = item
+        self.inflight_bytes -= n
+        if t > t_sent and n / (t - t_sent) > self.value:
+            self.value = n / (t - t_sent)
+
+    def _close_window(self) -> None:
+        if self._win_bytes >= WINDOW_MIN_BYTES and self._win_time > 0:
+            sample = self._win_bytes / self._win_time
+            self.value = sample if self.samples == 0 else (
+                (1 - GOODPUT_GAIN) * self.value + GOODPUT_GAIN * sample)
+            self.samples += 1
+            log.debug("goodput sample %.3g B/s over %.1f ms -> %.3g B/s", sample,
+                      self._win_time * 1e3, self.value)
+        self._win_bytes, self._win_time = 0, 0.0
+
+
+class RoundTrip:
+    """Min-filtered, smoothed round-trip time."""
+
+    def __init__(self, initial: float = DEFAULT_RTT):
+        self.value = float(initial)
+        self.samples = 0
+        self._recent: collections.deque = collections.deque(maxlen=RTT_MIN_OF)
+
+    def sample(self, rtt: float) -> None:
+        if not (rtt >= 0):
+            return
+        self._recent.append(float(rtt))
+        floor = min(self._recent)
+        self.value = floor if self.samples == 0 else (1 - RTT_GAIN) * self.value + RTT_GAIN * floor
+        self.samples += 1
+
+
+class ClockOffset:
+    """The server's clock minus ours, from exchanges that echo our send time and carry the
+    server's: t_server - (t_send + rtt / 2), taken from the quickest of the last few exchanges
+    (the one least inflated by queueing or by this device reading late)."""
+
+    def __init__(self):
+        self.value: float | None = None
+        self._recent: collections.deque = collections.deque(maxlen=8)
+
+    def sample(self, t_send: float, t_server: float, t_recv: float) -> None:
+        rtt = t_recv - t_send
+        if rtt >= 0:
+            self._recent.append((rtt, t_server - t_send - rtt / 2))
+            self.value = min(self._recent)[1]
+
+    def to_local(self, t_server: float) -> float | None:
+        return None if self.value is None else t_server - self.value
+
+
+class Estimates:
+    """Everything the engine knows about the link, the server and the device."""
+
+    def __init__(self, bandwidth: float | None = None, device_flops: float | None = None):
+        self.goodput = Goodput(bandwidth if bandwidth else DEFAULT_BANDWIDTH)
+        self.rtt = RoundTrip()
+        self.clock = ClockOffset()
+        self.server_flops = DEFAULT_SERVER_FLOPS
+        self.server_flops_known = False
+        self.alpha = 1.0
+        self.server_load: dict = {}
+        self.device_flops = float(device_flops) if device_flops else None
+        self._device_fixed = device_flops is not None
+
+    @property
+    def bandwidth(self) -> float:
+        return self.goodput.value
+
+    def on_hello(self, info: dict) -> None:
+        flops = info.get("server_flops")
+        if isinstance(flops, (int, float)) and flops > 0:
+            self.server_flops = float(flops)
+            self.server_flops_known = True
+
+    def on_stats(self, stats: dict) -> None:
+        alpha = stats.get("alpha")
+        if isinstance(alpha, (int, float)) and alpha == alpha:
+            self.alpha = max(1.0, float(alpha))
+        self.server_load = {k: stats[k] for k in ("inferences", "devices", "threads") if k in stats}
+        flops = stats.get("server_flops")
+        if isinstance(flops, (int, float)) and flops > 0:
+            self.server_flops = float(flops)
+            self.server_flops_known = True
+
+    def on_local_run(self, flops: float, seconds: float) -> None:
+        """A whole inference ran here: flops / seconds is the device's rate on this model."""
+        if self._device_fixed or not (seconds > 0) or not (flops > 0):
+            return
+        rate = flops / seconds
+        self.device_flops = rate if self.device_flops is None else (
+            (1 - DEVICE_GAIN) * self.device_flops + DEVICE_GAIN * rate)
+
+    def snapshot(self) -> dict:
+        return {
+            "bandwidth_est_mbps": self.bandwidth * 8 / 1e6,
+            "rtt_est_ms": self.rtt.value * 1e3,
+            "server_flops": self.server_flops,
+            "alpha": self.alpha,
+            "device_flops": self.device_flops,
+            "goodput_samples": self.goodput.samples,
+            "rtt_samples": self.rtt.samples,
+        }

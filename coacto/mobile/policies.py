@@ -1,0 +1,300 @@
+"""Offloading policies: per-tile plans (which tiles the device computes, which it sends).
+
+A plan is two masks over the tile graph's tiles, the ones ``NativeInference.set_plan`` takes:
+``local[t] = 1`` lets the device compute tile t (0 parks it until it arrives from the server, or
+until a fallback computes everything), ``send[t]`` is SEND_NEVER / SEND_ALWAYS / SEND_DECIDE (the
+ECT rule in the runtime). The server computes whatever it can from what it receives and returns the
+exit tiles; every policy therefore gives the same outputs, only who computes what differs.
+
+* ``local``    the device alone; no server.
+* ``cloud``    send the inputs, the server computes everything.
+* ``split``    Neurosurgeon / SPINN: compute layers up to a cut here, send the cut's tensor, the
+               server computes the rest; sequential. The cut minimises the predicted latency from
+               the device's FLOP rate, the goodput, the RTT and the server's rate and contention.
+* ``fl``       fused-layer offloading (DeepThings): the first K layers form a fused stack split
+               spatially (by columns) into a device part and a server part sized by the two
+               speeds; the device computes its part (halos included, recomputed), sends its part
+               of layer K; the server computes its part from the inputs and all layers after K.
+* ``dynamic``  CoActo: the device computes everything and sends the inputs at once; every other
+               tile is sent when the ECT rule says the server gets it sooner that way.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import CoactoError
+from ..inference import SEND_ALWAYS, SEND_DECIDE
+from ..tilegraph import TileGraph
+
+POLICIES = ("local", "cloud", "split", "fl", "dynamic")
+
+#: The fused stack of `fl` ends at the first valid cut after this share of the FLOPs.
+FL_STACK_FLOPS_SHARE = 1 / 3
+
+
+class PolicyError(CoactoError, ValueError):
+    """An unknown policy or impossible policy parameters."""
+
+
+@dataclass
+class Plan:
+    """Masks for NativeInference.set_plan (None: the runtime's default) and what they mean."""
+
+    policy: str
+    local: np.ndarray | None
+    send: np.ndarray | None
+    uses_server: bool
+    split_layer: int | None = None
+    info: dict = field(default_factory=dict)
+
+
+# ------------------------------------------------------------------------------ graph helpers
+
+def layer_tiles(tg: TileGraph, li: int) -> range:
+    first = tg.plan.layer_first_tile
+    return range(int(first[li]), int(first[li + 1]))
+
+
+def input_tiles(tg: TileGraph) -> np.ndarray:
+    ids: list[int] = []
+    for li in sorted(tg.graph.inputs.values()):
+        ids.extend(layer_tiles(tg, li))
+    return np.asarray(ids, dtype=np.int64)
+
+
+def input_bytes(tg: TileGraph) -> int:
+    return int(tg.plan.tile_bytes[input_tiles(tg)].sum())
+
+
+def layer_flops(tg: TileGraph) -> np.ndarray:
+    """FLOPs per layer (sums of its tiles)."""
+    first = tg.plan.layer_first_tile
+    cs = np.concatenate([[0.0], np.cumsum(tg.plan.tile_flops)])
+    return cs[first[1:]] - cs[first[:-1]]
+
+
+def valid_cuts(tg: TileGraph) -> list[int]:
+    """Layers c after which one tensor is live: no layer after c reads a layer before c, and no
+    graph output lies before c (those would have to be sent too). Computing layers 0..c here and
+    sending layer c is then enough for the server to compute everything after c."""
+    cached = getattr(tg, "_valid_cuts", None)
+    if cached is not None:
+        return cached
+    layers = tg.graph.layers
+    n = len(layers)
+    # earliest[c]: the smallest layer index read by any layer after c
+    earliest = np.full(n + 1, n, dtype=np.int64)
+    for i in range(n - 1, -1, -1):
+        lo = min(layers[i].inputs) if layers[i].inputs else n
+        earliest[i] = min(earliest[i + 1], lo)
+    outs = sorted(tg.graph.outputs.values())
+    last_input = max(tg.graph.inputs.values())
+    cuts = [c for c in range(last_input, n)
+            if earliest[c + 1] >= c and not any(o < c for o in outs)]
+    tg._valid_cuts = cuts
+    return cuts
+
+
+def ancestors(tg: TileGraph, mask: np.ndarray) -> np.ndarray:
+    """The tiles in ``mask`` and all their ancestors (bool mask). Tile ids are topological."""
+    out = np.asarray(mask, dtype=bool).copy()
+    off, par = tg.plan.parent_offsets, tg.plan.parents
+    hi = int(np.flatnonzero(out).max()) if out.any() else -1
+    for t in range(hi, -1, -1):
+        if out[t]:
+            out[par[off[t]:off[t + 1]]] = True
+    return out
+
+
+def _mask(tg: TileGraph, ids, value=1) -> np.ndarray:
+    m = np.zeros(tg.n_tiles, dtype=np.uint8)
+    m[np.asarray(list(ids), dtype=np.int64)] = value
+    return m
+
+
+# ------------------------------------------------------------------------------ policies
+
+def plan_local(tg: TileGraph) -> Plan:
+    return Plan("local", None, None, uses_server=False, split_layer=tg.n_layers - 1)
+
+
+def plan_cloud(tg: TileGraph) -> Plan:
+    ids = input_tiles(tg)
+    return Plan("cloud", _mask(tg, ids), _mask(tg, ids, SEND_ALWAYS), uses_server=True)
+
+
+def plan_dynamic(tg: TileGraph) -> Plan:
+    send = np.full(tg.n_tiles, SEND_DECIDE, dtype=np.uint8)
+    send[input_tiles(tg)] = SEND_ALWAYS
+    return Plan("dynamic", None, send, uses_server=True)
+
+
+def split_costs(tg: TileGraph, device_flops: float, server_flops: float, bandwidth: float,
+                rtt: float, alpha: float = 1.0) -> dict[int, float]:
+    """Predicted latency (s) of cutting after each valid layer; the last layer means all local."""
+    lf = layer_flops(tg)
+    cum = np.cumsum(lf)
+    total = float(cum[-1])
+    last = tg.n_layers - 1
+    costs = {}
+    for c in valid_cuts(tg):
+        if c == last:
+            costs[c] = total / device_flops
+            continue
+        cut_bytes = float(tg.plan.tile_bytes[list(layer_tiles(tg, c))].sum())
+        costs[c] = (float(cum[c]) / device_flops + cut_bytes / bandwidth + rtt
+                    + alpha * (total - float(cum[c])) / server_flops)
+    costs.setdefault(last, total / device_flops)
+    return costs
+
+
+def local_and_best_offload(tg: TileGraph, device_flops: float, server_flops: float,
+                           bandwidth: float, rtt: float, alpha: float = 1.0) -> tuple[float, float]:
+    """Predicted latency on the device alone, and with the best split point (inf if none)."""
+    costs = split_costs(tg, device_flops, server_flops, bandwidth, rtt, alpha)
+    local = costs.pop(tg.n_layers - 1)
+    return local, min(costs.values(), default=float("inf"))
+
+
+def plan_split(tg: TileGraph, device_flops: float, server_flops: float, bandwidth: float,
+               rtt: float, alpha: float = 1.0, layer: int | None = None) -> Plan:
+    """Cut at ``layer`` (a valid cut) or at the cut with the lowest predicted latency."""
+    for name, v in (("device_flops", device_flops), ("server_flops", server_flops),
+                    ("bandwidth", bandwidth)):
+        if not (v and v > 0):
+            raise PolicyError(f"split needs a positive {name}, got {v!r}")
+    cuts = valid_cuts(tg)
+    costs = split_costs(tg, device_flops, server_flops, bandwidth, rtt, alpha)
+    last = tg.n_layers - 1
+    if layer is None:
+        layer = min(costs, key=lambda c: (costs[c], -c))  # ties: compute more here
+    elif layer not in costs:
+        raise PolicyError(f"layer {layer} is not a valid split point of this model (valid: "
+                          f"{cuts[:20]}{' ...' if len(cuts) > 20 else ''})")
+    info = {"predicted_s": costs[layer], "predicted_local_s": costs[last],
+            "split_name": tg.graph.layers[layer].name}
+    if layer == last:
+        return Plan("split", None, None, uses_server=False, split_layer=layer, info=info)
+    first = tg.plan.layer_first_tile
+    local = np.zeros(tg.n_tiles, dtype=np.uint8)
+    local[:first[layer + 1]] = 1
+    send = np.zeros(tg.n_tiles, dtype=np.uint8)
+    send[first[layer]:first[layer + 1]] = SEND_ALWAYS
+    return Plan("split", local, send, uses_server=True, split_layer=layer, info=info)
+
+
+def fl_stack_layer(tg: TileGraph, share: float = FL_STACK_FLOPS_SHARE) -> int | None:
+    """The last layer of the fused stack: the first valid cut after ``share`` of the FLOPs whose
+    output has at least two column blocks (else the latest such cut before it); None if none."""
+    lf = layer_flops(tg)
+    cum = np.cumsum(lf)
+    total = float(cum[-1])
+    inputs = set(tg.graph.inputs.values())
+    splittable = [c for c in valid_cuts(tg) if c not in inputs and c < tg.n_layers - 1
+                  and len(tg.plan.col_bounds[c]) - 1 >= 2]
+    if not splittable:
+        return None
+    after = [c for c in splittable if cum[c] >= share * total]
+    return after[0] if after else splittable[-1]
+
+
+def plan_fl(tg: TileGraph, device_flops: float, server_flops: float, alpha: float = 1.0,
+            layer: int | None = None, device_share: float | None = None) -> Plan:
+    """Fused-layer offloading over layers 0..``layer`` with the device taking ``device_share`` of
+    the stack's columns (default: its share of the combined speed)."""
+    if layer is None:
+        layer = fl_stack_layer(tg)
+        if layer is None:  # nothing to fuse: a chain of tiny layers; split does the same job
+            plan = plan_split(tg, device_flops, server_flops, 1e12, 0.0, alpha)
+            plan.policy = "fl"
+            plan.info["fl_degenerate"] = True
+            return plan
+    elif layer not in valid_cuts(tg):
+        raise PolicyError(f"layer {layer} cannot end a fused stack: later layers read layers "
+                          "before it (choose a valid cut)")
+    if device_share is None:
+        speed_srv = server_flops / max(alpha, 1.0)
+        device_share = device_flops / (device_flops + speed_srv)
+    if not (0.0 <= device_share <= 1.0):
+        raise PolicyError(f"device_share must lie in [0, 1], got {device_share!r}")
+    plan_ = tg.plan
+    n_blocks = len(plan_.col_bounds[layer]) - 1
+    m = int(round(device_share * n_blocks))
+    first = plan_.layer_first_tile
+    tiles_k = np.arange(first[layer], first[layer + 1])
+    n_rows = len(plan_.row_bounds[layer]) - 1
+    block_of = (tiles_k - first[layer]) // n_rows
+    dev_k = tiles_k[block_of < m]
+    srv_k = tiles_k[block_of >= m]
+    inp = input_tiles(tg)
+    dev_mask = ancestors(tg, _mask(tg, dev_k)) if len(dev_k) else np.zeros(tg.n_tiles, bool)
+    srv_mask = ancestors(tg, _mask(tg, srv_k)) if len(srv_k) else np.zeros(tg.n_tiles, bool)
+    local = dev_mask.astype(np.uint8)
+    local[inp] = 1
+    send = np.zeros(tg.n_tiles, dtype=np.uint8)
+    send[inp[srv_mask[inp]]] = SEND_ALWAYS
+    send[dev_k] = SEND_ALWAYS
+    halo = dev_mask & srv_mask
+    halo[inp] = False
+    info = {"fl_layer": layer, "fl_name": tg.graph.layers[layer].name, "device_blocks": m,
+            "blocks": n_blocks, "device_share": device_share, "halo_tiles": int(halo.sum())}
+    return Plan("fl", local, send, uses_server=True, split_layer=layer, info=info)
+
+
+def make_plan(policy: str, tg: TileGraph, *, device_flops: float | None = None,
+              server_flops: float = 1.0, bandwidth: float = 1.0, rtt: float = 0.0,
+              alpha: float = 1.0, split_layer: int | None = None, fl_layer: int | None = None,
+              device_share: float | None = None) -> Plan:
+    if policy == "local":
+        return plan_local(tg)
+    if policy == "cloud":
+        return plan_cloud(tg)
+    if policy == "dynamic":
+        return plan_dynamic(tg)
+    if policy == "split":
+        return plan_split(tg, device_flops, server_flops, bandwidth, rtt, alpha, split_layer)
+    if policy == "fl":
+        return plan_fl(tg, device_flops, server_flops, alpha, fl_layer, device_share)
+    raise PolicyError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
+
+
+def check_plan(tg: TileGraph, plan: Plan) -> list[str]:
+    """Problems that would keep an inference with this plan from finishing (empty: well-formed):
+    every tile must be computable here or reachable by the server, which holds only what is sent
+    and what it computes from that."""
+    n = tg.n_tiles
+    problems = []
+    local = np.ones(n, bool) if plan.local is None else np.asarray(plan.local) != 0
+    send = np.zeros(n, np.uint8) if plan.send is None else np.asarray(plan.send)
+    if local.shape != (n,) or send.shape != (n,):
+        return [f"masks must have {n} entries"]
+    if plan.send is not None and send.max(initial=0) > SEND_DECIDE:
+        problems.append("send mask holds values other than NEVER / ALWAYS / DECIDE")
+    inp = input_tiles(tg)
+    if not local[inp].all():
+        problems.append("input tiles must be local (set_inputs completes them)")
+    is_input = np.zeros(n, bool)
+    is_input[inp] = True
+    off, par = tg.plan.parent_offsets, tg.plan.parents
+    dev = np.zeros(n, bool)   # completed on the device without the server
+    srv = np.zeros(n, bool)   # available on the server (received or computed there)
+    for t in range(n):
+        ps = par[off[t]:off[t + 1]]
+        if is_input[t]:
+            dev[t] = True
+        else:
+            dev[t] = bool(local[t]) and bool(dev[ps].all())
+        sent = dev[t] and send[t] == SEND_ALWAYS
+        srv[t] = sent or (len(ps) > 0 and bool(srv[ps].all()))
+    outs = np.concatenate([np.asarray(layer_tiles(tg, li)) for li in tg.graph.outputs.values()])
+    if not plan.uses_server:
+        if not dev[outs].all():
+            problems.append("a plan without the server must compute every output tile here")
+        return problems
+    missing = outs[~(dev[outs] | srv[outs])]
+    if len(missing):
+        problems.append(f"{len(missing)} output tiles are computed by neither side "
+                        f"(first: {missing[:5].tolist()})")
+    return problems

@@ -1,0 +1,128 @@
+"""The client's own bandwidth cap: tc-style rate strings and a token bucket per direction.
+
+Without root (no network namespaces, no ``tc``), ``coacto-client --bandwidth 20mbit`` emulates a
+slow link inside the client: every frame it sends waits in a token bucket before it reaches the
+socket, and every frame it receives waits in another before it is processed. The model of the link
+is the one ``tc tbf`` gives: tokens accrue at ``rate`` bytes per second up to ``burst`` while the
+link is idle; a frame leaves once the tokens it needs have accrued. A frame larger than the bucket
+borrows what the bucket cannot hold (the bucket goes into debt) and so leaves after exactly its
+serialization time: a 256 kB batch on a 5 Mbit/s link is released 0.42 s after the link became free
+for it, as the last byte of a real transfer would arrive. That keeps the acknowledgement timing
+honest, so the goodput the engine measures from ACKs is the cap, not the loopback's speed.
+
+The cap applies to inference traffic; the one-time model upload is setup and goes unshaped.
+
+The engine never sleeps in here: ``reserve`` books the link and returns the release time, which the
+engine uses as its poll timeout.
+"""
+from __future__ import annotations
+
+import math
+import re
+
+from ..errors import CoactoError
+
+__all__ = ["RateError", "parse_rate", "format_rate", "TokenBucket"]
+
+#: Multipliers to bytes per second, tc's units (``man tc``: bit = bits/s, bps = bytes/s).
+_UNITS = {
+    "bit": 1 / 8, "kbit": 1e3 / 8, "mbit": 1e6 / 8, "gbit": 1e9 / 8, "tbit": 1e12 / 8,
+    "kibit": 1024 / 8, "mibit": 1024 ** 2 / 8, "gibit": 1024 ** 3 / 8, "tibit": 1024 ** 4 / 8,
+    "bps": 1.0, "kbps": 1e3, "mbps": 1e6, "gbps": 1e9, "tbps": 1e12,
+    "kibps": 1024.0, "mibps": 1024.0 ** 2, "gibps": 1024.0 ** 3, "tibps": 1024.0 ** 4,
+}
+_RATE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
+
+
+class RateError(CoactoError, ValueError):
+    """A bandwidth that cannot be parsed or is not positive."""
+
+
+def parse_rate(rate) -> float:
+    """A tc-style rate -> bytes per second.
+
+    Strings: ``"20mbit"`` (bits: bit, kbit, mbit, gbit, tbit and the binary kibit, mibit, ...),
+    ``"2.5MBps"`` / ``"100kbps"`` (bytes: bps, kbps, mbps, gbps, as tc reads them), a bare number
+    (bits per second, tc's default unit). Numbers (int / float) are bits per second too.
+    """
+    if isinstance(rate, bool):
+        raise RateError(f"bandwidth must be a rate such as '20mbit', not {rate!r}")
+    if isinstance(rate, (int, float)):
+        value, unit = float(rate), "bit"
+    elif isinstance(rate, str):
+        m = _RATE_RE.match(rate)
+        if not m:
+            raise RateError(f"cannot read bandwidth {rate!r}: write a number and a tc unit, e.g. "
+                            "'20mbit', '500kbit', '1gbit' (bits/s) or '2mbps' (bytes/s)")
+        value, unit = float(m.group(1)), (m.group(2).lower() or "bit")
+        if unit not in _UNITS:
+            raise RateError(f"unknown bandwidth unit {m.group(2)!r} in {rate!r}; use one of "
+                            + ", ".join(sorted(_UNITS)) + " (tc's units)")
+    else:
+        raise RateError(f"bandwidth must be a string such as '20mbit' or a number of bits/s, "
+                        f"not {type(rate).__name__}")
+    bps = value * _UNITS[unit]
+    if not (bps > 0) or math.isinf(bps):
+        raise RateError(f"bandwidth {rate!r} must be positive and finite")
+    if bps < 100:
+        raise RateError(f"bandwidth {rate!r} is below 800 bit/s: nothing useful gets through; "
+                        "check the unit (bare numbers are bits/s)")
+    return bps
+
+
+def format_rate(bytes_per_s: float) -> str:
+    """Bytes per second -> a short human string in bits (``"20 Mbit/s"``)."""
+    bits = bytes_per_s * 8
+    for unit, scale in (("Gbit/s", 1e9), ("Mbit/s", 1e6), ("kbit/s", 1e3)):
+        if bits >= scale:
+            return f"{bits / scale:.3g} {unit}"
+    return f"{bits:.3g} bit/s"
+
+
+class TokenBucket:
+    """A link of ``rate`` bytes/s that lends up to ``burst`` bytes of idle credit.
+
+    ``reserve(n, now)`` books the link for an ``n``-byte frame handed over at ``now`` and returns
+    the time the frame may be released (``now`` when credit covers it). Frames are released in the
+    order they were reserved. ``free_at(now)`` is when the link has no frame booked any more.
+    """
+
+    def __init__(self, rate: float, burst: float | None = None):
+        if not (rate > 0):
+            raise RateError(f"a token bucket needs a positive rate, got {rate!r}")
+        self.rate = float(rate)
+        # Two milliseconds of credit (at least one Ethernet frame): a cap close to the nominal
+        # rate even for the first frame after an idle period, like `tc tbf` with a small burst.
+        self.burst = float(burst) if burst is not None else max(1500.0, self.rate * 0.002)
+        self._tokens = self.burst
+        self._t = None  # time up to which tokens are accounted (may lie in the future: booked)
+
+    def book(self, n: int, now: float) -> tuple[float, float]:
+        """Like reserve; returns (when the frame starts to occupy the link, its release)."""
+        start = now if self._t is None else max(now, self._t)
+        return start, self.reserve(n, now)
+
+    def rewind(self, t: float) -> None:
+        """Forgets bookings after ``t`` (frames withdrawn before they were sent): the link is
+        busy until ``t`` and has no credit then."""
+        if self._t is None or t < self._t:
+            self._t = t
+            self._tokens = 0.0
+
+    def reserve(self, n: int, now: float) -> float:
+        if self._t is None:
+            self._t = now
+        if now > self._t:  # idle since the last booking: tokens accrue up to the burst
+            self._tokens = min(self.burst, self._tokens + (now - self._t) * self.rate)
+            self._t = now
+        need = n - self._tokens
+        if need <= 0:
+            self._tokens -= n
+            return max(now, self._t)
+        # Borrow: the frame leaves when the missing tokens have accrued; the bucket is empty then.
+        self._t += need / self.rate
+        self._tokens = 0.0
+        return self._t
+
+    def free_at(self, now: float) -> float:
+        return now if self._t is None else max(now, self._t)

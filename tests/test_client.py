@@ -1,0 +1,408 @@
+"""coacto.Client and coacto-client against a real server over ZeroMQ on 127.0.0.1: every policy's
+outputs equal onnxruntime's, the model is uploaded once, the bandwidth cap holds and is measured,
+and the device always finishes: a killed, absent, stalled or incompatible server means a local
+run (fallback) and, once the server is back, offloading again."""
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import wait
+
+import msgpack
+import numpy as np
+import onnx
+import pytest
+import zmq
+
+import coacto
+from coacto import protocol as P
+from coacto import zoo
+from coacto.mobile import Client, ServerVersionError
+from coacto.mobile.estimates import Goodput, RoundTrip
+from coacto.mobile.shaper import RateError, TokenBucket, parse_rate
+from coacto.server import Server
+
+from conftest import assert_close
+
+TILES = 5
+
+
+@pytest.fixture(scope="module")
+def squeezenet():
+    model = zoo.build("squeezenet", image_size=32)
+    return model, *_reference(model)
+
+
+@pytest.fixture(scope="module")
+def big_input():
+    """A model whose input (196 kB) dominates a cloud inference on a shaped link."""
+    model = zoo.build("squeezenet", image_size=128)
+    return model, *_reference(model)
+
+
+def _reference(model):
+    import onnxruntime as ort
+
+    feeds = zoo.input_feeds(model, seed=1)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    return feeds, dict(zip(names, sess.run(names, feeds)))
+
+
+@pytest.fixture(scope="module")
+def server():
+    with Server("tcp://127.0.0.1:0", threads=1, server_flops=20e9) as srv:
+        yield srv
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ------------------------------------------------------------------------------ units
+
+def test_parse_rate_speaks_tc_units():
+    assert parse_rate("20mbit") == pytest.approx(2.5e6)
+    assert parse_rate("500kbit") == pytest.approx(62500)
+    assert parse_rate("1gbit") == pytest.approx(1.25e8)
+    assert parse_rate("2mbps") == pytest.approx(2e6)  # tc: bps = bytes per second
+    assert parse_rate("100kbps") == pytest.approx(1e5)
+    assert parse_rate("8000") == pytest.approx(1000)  # bare numbers are bits/s
+    assert parse_rate(8e6) == pytest.approx(1e6)
+    assert parse_rate(" 1.5 Mbit ") == pytest.approx(187500)
+    for bad in ("fast", "20 furlongs", "-5mbit", "0mbit", "", "10bit", None):
+        with pytest.raises(RateError):
+            parse_rate(bad)
+
+
+def test_token_bucket_paces_at_the_rate():
+    bucket = TokenBucket(1e6, burst=1500)  # 1 MB/s
+    t = 100.0
+    releases = [bucket.reserve(10_000, t) for _ in range(10)]
+    assert releases == sorted(releases)
+    assert releases[-1] - t == pytest.approx(0.1 - 1500 / 1e6, rel=1e-6)
+    # a frame larger than the bucket leaves after its serialization time, no deadlock
+    later = 200.0
+    assert bucket.reserve(500_000, later) == pytest.approx(later + (500_000 - 1500) / 1e6)
+    # idle time refills only up to the burst
+    assert bucket.reserve(1000, 1000.0) == 1000.0
+
+
+def test_goodput_from_backlogged_acks_ignores_pipelining():
+    rate, rtt = 2e6, 0.050  # 16 Mbit/s, 50 ms: 8 batches of 25 kB in flight at once
+    g = Goodput(initial=1e5)
+    sent_at = {}
+    for i in range(40):
+        t = i * 0.0125  # the sender keeps 100 ms of data queued
+        sent_at[i] = t
+        g.sent(i, 25_000, t)
+    # the link serves them back to back; each ACK arrives rtt/2 after its last byte
+    for i in range(40):
+        g.acked(i, (i + 1) * 25_000 / rate + rtt / 2, rtt)
+    assert g.value == pytest.approx(rate, rel=0.1)
+    assert g.inflight_bytes == 0
+
+
+def test_goodput_uses_the_servers_stamps_when_acks_are_read_late():
+    rate = 1e6
+    g = Goodput(initial=1e5)
+    for i in range(20):
+        g.sent(i, 20_000, 0.0)  # all handed over at once: backlogged
+    # the server took them in 20 ms apart; the device read every ACK at the same late moment
+    for i in range(20):
+        g.acked(i, 1.0, 0.001, t_server=500.0 + (i + 1) * 20_000 / rate)
+    assert g.value == pytest.approx(rate, rel=0.05)
+
+
+def test_rtt_is_min_filtered():
+    r = RoundTrip()
+    for s in (0.010, 0.050, 0.011, 0.200, 0.012, 0.010):
+        r.sample(s)
+    assert 0.009 < r.value < 0.013
+
+
+# ------------------------------------------------------------------------------ end to end
+
+@pytest.mark.parametrize("policy", ["local", "cloud", "split", "fl", "dynamic"])
+def test_every_policy_matches_onnxruntime(server, squeezenet, policy):
+    model, feeds, ref = squeezenet
+    with Client(server.address, model, threads=1, policy=policy, tiles_per_layer=TILES,
+                timeout=10) as client:
+        if policy != "local":
+            client.connect(10)
+        runs = []
+        for _ in range(2):
+            assert_close(client.infer(feeds), ref, rel=1e-4)
+            stats = client.last_stats
+            runs.append(stats)
+            assert stats["policy"] == policy and not stats["fallback"], stats
+            assert stats["latency_s"] > 0 and stats["tiles_total"] == client.graph.n_tiles
+        if policy == "local":
+            assert stats["tiles_local"] > 0 and stats["tiles_sent"] == 0
+            assert client.server_info["connects"] == 0  # never even connected
+        if policy == "cloud":
+            assert stats["tiles_local"] == 0 and stats["tiles_from_server"] > 0
+            assert stats["bytes_sent"] > sum(x.nbytes for x in feeds.values())
+        if policy == "split":
+            assert stats["split_layer"] is not None
+        if policy in ("cloud", "dynamic"):  # (dynamic may skip the server once it knows better)
+            assert runs[0]["tiles_sent"] > 0 and stats["rtt_est_ms"] > 0
+    for key in ("latency_s", "policy", "tiles_total", "tiles_local", "tiles_sent",
+                "tiles_from_server", "bytes_sent", "bytes_received", "fallback",
+                "bandwidth_est_mbps", "rtt_est_ms", "server_flops", "alpha", "split_layer",
+                "reconnects"):
+        assert key in stats, key
+
+
+def test_dynamic_skips_the_server_when_the_device_is_faster(server, squeezenet):
+    model, feeds, ref = squeezenet
+    with Client(server.address, model, threads=1, tiles_per_layer=TILES, bandwidth="1mbit",
+                device_flops=1e12, timeout=10) as client:
+        client.connect(10)
+        assert_close(client.infer(feeds), ref, rel=1e-4)
+        s = client.last_stats
+        assert s["server_skipped"] and s["tiles_sent"] == 0 and not s["fallback"], s
+    with Client(server.address, model, threads=1, tiles_per_layer=TILES, device_flops=1e6,
+                timeout=10) as client:  # a device this slow always offloads
+        client.connect(10)
+        assert_close(client.infer(feeds), ref, rel=1e-4)
+        s = client.last_stats
+        assert not s["server_skipped"] and s["tiles_sent"] > 0, s
+
+
+def test_split_and_fl_offload_when_told_where(server, squeezenet):
+    model, feeds, ref = squeezenet
+    tg = coacto.compile(model, tiles_per_layer=TILES)
+    from coacto.mobile.policies import valid_cuts
+
+    cut = valid_cuts(tg)[len(valid_cuts(tg)) // 2]
+    with Client(server.address, tg, threads=1, policy="split", split_layer=cut, timeout=10,
+                model_bytes=model) as client:
+        client.connect(10)
+        assert_close(client.infer(feeds), ref, rel=1e-4)
+        s = client.last_stats
+        assert s["split_layer"] == cut and s["tiles_sent"] > 0 and s["tiles_from_server"] > 0
+        assert_close(client.infer(feeds, policy="fl"), ref, rel=1e-4)
+        assert client.last_stats["policy"] == "fl" and client.last_stats["tiles_sent"] > 0
+
+
+def test_model_is_uploaded_once(squeezenet):
+    model, feeds, ref = squeezenet
+    with Server("tcp://127.0.0.1:0", threads=1, server_flops=20e9) as srv:
+        with Client(srv.address, model, threads=1, policy="cloud", tiles_per_layer=TILES) as c1:
+            c1.connect(30)
+            assert c1.server_info["uploads"] == 1
+            assert_close(c1.infer(feeds), ref, rel=1e-4)
+            assert_close(c1.infer(feeds), ref, rel=1e-4)
+            assert c1.server_info["uploads"] == 1
+        with Client(srv.address, model, threads=1, policy="cloud", tiles_per_layer=TILES) as c2:
+            c2.connect(10)
+            assert c2.server_info["uploads"] == 0
+            assert_close(c2.infer(feeds), ref, rel=1e-4)
+            assert not c2.last_stats["fallback"]
+
+
+def test_bandwidth_cap_slows_transfers_and_is_measured(server, big_input):
+    model, feeds, ref = big_input
+    tg = coacto.compile(model, tiles_per_layer=TILES)
+    input_bytes = sum(x.nbytes for x in feeds.values())
+    with Client(server.address, tg, threads=1, policy="cloud", model_bytes=model) as fast:
+        fast.connect(30)  # uploads the model unshaped
+        fast.infer(feeds)
+        unlimited = min(_timed(fast, feeds) for _ in range(2))
+    with Client(server.address, tg, threads=1, policy="cloud", bandwidth="5mbit",
+                timeout=10) as slow:
+        slow.connect(10)
+        runs = [_timed(slow, feeds) for _ in range(3)]
+        assert_close(slow.infer(feeds), ref, rel=1e-4)
+        est = slow.last_stats["bandwidth_est_mbps"]
+    floor = input_bytes / (5e6 / 8)
+    assert min(runs) >= 0.9 * floor, (runs, floor)
+    assert min(runs) > 3 * unlimited, (runs, unlimited)
+    assert 2.5 <= est <= 10, est
+
+
+def _timed(client, feeds) -> float:
+    client.infer(feeds)
+    assert not client.last_stats["fallback"], client.last_stats
+    return client.last_stats["latency_s"]
+
+
+def test_no_server_listening_means_a_local_run(squeezenet):
+    model, feeds, ref = squeezenet
+    address = f"tcp://127.0.0.1:{free_port()}"
+    with Client(address, model, threads=1, policy="cloud", tiles_per_layer=TILES,
+                timeout=1.0) as client:
+        t0 = time.monotonic()
+        assert_close(client.infer(feeds), ref, rel=1e-4)
+        assert time.monotonic() - t0 < 5
+        assert client.last_stats["fallback"] and client.last_stats["tiles_local"] > 0
+        # dynamic never waits: it computes everything here all along
+        assert_close(client.infer(feeds, policy="dynamic"), ref, rel=1e-4)
+        assert client.last_stats["fallback"]
+
+
+def _raw_router(port: int, answer_hello_with=None):
+    """A ROUTER that accepts and never answers (or answers HELLO with the given header)."""
+    ctx = zmq.Context.instance()
+    sock = ctx.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.bind(f"tcp://127.0.0.1:{port}")
+    stop = threading.Event()
+
+    def serve():
+        while not stop.is_set():
+            if sock.poll(50):
+                frames = sock.recv_multipart()
+                header = msgpack.unpackb(frames[1])
+                if answer_hello_with and header.get("t") == P.HELLO:
+                    sock.send_multipart([frames[0], msgpack.packb(answer_hello_with)])
+        sock.close(0)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return stop, thread
+
+
+def test_stalled_server_falls_back_within_the_timeout(squeezenet):
+    model, feeds, ref = squeezenet
+    port = free_port()
+    stop, thread = _raw_router(port)
+    try:
+        with Client(f"tcp://127.0.0.1:{port}", model, threads=1, policy="cloud",
+                    tiles_per_layer=TILES, timeout=1.0) as client:
+            t0 = time.monotonic()
+            assert_close(client.infer(feeds), ref, rel=1e-4)
+            elapsed = time.monotonic() - t0
+            assert client.last_stats["fallback"] and 0.9 <= elapsed < 3.0, elapsed
+    finally:
+        stop.set()
+        thread.join(5)
+
+
+def test_incompatible_server_is_a_clear_error_but_inference_works(squeezenet):
+    model, feeds, ref = squeezenet
+    port = free_port()
+    stop, thread = _raw_router(port, {"t": P.ERROR, "code": P.E_VERSION, "re": P.HELLO,
+                                      "text": "this server speaks protocol version 99"})
+    try:
+        with Client(f"tcp://127.0.0.1:{port}", model, threads=1, policy="dynamic",
+                    tiles_per_layer=TILES, timeout=1.0) as client:
+            with pytest.raises(ServerVersionError, match="version"):
+                client.connect(5)
+            assert_close(client.infer(feeds), ref, rel=1e-4)
+            assert client.last_stats["fallback"]
+    finally:
+        stop.set()
+        thread.join(5)
+
+
+def test_infer_async_runs_concurrent_inferences(server, squeezenet):
+    model, feeds, ref = squeezenet
+    with Client(server.address, model, threads=1, policy="dynamic", tiles_per_layer=TILES,
+                timeout=10) as client:
+        client.connect(10)
+        futures = [client.infer_async(feeds, policy=p)
+                   for p in ("dynamic", "cloud", "dynamic", "local", "cloud", "split")]
+        done, _ = wait(futures, timeout=60)
+        assert len(done) == len(futures)
+        for f in futures:
+            assert_close(f.result(), ref, rel=1e-4)
+            assert not f.stats["fallback"], f.stats
+        assert sum(f.stats["tiles_from_server"] > 0 for f in futures) >= 2
+
+
+def test_server_error_for_an_inference_means_fallback_for_it(squeezenet):
+    model, feeds, ref = squeezenet
+    with Server("tcp://127.0.0.1:0", threads=1, server_flops=20e9,
+                max_inferences_per_device=1) as srv:
+        with Client(srv.address, model, threads=1, policy="cloud", tiles_per_layer=TILES,
+                    timeout=10) as client:
+            client.connect(30)
+            futures = [client.infer_async(feeds) for _ in range(4)]
+            wait(futures, timeout=60)
+            for f in futures:
+                assert_close(f.result(), ref, rel=1e-4)
+            busy = [f.stats for f in futures if f.stats["fallback"]]
+            assert busy and all("server error 8" in s["fallback_reason"] for s in busy), busy
+            assert any(not f.stats["fallback"] for f in futures)
+            assert_close(client.infer(feeds), ref, rel=1e-4)  # the connection is still fine
+            assert not client.last_stats["fallback"]
+
+
+# ------------------------------------------------------------------------------ processes
+
+def _start_server(port: int, models_dir) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "coacto.server.cli", "--bind", f"tcp://127.0.0.1:{port}",
+         "--threads", "1", "--models", str(models_dir), "--server-flops", "2e10"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def test_killed_server_means_fallback_then_reconnect(tmp_path, big_input):
+    model, feeds, ref = big_input
+    onnx.save(model, tmp_path / "sq.onnx")
+    port = free_port()
+    proc = _start_server(port, tmp_path)
+    try:
+        with Client(f"tcp://127.0.0.1:{port}", model, threads=1, policy="cloud",
+                    tiles_per_layer=TILES, bandwidth="2mbit", timeout=3.0) as client:
+            client.connect(30)
+            fut = client.infer_async(feeds)  # about 0.8 s of input on a 2 Mbit/s link
+            time.sleep(0.3)
+            proc.kill()
+            proc.wait(10)
+            assert_close(fut.result(timeout=30), ref, rel=1e-4)
+            assert fut.stats["fallback"] and fut.stats["tiles_local"] > 0, fut.stats
+            proc = _start_server(port, tmp_path)
+            client.connect(30)  # Lazy Pirate reconnects on its own
+            assert_close(client.infer(feeds), ref, rel=1e-4)
+            s = client.last_stats
+            assert not s["fallback"] and s["tiles_from_server"] > 0 and s["reconnects"] >= 1, s
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+def _client_cli(*args, timeout=120):
+    return subprocess.run([sys.executable, "-m", "coacto.mobile.cli", *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_cli_json_and_output(server, squeezenet, tmp_path):
+    model, feeds, ref = squeezenet
+    onnx.save(model, tmp_path / "sq.onnx")
+    (name, x), = feeds.items()
+    np.save(tmp_path / "x.npy", x)
+    r = _client_cli("--server", server.address, "--model", tmp_path / "sq.onnx", "--input",
+                    f"{name}={tmp_path / 'x.npy'}", "--policy", "cloud", "--threads", 1,
+                    "--repeat", 2, "--json", "--output", tmp_path / "out.npz", "--tiles", TILES,
+                    "--timeout", 10)
+    assert r.returncode == 0, r.stderr
+    lines = [json.loads(line) for line in r.stdout.splitlines()]
+    assert len(lines) == 2 and all(s["policy"] == "cloud" for s in lines)
+    assert lines[-1]["tiles_from_server"] > 0 and not lines[-1]["fallback"]
+    got = dict(np.load(tmp_path / "out.npz"))
+    assert_close(got, ref, rel=1e-4)
+
+
+def test_cli_help_and_bad_input(tmp_path):
+    r = _client_cli("--help")
+    assert r.returncode == 0 and "examples:" in r.stdout and "--bandwidth" in r.stdout
+    model = zoo.build("squeezenet", image_size=32)
+    onnx.save(model, tmp_path / "sq.onnx")
+    base = ["--server", "tcp://127.0.0.1:1", "--model", tmp_path / "sq.onnx", "--random"]
+    for extra, needle in ((["--bandwidth", "fast"], "bandwidth"),
+                          (["--policy", "nearest"], "unknown policy"),
+                          (["--input", "x=absent.npy"], "does not exist")):
+        r = _client_cli(*base, *extra)
+        assert r.returncode == 1 and "coacto-client: error:" in r.stderr, (extra, r.stderr)
+        assert needle in r.stderr and "Traceback" not in r.stderr
+    r = _client_cli("--model", tmp_path / "absent.onnx", "--policy", "local", "--random")
+    assert r.returncode == 1 and "absent.onnx" in r.stderr

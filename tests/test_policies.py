@@ -1,0 +1,200 @@
+"""Offloading policies: plans are well-formed, split and fl choose sensibly, and every policy's
+outputs equal onnxruntime's through an in-process exchange of tiles (no network)."""
+from __future__ import annotations
+
+import select
+import time
+
+import numpy as np
+import pytest
+
+import coacto
+from coacto.inference import (REPORT_DONE, REPORT_SEND, REPORT_TILE, SEND_ALWAYS, SEND_DECIDE,
+                              NativeInference, ReportQueue, now)
+from coacto.mobile import policies as P
+from coacto.runtime import NativeRuntime
+
+from conftest import assert_close, onnxruntime_outputs, zoo_model
+
+MODELS = ("resnet18", "squeezenet")  # 64x64 (conftest sizes): layer 1 stages split spatially
+
+
+@pytest.fixture(scope="module", params=MODELS)
+def model(request):
+    name = request.param
+    tg = coacto.compile(zoo_model(name), tiles_per_layer=5)
+    feeds, ref = onnxruntime_outputs(name)
+    return tg, feeds, ref
+
+
+def all_plans(tg):
+    fig = dict(device_flops=5e9, server_flops=20e9, bandwidth=2e6, rtt=0.002, alpha=1.0)
+    return [P.make_plan(p, tg, **fig) for p in P.POLICIES] + [
+        P.plan_split(tg, 5e9, 20e9, 2e6, 0.002, layer=P.valid_cuts(tg)[len(P.valid_cuts(tg)) // 2]),
+        P.plan_fl(tg, 5e9, 5e9),
+    ]
+
+
+def exchange(tg, feeds, plan, timeout=60):
+    """A device inference with ``plan`` and a server inference that computes whatever it can
+    from what it receives and returns its exit tiles; returns the device's (outputs, stats)."""
+    dev_rt, srv_rt = NativeRuntime(1), NativeRuntime(1)
+    dev_q, srv_q = ReportQueue(dev_rt), ReportQueue(srv_rt)
+    dev, srv = NativeInference(dev_rt, tg, tag=1), NativeInference(srv_rt, tg, tag=2)
+    out_mask = np.zeros(tg.n_tiles, np.uint8)
+    for li in tg.graph.outputs.values():
+        out_mask[P.layer_tiles(tg, li)] = 1
+    dev.set_plan(local=plan.local, send=plan.send)
+    srv.set_plan(report=out_mask)
+    dev.set_offload_params(bandwidth=1e9, rtt=0.0, inputs_at_server=now() + 1e6, server_flops=1e9)
+    dev.set_inputs(feeds)
+    deadline = time.monotonic() + timeout
+    done = False
+    while not done and time.monotonic() < deadline:
+        select.select([dev_q.fd, srv_q.fd], [], [], 0.05)
+        for _tag, kind, _tile in dev_q.take():
+            if kind == REPORT_SEND and plan.uses_server:
+                while True:
+                    ids, data = dev.take_sends(1 << 16)
+                    if not len(ids):
+                        break
+                    srv.put_tiles(ids, data)
+            done |= kind == REPORT_DONE
+        for _tag, kind, tile in srv_q.take():
+            if kind == REPORT_TILE:
+                dev.put_tiles([tile], srv.get_tiles([tile]))
+    assert done, "the device's inference did not finish"
+    out, stats = dev.outputs(), dev.stats()
+    dev.close(), srv.close()
+    return out, stats
+
+
+# ------------------------------------------------------------------------------ well-formed
+
+def test_plans_are_well_formed(model):
+    tg, _, _ = model
+    for plan in all_plans(tg):
+        for mask in (plan.local, plan.send):
+            if mask is not None:
+                assert mask.shape == (tg.n_tiles,) and mask.dtype == np.uint8
+        assert P.check_plan(tg, plan) == [], plan.policy
+
+
+def test_check_plan_catches_an_unreachable_output(model):
+    tg, _, _ = model
+    plan = P.plan_cloud(tg)
+    plan.send[:] = 0  # nothing goes to the server, and the device parks everything
+    assert P.check_plan(tg, plan)
+
+
+def test_valid_cuts_leave_one_live_tensor(model):
+    tg, _, _ = model
+    layers = tg.graph.layers
+    cuts = P.valid_cuts(tg)
+    assert cuts[0] == max(tg.graph.inputs.values()) and cuts[-1] == len(layers) - 1
+    for c in cuts:
+        assert all(p >= c for layer in layers[c + 1:] for p in layer.inputs), c
+
+
+def test_cloud_and_dynamic_masks(model):
+    tg, _, _ = model
+    inp = P.input_tiles(tg)
+    cloud = P.plan_cloud(tg)
+    assert cloud.local.sum() == len(inp) and (cloud.send[inp] == SEND_ALWAYS).all()
+    assert cloud.send.sum() == SEND_ALWAYS * len(inp)
+    dyn = P.plan_dynamic(tg)
+    assert dyn.local is None and (dyn.send[inp] == SEND_ALWAYS).all()
+    rest = np.setdiff1d(np.arange(tg.n_tiles), inp)
+    assert (dyn.send[rest] == SEND_DECIDE).all()
+    assert P.plan_local(tg).uses_server is False
+
+
+# ------------------------------------------------------------------------------ split
+
+def test_split_goes_to_the_cloud_with_a_fast_link_and_server(model):
+    tg, _, _ = model
+    plan = P.plan_split(tg, device_flops=1e9, server_flops=1e13, bandwidth=1e11, rtt=1e-4)
+    assert plan.split_layer == P.valid_cuts(tg)[0] and plan.uses_server
+    assert (plan.local == P.plan_cloud(tg).local).all()
+
+
+def test_split_stays_local_with_a_tiny_link(model):
+    tg, _, _ = model
+    plan = P.plan_split(tg, device_flops=1e9, server_flops=1e13, bandwidth=1e3, rtt=0.05)
+    assert plan.split_layer == tg.n_layers - 1 and not plan.uses_server
+    assert plan.local is None and plan.send is None
+
+
+def test_split_chooses_the_cheapest_predicted_cut(model):
+    tg, _, _ = model
+    fig = (3e9, 30e9, 1e6, 0.01, 1.5)
+    costs = P.split_costs(tg, *fig)
+    plan = P.plan_split(tg, *fig)
+    assert costs[plan.split_layer] == min(costs.values())
+    assert plan.info["predicted_s"] == pytest.approx(min(costs.values()))
+    first = tg.plan.layer_first_tile
+    c = plan.split_layer
+    if plan.uses_server:
+        assert plan.local[:first[c + 1]].all() and not plan.local[first[c + 1]:].any()
+        assert (plan.send[first[c]:first[c + 1]] == SEND_ALWAYS).all()
+
+
+def test_split_rejects_an_invalid_layer(model):
+    tg, _, _ = model
+    invalid = [c for c in range(tg.n_layers) if c not in P.valid_cuts(tg)]
+    if invalid:
+        with pytest.raises(P.PolicyError, match="valid split"):
+            P.plan_split(tg, 1e9, 1e10, 1e6, 0.01, layer=invalid[-1])
+    with pytest.raises(P.PolicyError, match="unknown policy"):
+        P.make_plan("nearest", tg)
+
+
+# ------------------------------------------------------------------------------ fl
+
+def test_fl_recomputes_halos_on_the_device(model):
+    tg, _, _ = model
+    plan = P.plan_fl(tg, device_flops=5e9, server_flops=5e9)
+    k = plan.split_layer
+    assert k in P.valid_cuts(tg) and 0 < plan.info["device_blocks"] < plan.info["blocks"]
+    tiles_k = np.asarray(P.layer_tiles(tg, k))
+    dev_k = tiles_k[plan.send[tiles_k] == SEND_ALWAYS]
+    srv_k = tiles_k[plan.send[tiles_k] != SEND_ALWAYS]
+    assert len(dev_k) and len(srv_k)
+    local = plan.local.astype(bool)
+    assert local[dev_k].all() and not local[srv_k].any()
+    # the halo: tiles the device computes that the server's part needs too
+    srv_anc = P.ancestors(tg, np.isin(np.arange(tg.n_tiles), srv_k))
+    halo = local & srv_anc
+    halo[P.input_tiles(tg)] = False
+    assert halo.any() and plan.info["halo_tiles"] == int(halo.sum())
+    # nothing after the stack is computed on the device
+    assert not local[tg.plan.layer_first_tile[k + 1]:].any()
+
+
+def test_fl_shares_follow_the_speeds(model):
+    tg, _, _ = model
+    slow_dev = P.plan_fl(tg, device_flops=1e9, server_flops=1e12)
+    fast_dev = P.plan_fl(tg, device_flops=1e12, server_flops=1e9)
+    assert slow_dev.info["device_blocks"] <= fast_dev.info["device_blocks"]
+    assert slow_dev.local.sum() <= fast_dev.local.sum()
+
+
+# ------------------------------------------------------------------------------ outputs
+
+@pytest.mark.parametrize("policy", P.POLICIES + ("split-mid", "fl-half"))
+def test_every_policy_matches_onnxruntime(model, policy):
+    tg, feeds, ref = model
+    cuts = P.valid_cuts(tg)
+    if policy == "split-mid":
+        plan = P.plan_split(tg, 5e9, 20e9, 2e6, 0.002, layer=cuts[len(cuts) // 2])
+    elif policy == "fl-half":
+        plan = P.plan_fl(tg, 5e9, 5e9)
+    else:
+        plan = P.make_plan(policy, tg, device_flops=5e9, server_flops=20e9, bandwidth=2e6,
+                           rtt=0.002)
+    out, stats = exchange(tg, feeds, plan)
+    assert_close(out, ref, rel=1e-4)
+    if plan.policy == "cloud":
+        assert stats["tiles_computed"] == 0
+    if plan.uses_server and plan.local is not None:
+        assert stats["tiles_computed"] <= int(plan.local.sum())
