@@ -2,8 +2,9 @@
 
 How the setup is emulated on one machine (and said in the output and the CSV):
 - the server: `coacto-server` pinned to CPU 1 (taskset), one computing thread;
-- the device: `coacto-client` pinned to CPU 0 inside a cgroup (v1 `cpu.cfs_quota_us`) limited to
-  `--quota` of one CPU (0.25: a device 4x slower than the server), one computing thread;
+- the device: `coacto-client` pinned to CPU 0 inside a cgroup (v1 `cpu.cfs_quota_us`, period
+  10 ms) limited to `--quota` of one CPU (0.25: a device 4x slower than the server), one
+  computing thread; its communication thread runs under the same quota;
 - the link: the client's token-bucket shaper at each `--bandwidths` setting (both directions);
   the measured goodput and RTT the client reports are logged beside the nominal setting.
 Without root (no cgroup), the device runs unthrottled and the output says so.
@@ -43,7 +44,11 @@ def free_port() -> int:
 def make_cgroup(quota: float) -> bool:
     try:
         CGROUP.mkdir(exist_ok=True)
-        period = int((CGROUP / "cpu.cfs_period_us").read_text())
+        # A 10 ms period: with the default 100 ms a 25% quota stops the whole device for up to
+        # 75 ms at a time, which stalls its communication thread far beyond what a slow CPU does.
+        period = 10_000
+        (CGROUP / "cpu.cfs_quota_us").write_text("-1")
+        (CGROUP / "cpu.cfs_period_us").write_text(str(period))
         (CGROUP / "cpu.cfs_quota_us").write_text(str(int(period * quota)))
         return True
     except OSError as e:
