@@ -156,6 +156,11 @@ class NativeRuntime:
         self.threads = int(threads)
         self._finalizer = weakref.finalize(self, lib.coacto_runtime_destroy, self.handle)
 
+    def set_worker_nice(self, nice: int) -> None:
+        """Lowers (or raises) the computing threads' scheduling priority (nice -20..19)."""
+        check(lib.coacto_runtime_set_worker_nice(self.handle, int(nice)),
+              f"setting the computing threads' priority to nice {nice}")
+
     def close(self) -> None:
         self._finalizer()
 

@@ -2,8 +2,8 @@
 
 How the setup is emulated on one machine (and said in the output and the CSV):
 - the server: `coacto-server` pinned to CPU 1 (taskset), one computing thread;
-- the device: `coacto-client` pinned to CPU 0 inside a cgroup (v1 `cpu.cfs_quota_us`, period
-  10 ms) limited to `--quota` of one CPU (0.25: a device 4x slower than the server), one
+- the device: `coacto-client` pinned to CPU 0 inside a cgroup (v1 `cpu.cfs_quota_us`, a period
+  of 1 ms / quota: 4 ms at 25%) limited to `--quota` of one CPU (0.25: a device 4x slower than the server), one
   computing thread; its communication thread runs under the same quota;
 - the link: the client's token-bucket shaper at each `--bandwidths` setting (both directions);
   the measured goodput and RTT the client reports are logged beside the nominal setting.
@@ -44,9 +44,12 @@ def free_port() -> int:
 def make_cgroup(quota: float) -> bool:
     try:
         CGROUP.mkdir(exist_ok=True)
-        # A 10 ms period: with the default 100 ms a 25% quota stops the whole device for up to
-        # 75 ms at a time, which stalls its communication thread far beyond what a slow CPU does.
-        period = 10_000
+        # A short period: CFS bandwidth control throttles the whole group once its quota for the
+        # period is spent, so with the default 100 ms a 25% quota stops the device — its
+        # communication thread too — for up to 75 ms at a time, which no slow CPU does. The
+        # shortest usable period keeps those stalls to a few ms (the kernel's minimum quota is
+        # 1 ms).
+        period = max(1000, int(round(1000 / quota)))
         (CGROUP / "cpu.cfs_quota_us").write_text("-1")
         (CGROUP / "cpu.cfs_period_us").write_text(str(period))
         (CGROUP / "cpu.cfs_quota_us").write_text(str(int(period * quota)))

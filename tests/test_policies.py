@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import coacto
-from coacto.inference import (REPORT_DONE, REPORT_SEND, REPORT_TILE, SEND_ALWAYS, SEND_DECIDE,
+from coacto.inference import (REPORT_DONE, REPORT_SEND, REPORT_TILE, SEND_ALWAYS, SEND_DECIDE, SEND_NEVER,
                               NativeInference, ReportQueue, now)
 from coacto.mobile import policies as P
 from coacto.runtime import NativeRuntime
@@ -102,11 +102,30 @@ def test_cloud_and_dynamic_masks(model):
     cloud = P.plan_cloud(tg)
     assert cloud.local.sum() == len(inp) and (cloud.send[inp] == SEND_ALWAYS).all()
     assert cloud.send.sum() == SEND_ALWAYS * len(inp)
-    dyn = P.plan_dynamic(tg)
+    dyn = P.plan_dynamic(tg)  # device speed unknown: CoActo's rule, inputs first
     assert dyn.local is None and (dyn.send[inp] == SEND_ALWAYS).all()
-    rest = np.setdiff1d(np.arange(tg.n_tiles), inp)
+    outs = np.concatenate([P.layer_tiles(tg, li) for li in set(tg.graph.outputs.values())])
+    assert (dyn.send[outs] == SEND_NEVER).all()  # the device's own exit tiles stay here
+    rest = np.setdiff1d(np.arange(tg.n_tiles), np.concatenate([inp, outs]))
     assert (dyn.send[rest] == SEND_DECIDE).all()
     assert P.plan_local(tg).uses_server is False
+
+
+def test_dynamic_streams_a_cut_when_the_input_is_expensive(model):
+    """A slow link and a device fast enough to shrink the input first: the tiles of the cut the
+    cost model prefers are streamed, the device keeps computing everything."""
+    tg, _, _ = model
+    costs = P.split_costs(tg, 1e10, 1e11, 2e5, 0.001)
+    best = min(costs, key=lambda c: (costs[c], -c))
+    dyn = P.plan_dynamic(tg, device_flops=1e10, server_flops=1e11, bandwidth=2e5, rtt=0.001)
+    assert dyn.local is None
+    if best in tg.graph.inputs.values() or best == tg.n_layers - 1:
+        assert dyn.split_layer is None
+    else:
+        assert dyn.split_layer == best
+        sent = np.nonzero(dyn.send)[0]
+        assert set(sent.tolist()) == set(P.layer_tiles(tg, best))
+        assert (dyn.send[sent] == SEND_ALWAYS).all()
 
 
 # ------------------------------------------------------------------------------ split

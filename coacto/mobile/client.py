@@ -106,6 +106,10 @@ def resolve_model(model, tiles_per_layer=None, input_shapes=None, model_bytes=No
     return tg, data
 
 
+#: Scheduling priority of the device's computing threads, below the communication engine's.
+WORKER_NICE = 10
+
+
 class Client:
     """A device-side handle on a model, offloading to ``server`` (None: local only).
 
@@ -142,6 +146,13 @@ class Client:
                                                      model_bytes)
         before = _thread_ids()
         self._runtime = Runtime(self.graph, threads)
+        # Computing never delays the communication engine: on a device whose CPU is the
+        # bottleneck a tile sent or a result taken a few ms late costs more than a tile
+        # computed a few ms late (the engine's thread keeps the default priority).
+        try:
+            self._runtime._rt.set_worker_nice(WORKER_NICE)
+        except CoactoError as e:  # e.g. a sandbox that forbids it: run at equal priority
+            log.debug("computing threads keep their priority: %s", e)
         #: OS thread ids of this client's computing threads (Linux; empty elsewhere): experiments
         #: that emulate a slower device throttle these alone (see coacto-client --compute-cgroup)
         self.compute_threads = sorted(_thread_ids() - before)
@@ -183,7 +194,7 @@ class Client:
             raise CoactoError("this Client is closed; create a new one")
         policy = self.policy if policy is None else self._check_policy(policy)
         self._runtime._check_feeds(feeds)
-        if policy in ("split", "fl") and self._estimates.device_flops is None:
+        if policy in ("split", "fl", "dynamic") and self._estimates.device_flops is None:
             self.calibrate()
         feeds = {k: np.array(v, dtype=np.float32, copy=True) for k, v in feeds.items()}
         keys = {"split": ("split_layer",), "fl": ("fl_layer", "device_share")}.get(policy, ())

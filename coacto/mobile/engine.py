@@ -44,6 +44,9 @@ from .session import Session
 
 log = logging.getLogger(__name__)
 
+#: Parked local work waits for a server predicted this many times faster than the device,
+#: and no longer than this factor times the server's predicted time.
+INSURANCE_MARGIN = 1.5
 MAX_BATCH_BYTES = 256 << 10
 MIN_BATCH_BYTES = 16 << 10
 #: A batch carries about this much link time (bounded by the two sizes above).
@@ -201,9 +204,33 @@ class Engine:
         except (BlockingIOError, OSError):
             pass
 
+    def _park_local(self, job: Job) -> None:
+        """Local work waits while the input goes out. When the server is predicted to finish far
+        ahead of the device, it waits longer — the device's work is then only insurance — and
+        starts when the server is late by half its predicted time (a lost connection or a
+        server error unparks it at once through the fallback)."""
+        e = self.est
+        total = self.tg.total_flops
+        t_server = job.input_bytes / e.bandwidth + e.rtt.value + e.alpha * total / e.server_flops
+        t_device = total / e.device_flops if e.device_flops else float("inf")
+        job.local_parked = True
+        if t_server * INSURANCE_MARGIN < t_device:
+            job.resume_on_release = False
+            job.resume_at = job.t_start + INSURANCE_MARGIN * t_server
+        else:
+            job.resume_on_release = True
+            job.resume_at = job.t_start + 2 * job.input_bytes / e.bandwidth + 0.05
+
+    def _resume_local(self, job: Job) -> None:
+        job.local_parked = False
+        if job.native is not None and not job.done:
+            job.native.compute_all()
+
     def _job_wakeups(self, t: float) -> list[float]:
         times = []
         for job in self._jobs.values():
+            if job.local_parked and job.resume_at is not None:
+                times.append(job.resume_at)
             if job.deadline is not None and not job.fallback:
                 times.append(job.deadline)
             if job.attached and not job.fallback:
@@ -216,6 +243,8 @@ class Engine:
         self.session.tick(t)
         self.est.goodput.expire(t - max(30.0, 4 * self.timeout))
         for job in list(self._jobs.values()):
+            if job.local_parked and job.resume_at is not None and t >= job.resume_at:
+                self._resume_local(job)
             if job.fallback or job.native is None and not job.waiting:
                 continue
             if job.deadline is not None and t >= job.deadline:
@@ -324,6 +353,11 @@ class Engine:
                                   .sum())
             job.decides = bool((send == SEND_DECIDE).any())
         job.t_start = now()
+        if plan.info.get("local_after_inputs"):
+            if self.session.ready and not job.fallback:
+                self._park_local(job)
+            else:
+                native.compute_all()
         if plan.uses_server and self.session.ready and not job.fallback:
             self._attach(job)  # BEGIN and the ECT parameters before the first tile completes
         native.set_inputs(job.feeds)
@@ -413,6 +447,8 @@ class Engine:
             if t_booked is not None:
                 self.est.goodput.booked(key, t_booked)
             job.tiles_sent += len(frames[1])  # the int32 ids
+            if job.local_parked and job.resume_on_release and key[1] == job.input_batch:
+                self._resume_local(job)
         elif kind == P.BEGIN and job.done:
             return False
         job.bytes_sent += nbytes

@@ -51,6 +51,9 @@ class Job:
         self.inputs_to_send = 0
         self.input_bytes = 0
         self.input_batch: int | None = None
+        self.local_parked = False        # local work waits for the inputs to leave (dynamic)
+        self.resume_at: float | None = None
+        self.resume_on_release = True    # unpark when the last input batch leaves
         self.inputs_at_server: float | None = None
         # counters
         self.batches = 0

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import CoactoError
-from ..inference import SEND_ALWAYS, SEND_DECIDE
+from ..inference import SEND_ALWAYS, SEND_DECIDE, SEND_NEVER
 from ..tilegraph import TileGraph
 
 POLICIES = ("local", "cloud", "split", "fl", "dynamic")
@@ -125,10 +125,44 @@ def plan_cloud(tg: TileGraph) -> Plan:
     return Plan("cloud", _mask(tg, ids), _mask(tg, ids, SEND_ALWAYS), uses_server=True)
 
 
-def plan_dynamic(tg: TileGraph) -> Plan:
+def plan_dynamic(tg: TileGraph, device_flops: float | None = None, server_flops: float = 1.0,
+                 bandwidth: float = 1.0, rtt: float = 0.0, alpha: float = 1.0) -> Plan:
+    """Tile-level collaboration. Where the cost model (the one split uses) says sending the input
+    is the best start — or before the device's speed is known — it is CoActo's rule: the input
+    tiles go first and every other tile is sent when the ECT rule says the server gets it sooner
+    that way. Where a later cut is predicted to be better (the input costs more to send than the
+    device takes to shrink it), that cut's tiles are streamed as each completes — transmission
+    overlaps the rest of the device's work and the server starts on the first tiles that arrive,
+    instead of split's layer-by-layer hand-over — and the device keeps computing everything; the
+    first complete set of exit tiles wins either way."""
+    inputs = input_tiles(tg)
     send = np.full(tg.n_tiles, SEND_DECIDE, dtype=np.uint8)
-    send[input_tiles(tg)] = SEND_ALWAYS
-    return Plan("dynamic", None, send, uses_server=True)
+    send[inputs] = SEND_ALWAYS
+    outputs = np.concatenate([np.arange(tg.plan.layer_first_tile[li], tg.plan.layer_first_tile[li + 1])
+                              for li in set(tg.graph.outputs.values())])
+    send[outputs] = SEND_NEVER  # the device has its own exit tiles: sending them back helps no one
+    info: dict = {}
+    cut = None
+    if device_flops and device_flops > 0 and bandwidth > 0 and server_flops > 0:
+        costs = split_costs(tg, device_flops, server_flops, bandwidth, rtt, alpha)
+        cut = min(costs, key=lambda c: (costs[c], -c))
+        info = {"predicted_s": costs[cut], "cut_name": tg.graph.layers[cut].name}
+        first_input = min(tg.graph.inputs.values())
+        if cut not in tg.graph.inputs.values() and cut != tg.n_layers - 1 and cut > first_input:
+            send[:] = SEND_NEVER
+            send[layer_tiles(tg, cut)] = SEND_ALWAYS
+        elif cut != tg.n_layers - 1:
+            # The input is the best start: it gets the device's CPU first (on a device whose
+            # CPU is the bottleneck, computing would slow its own transmission); the engine
+            # unparks local work as soon as the last input tile is on the wire.
+            cut = None
+            local = np.zeros(tg.n_tiles, dtype=np.uint8)
+            local[inputs] = 1
+            info["local_after_inputs"] = True
+            return Plan("dynamic", local, send, uses_server=True, split_layer=None, info=info)
+        else:
+            cut = None
+    return Plan("dynamic", None, send, uses_server=True, split_layer=cut, info=info)
 
 
 def split_costs(tg: TileGraph, device_flops: float, server_flops: float, bandwidth: float,
@@ -252,7 +286,7 @@ def make_plan(policy: str, tg: TileGraph, *, device_flops: float | None = None,
     if policy == "cloud":
         return plan_cloud(tg)
     if policy == "dynamic":
-        return plan_dynamic(tg)
+        return plan_dynamic(tg, device_flops, server_flops, bandwidth, rtt, alpha)
     if policy == "split":
         return plan_split(tg, device_flops, server_flops, bandwidth, rtt, alpha, split_layer)
     if policy == "fl":

@@ -119,6 +119,9 @@ const char *coacto_gemm_kernel_name(void);
 coacto_status coacto_runtime_create(int32_t n_threads, coacto_runtime **out);
 void coacto_runtime_destroy(coacto_runtime *rt);
 int32_t coacto_runtime_threads(const coacto_runtime *rt);
+/* Sets the scheduling priority (nice, -20..19) of the computing threads. A device gives them a
+ * lower priority than its communication engine so computing never delays sending. */
+coacto_status coacto_runtime_set_worker_nice(coacto_runtime *rt, int32_t nice);
 
 /* Validates the description completely (a corrupt file must not crash the runtime) and copies /
  * packs what it needs; the description may be freed afterwards. On failure a message is written
@@ -156,7 +159,8 @@ void coacto_inference_destroy(coacto_inference *inf);
  * parked when they become ready, until they arrive from outside or coacto_inference_compute_all
  * unparks them), and what happens to a tile once this runtime completed it: never sent, always
  * sent, or sent when the ECT rule says the server gets it sooner that way:
- *     now + (bytes queued + tile bytes) / bandwidth + rtt / 2
+ *     max(now + (bytes queued + tile bytes) / bandwidth + rtt / 2,
+ *         inputs_at_server + tile bytes / bandwidth)          (the input goes first)
  *         <  inputs_at_server + alpha * work(tile) / server_flops
  * Sent tiles are copied into the inference's send queue (shallowest first) and announced on the
  * runtime's report queue, whose file descriptor becomes readable when reports are pending (poll it

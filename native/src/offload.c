@@ -167,6 +167,10 @@ static int send_decided(coacto_inference *inf, int32_t tile, int64_t bytes) {
     double now = coacto_now_seconds();
     double queued = (double)atomic_load_explicit(&inf->send_bytes, memory_order_relaxed);
     double ect_offloaded = now + (queued + (double)bytes) / p.bandwidth + 0.5 * p.rtt;
+    /* The input goes first on the same link: no tile reaches the server before it, whatever
+     * the engine still holds beyond this queue. */
+    double after_inputs = p.inputs_at_server + (double)bytes / p.bandwidth;
+    if (after_inputs > ect_offloaded) ect_offloaded = after_inputs;
     double ect_server = p.inputs_at_server + p.alpha * work[tile] / p.server_flops;
     return ect_offloaded < ect_server;
 }

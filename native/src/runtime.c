@@ -5,8 +5,12 @@
  * and pushes the others. Completion is exactly once: a tile goes READY -> RUNNING by compare-and-
  * swap, and coacto_inference_put_tile claims NOT_READY/READY -> RUNNING the same way, so a tile that
  * arrives from outside and the same tile computed here complete it once; the loser is dropped. */
-#define _POSIX_C_SOURCE 200809L
+#define _GNU_SOURCE
 #include <errno.h>
+#include <sched.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -278,6 +282,7 @@ static void *worker_main(void *arg) {
     worker *w = arg;
     coacto_runtime *rt = w->rt;
     tls_worker = w->index;
+    atomic_store(&w->tid, (int)syscall(SYS_gettid));
     task t;
     for (;;) {
         int got = 0;
@@ -369,6 +374,17 @@ void coacto_runtime_destroy(coacto_runtime *rt) {
 }
 
 int32_t coacto_runtime_threads(const coacto_runtime *rt) { return rt ? rt->n_threads : 0; }
+
+coacto_status coacto_runtime_set_worker_nice(coacto_runtime *rt, int32_t nice) {
+    if (!rt || nice < -20 || nice > 19) return COACTO_ERR_INVALID_ARGUMENT;
+    coacto_status st = COACTO_OK;
+    for (int32_t i = 0; i < rt->n_threads; i++) {
+        int tid;
+        while ((tid = atomic_load(&rt->workers[i].tid)) == 0) sched_yield(); /* still starting */
+        if (setpriority(PRIO_PROCESS, (id_t)tid, nice) != 0) st = COACTO_ERR_INVALID_ARGUMENT;
+    }
+    return st;
+}
 
 /* ---------------------------------------------------------------- inference API */
 

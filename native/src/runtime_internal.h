@@ -68,6 +68,7 @@ typedef struct pool_row {
 typedef struct worker {
     coacto_runtime *rt;
     int32_t index;
+    atomic_int tid; /* kernel thread id, for per-thread priority */
     pthread_t thread;
     float *scratch;
     size_t scratch_cap; /* floats */
