@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from offload_bandwidth import bin_path, free_port, start_server  # noqa: E402
+from offload_bandwidth import bin_path, free_port, start_server, stop_server  # noqa: E402
 
 
 def main() -> None:
@@ -86,11 +86,7 @@ def main() -> None:
         for p in procs:
             if p.poll() is None:
                 p.kill()
-        server.terminate()
-        try:
-            server.wait(10)
-        except subprocess.TimeoutExpired:
-            server.kill()
+        stop_server(server)
         shutil.rmtree(tmp, ignore_errors=True)
     p50s = [r["p50_ms"] for r in rows]
     summary = {"devices": args.devices, "model": args.model, "policy": args.policy,

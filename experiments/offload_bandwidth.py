@@ -82,6 +82,14 @@ def start_server(models_dir: Path, port: int, threads: int) -> subprocess.Popen:
     sys.exit("coacto-server did not start within 60 s")
 
 
+def stop_server(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
 def run_client(args, model_path: Path, inputs: Path, out_npz: Path, port: int, policy: str,
                bandwidth: str, throttled: bool) -> list[dict]:
     client = [bin_path("coacto-client"), "--server", f"tcp://127.0.0.1:{port}", "--model",
@@ -155,11 +163,7 @@ def main() -> None:
                     "server": f"{args.server_threads} thread(s), CPU 1",
                 })
     finally:
-        server.terminate()
-        try:
-            server.wait(10)
-        except subprocess.TimeoutExpired:
-            server.kill()
+        stop_server(server)
         shutil.rmtree(tmp, ignore_errors=True)
 
     out = Path(args.out)

@@ -8,6 +8,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include "ring.h"
 #include "runtime_internal.h"
 
 /* ---------------------------------------------------------------- report queue */
@@ -28,18 +29,9 @@ void report_queue_destroy(report_queue *q) {
 void report_push(coacto_runtime *rt, uint64_t tag, int32_t kind, int32_t tile) {
     report_queue *q = &rt->reports;
     pthread_mutex_lock(&q->mu);
-    if (q->count == q->cap) {
-        int32_t cap = q->cap ? q->cap * 2 : 256;
-        coacto_report *items = malloc(sizeof *items * (size_t)cap);
-        if (!items) {
-            pthread_mutex_unlock(&q->mu);
-            return; /* a lost report only delays the engine until its next poll timeout */
-        }
-        for (int32_t i = 0; i < q->count; i++) items[i] = q->items[(q->head + i) % q->cap];
-        free(q->items);
-        q->items = items;
-        q->cap = cap;
-        q->head = 0;
+    if (!ring_reserve((void **)&q->items, &q->cap, &q->head, q->count, sizeof(coacto_report), 256)) {
+        pthread_mutex_unlock(&q->mu);
+        return; /* a lost report only delays the engine until its next poll timeout */
     }
     q->items[(q->head + q->count) % q->cap] = (coacto_report){tag, kind, tile};
     q->count++;
@@ -58,8 +50,8 @@ int32_t coacto_runtime_take_reports(coacto_runtime *rt, coacto_report *out, int3
     ssize_t r = read(q->fd, &counter, sizeof counter);
     (void)r;
     pthread_mutex_lock(&q->mu);
-    int32_t n = q->count < max ? q->count : max;
-    for (int32_t i = 0; i < n; i++) out[i] = q->items[(q->head + i) % q->cap];
+    uint32_t n = q->count < (uint32_t)max ? q->count : (uint32_t)max;
+    for (uint32_t i = 0; i < n; i++) out[i] = q->items[(q->head + i) % q->cap];
     if (n) {
         q->head = (q->head + n) % q->cap;
         q->count -= n;
@@ -71,7 +63,7 @@ int32_t coacto_runtime_take_reports(coacto_runtime *rt, coacto_report *out, int3
         ssize_t w = write(q->fd, &one, sizeof one);
         (void)w;
     }
-    return n;
+    return (int32_t)n;
 }
 
 /* ---------------------------------------------------------------- plan */
@@ -189,19 +181,10 @@ void offload_on_local_completion(coacto_inference *inf, int32_t tile, const floa
                sizeof(float) * (size_t)rows);
     send_fifo *q = &inf->sendq[g->tile_bucket[tile]];
     pthread_mutex_lock(&inf->send_mu);
-    if (q->count == q->cap) {
-        uint32_t cap = q->cap ? q->cap * 2 : 64;
-        send_item *items = malloc(sizeof *items * cap);
-        if (!items) {
-            pthread_mutex_unlock(&inf->send_mu);
-            free(copy);
-            return;
-        }
-        for (uint32_t i = 0; i < q->count; i++) items[i] = q->items[(q->head + i) % q->cap];
-        free(q->items);
-        q->items = items;
-        q->cap = cap;
-        q->head = 0;
+    if (!ring_reserve((void **)&q->items, &q->cap, &q->head, q->count, sizeof(send_item), 64)) {
+        pthread_mutex_unlock(&inf->send_mu);
+        free(copy);
+        return;
     }
     q->items[(q->head + q->count) % q->cap] = (send_item){tile, n, copy};
     q->count++;

@@ -16,6 +16,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "ring.h"
 #include "runtime_internal.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -51,16 +52,7 @@ const char *coacto_status_string(coacto_status s) {
 /* ---------------------------------------------------------------- ready pool */
 
 static int fifo_push(task_fifo *q, task t) {
-    if (q->count == q->cap) {
-        uint32_t cap = q->cap ? q->cap * 2 : 64;
-        task *items = malloc(sizeof(task) * cap);
-        if (!items) return 0;
-        for (uint32_t i = 0; i < q->count; i++) items[i] = q->items[(q->head + i) % q->cap];
-        free(q->items);
-        q->items = items;
-        q->cap = cap;
-        q->head = 0;
-    }
+    if (!ring_reserve((void **)&q->items, &q->cap, &q->head, q->count, sizeof(task), 64)) return 0;
     q->items[(q->head + q->count) % q->cap] = t;
     q->count++;
     return 1;

@@ -78,7 +78,7 @@ typedef struct worker {
 typedef struct report_queue {
     pthread_mutex_t mu;
     coacto_report *items;
-    int32_t head, count, cap;
+    uint32_t head, count, cap;
     int fd;
 } report_queue;
 
