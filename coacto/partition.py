@@ -32,6 +32,10 @@ DEFAULT_MAX_TILES = 16
 DEFAULT_MIN_TILES = 4
 #: Fewest columns a column block gets from the default heuristic (GEMM efficiency).
 MIN_TILE_COLUMNS = 48
+#: Column tiles of an input layer by default: inputs are completed at once by set_input, so
+#: tiles cost nothing locally; when offloading, finer input tiles let the server start on the
+#: first rows of the image while the rest is still on the way.
+DEFAULT_INPUT_TILES = 16
 #: Row-split boundaries of CONV layers are multiples of this (a multiple of every GEMM kernel's
 #: panel width, so row tiles start on a packed panel).
 CONV_ROW_ALIGN = 32
@@ -110,7 +114,8 @@ def choose_splits(graph: ir.Graph, li: int, tiles_per_layer: int | None) -> tupl
     into blocks of at least MIN_TILE_COLUMNS columns (a GEMM over fewer rows wastes most of the
     micro-kernel, and every column block re-reads the layer's weights); when that gives fewer
     than T blocks — a layer with too few columns — rows are split to make up the rest, at
-    multiples of CONV_ROW_ALIGN for convolutions. SOFTMAX and INPUT layers are never split by rows.
+    multiples of CONV_ROW_ALIGN for convolutions. SOFTMAX and INPUT layers are never split by rows;
+    an INPUT layer gets DEFAULT_INPUT_TILES column tiles unless tiles_per_layer says otherwise.
     """
     layer = graph.layers[li]
     cols, rows = layer.columns, layer.rows
@@ -121,7 +126,7 @@ def choose_splits(graph: ir.Graph, li: int, tiles_per_layer: int | None) -> tupl
         want = max(1, int(tiles_per_layer))
     col_parts = min(want, max(1, cols // MIN_TILE_COLUMNS))
     if layer.op == "INPUT":
-        col_parts = min(cols, max(1, want))
+        col_parts = min(cols, max(1, want if tiles_per_layer is not None else DEFAULT_INPUT_TILES))
     col_bounds = _even_bounds(cols, col_parts)
     col_parts = len(col_bounds) - 1
     row_parts = 1

@@ -352,6 +352,8 @@ class Engine:
             job.input_bytes = int(self.tg.plan.tile_bytes[self._is_input & (send == SEND_ALWAYS)]
                                   .sum())
             job.decides = bool((send == SEND_DECIDE).any())
+            if plan.info.get("send_whole"):
+                job.whole_bytes = int(self.tg.plan.tile_bytes[send == SEND_ALWAYS].sum())
         job.t_start = now()
         if plan.info.get("local_after_inputs"):
             if self.session.ready and not job.fallback:

@@ -54,6 +54,7 @@ class Job:
         self.local_parked = False        # local work waits for the inputs to leave (dynamic)
         self.resume_at: float | None = None
         self.resume_on_release = True    # unpark when the last input batch leaves
+        self.whole_bytes = 0             # send nothing before this many bytes are queued
         self.inputs_at_server: float | None = None
         # counters
         self.batches = 0
@@ -74,6 +75,11 @@ class Job:
         if queued <= 0:
             self.queued_since = None
             return None
+        if self.whole_bytes:  # cloud / split: the whole tensor in one message, once all is here
+            if queued < self.whole_bytes:
+                return None
+            self.whole_bytes = 0
+            max_bytes = max(max_bytes, queued)
         if queued < max_bytes and not self.inputs_to_send:
             t = now()
             if self.queued_since is None:

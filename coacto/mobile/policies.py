@@ -121,8 +121,12 @@ def plan_local(tg: TileGraph) -> Plan:
 
 
 def plan_cloud(tg: TileGraph) -> Plan:
+    """Cloud-only offloading as deployed today: the whole input in one message, then the server
+    infers (``send_whole``: no tile-level overlap of transmission and server computation — that
+    overlap is what ``dynamic`` adds)."""
     ids = input_tiles(tg)
-    return Plan("cloud", _mask(tg, ids), _mask(tg, ids, SEND_ALWAYS), uses_server=True)
+    return Plan("cloud", _mask(tg, ids), _mask(tg, ids, SEND_ALWAYS), uses_server=True,
+                info={"send_whole": True})
 
 
 def plan_dynamic(tg: TileGraph, device_flops: float | None = None, server_flops: float = 1.0,
@@ -207,8 +211,9 @@ def plan_split(tg: TileGraph, device_flops: float, server_flops: float, bandwidt
     elif layer not in costs:
         raise PolicyError(f"layer {layer} is not a valid split point of this model (valid: "
                           f"{cuts[:20]}{' ...' if len(cuts) > 20 else ''})")
+    # Sequential, as Neurosurgeon / SPINN: the cut's whole tensor in one message once computed.
     info = {"predicted_s": costs[layer], "predicted_local_s": costs[last],
-            "split_name": tg.graph.layers[layer].name}
+            "split_name": tg.graph.layers[layer].name, "send_whole": True}
     if layer == last:
         return Plan("split", None, None, uses_server=False, split_layer=layer, info=info)
     first = tg.plan.layer_first_tile
