@@ -27,8 +27,10 @@ examples:
   coacto-client --server tcp://127.0.0.1:5555 --model m.onnx --input x.npy --threads 1 \\
                 --compute-cgroup /sys/fs/cgroup/cpu/slow-device     (a throttled device)
 
-policies: local (this device alone), cloud (send the whole input, then the server infers), split (one split
-layer chosen from the estimates, its tensor sent whole), fl (fused-layer: the first layers split spatially), dynamic (CoActo: tile by tile).
+policies: local (this device alone), cloud (send the whole input, then the server infers),
+split (one split layer chosen from the estimates, its tensor sent whole), fl (fused-layer: the
+first layers split spatially), dynamic (CoActo: tile by tile, transmission and computation
+overlapped on both sides).
 --bandwidth takes tc's units: bit, kbit, mbit, gbit (bits/s); bps, kbps, mbps (bytes/s); a bare
 number is bits/s. With --json every inference prints one JSON object on stdout (latency_s,
 tiles_local, tiles_sent, tiles_from_server, bytes_sent, fallback, bandwidth_est_mbps, ...).
