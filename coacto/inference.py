@@ -204,6 +204,13 @@ class NativeInference:
         check(lib.coacto_inference_wait(self.handle, -1.0 if timeout is None else float(timeout)),
               "running the inference")
 
+    def failure(self) -> str | None:
+        """Why the inference failed (out of memory, ...), or None while it is fine."""
+        st = lib.coacto_inference_wait(self.handle, 0.0)
+        if st in (lib.COACTO_OK, lib.COACTO_ERR_TIMEOUT, lib.COACTO_ERR_CANCELLED):
+            return None
+        return ffi.string(lib.coacto_status_string(st)).decode()
+
     def done(self) -> bool:
         return lib.coacto_inference_wait(self.handle, 0.0) == lib.COACTO_OK
 

@@ -250,6 +250,28 @@ def test_no_server_listening_means_a_local_run(squeezenet):
         assert client.last_stats["fallback"]
 
 
+def test_a_failed_server_inference_means_an_immediate_local_finish(squeezenet, monkeypatch):
+    """The server's runtime fails an inference (e.g. out of memory): the server says so with an
+    ERROR for that inference and the device finishes alone at once, not after its timeout."""
+    from coacto.errors import NativeError
+    from coacto.server import tenants
+
+    def no_outputs(self, ids):
+        raise NativeError("reading output tiles: out of memory")
+
+    model, feeds, ref = squeezenet
+    monkeypatch.setattr(tenants.NativeInference, "failure", lambda self: "out of memory")
+    monkeypatch.setattr(tenants.NativeInference, "get_tiles", no_outputs)
+    with Server("tcp://127.0.0.1:0", threads=1) as srv, \
+            Client(srv.address, model, threads=1, policy="cloud", tiles_per_layer=TILES,
+                   timeout=30.0) as client:
+        t0 = time.monotonic()
+        assert_close(client.infer(feeds), ref, rel=1e-4)
+        assert time.monotonic() - t0 < 10  # far below the 30 s timeout
+        stats = client.last_stats
+        assert stats["fallback"] and "out of memory" in stats["fallback_reason"], stats
+
+
 def _raw_router(port: int, answer_hello_with=None):
     """A ROUTER that accepts and never answers (or answers HELLO with the given header)."""
     ctx = zmq.Context.instance()

@@ -235,7 +235,15 @@ class Tenants:
                 self._send_results(si, tiles)
         for tag in done:
             si = self.by_tag.get(tag)
-            if si is not None:
+            if si is None:
+                continue
+            why = si.native.failure()
+            if why is not None:  # the device finishes alone at once instead of timing out
+                log.warning("inference %r of device %s failed: %s", si.inf_id, si.session.name, why)
+                self.send(si.session.identity, {"t": P.ERROR, "code": P.E_INTERNAL, "inf": si.inf_id,
+                                                "text": f"the server's inference failed: {why}"})
+                self._free(si, "failed")
+            else:
                 self._send_results(si, si.unsent_outputs())
 
     def _send_results(self, si: ServedInference, tiles) -> None:

@@ -164,8 +164,8 @@ void coacto_inference_destroy(coacto_inference *inf);
  *         <  inputs_at_server + alpha * work(tile) / server_flops
  * Sent tiles are copied into the inference's send queue (shallowest first) and announced on the
  * runtime's report queue, whose file descriptor becomes readable when reports are pending (poll it
- * with zmq.Poller / select). Tiles marked `report` and the completion of the whole inference are
- * announced there too. All times are seconds on coacto_now_seconds()'s clock. */
+ * with zmq.Poller / select). Tiles marked `report` and the end of the whole inference are announced
+ * there too (REPORT_DONE also when it failed: coacto_inference_wait then returns its error). All times are seconds on coacto_now_seconds()'s clock. */
 enum { COACTO_SEND_NEVER = 0, COACTO_SEND_ALWAYS = 1, COACTO_SEND_DECIDE = 2 };
 enum { COACTO_REPORT_SEND = 1, COACTO_REPORT_TILE = 2, COACTO_REPORT_DONE = 3 };
 

@@ -132,7 +132,9 @@ static void signal_done(coacto_inference *inf) {
 
 static void inference_fail(coacto_inference *inf, coacto_status st) {
     int expected = COACTO_OK;
-    atomic_compare_exchange_strong(&inf->error, &expected, (int)st);
+    if (!atomic_compare_exchange_strong(&inf->error, &expected, (int)st)) return;
+    /* A failed inference is done too: its engine learns it from the report (then wait says why). */
+    if (inf->has_plan) report_push(inf->rt, inf->tag, COACTO_REPORT_DONE, -1);
     signal_done(inf);
 }
 
