@@ -12,7 +12,7 @@ Without root (no cgroup), the device runs unthrottled and the output says so.
 Every output is compared with onnxruntime. Writes CSV (+ PNG when matplotlib is installed) and
 prints the table with, per bandwidth, dynamic's latency over the best baseline's.
 
-    python experiments/offload_bandwidth.py --model resnet50 --bandwidths 5,20,100 --repeat 5
+    python experiments/offload_bandwidth.py --model resnet50 --bandwidths 5,20,100 --rounds 3 --repeat 3
 """
 from __future__ import annotations
 
@@ -114,7 +114,9 @@ def main() -> None:
     ap.add_argument("--model", default="resnet50", help="zoo model name")
     ap.add_argument("--bandwidths", default="5,20,100", help="Mbit/s, comma-separated")
     ap.add_argument("--policies", default=",".join(POLICIES))
-    ap.add_argument("--repeat", type=int, default=5, help="inferences per setting (median)")
+    ap.add_argument("--repeat", type=int, default=3, help="inferences per client run")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="rounds over all settings (each round runs every policy at every bandwidth)")
     ap.add_argument("--quota", type=float, default=0.25, help="device CPU share of one core")
     ap.add_argument("--server-threads", type=int, default=1)
     ap.add_argument("--timeout", type=float, default=5.0)
@@ -139,29 +141,41 @@ def main() -> None:
     port = free_port()
     server = start_server(models, port, args.server_threads)
     rows = []
+    runs: dict[tuple[str, str], list[dict]] = {}
+    errors: dict[tuple[str, str], float] = {}
+    settings = [("unlimited" if bw in ("0", "unlimited") else f"{bw}mbit", policy)
+                for bw in args.bandwidths.split(",") for policy in args.policies.split(",")]
     try:
-        for bw in args.bandwidths.split(","):
-            rate = "unlimited" if bw in ("0", "unlimited") else f"{bw}mbit"
-            for policy in args.policies.split(","):
-                out_npz = tmp / f"out-{policy}-{bw}.npz"
-                print(f"{policy:8s} @ {rate:>9s} ...", file=sys.stderr, flush=True)
+        # Rounds cycle through every setting, so slow drift of the machine (and of the CPU
+        # quota's accounting) spreads evenly over the policies instead of landing on one block.
+        for rnd in range(args.rounds):
+            for rate, policy in settings:
+                out_npz = tmp / f"out-{policy}-{rate}.npz"
+                print(f"round {rnd + 1}/{args.rounds}: {policy:8s} @ {rate:>9s} ...", file=sys.stderr,
+                      flush=True)
                 results = run_client(args, model_path, tmp / "inputs.npz", out_npz, port, policy,
                                      rate, throttled)
+                runs.setdefault((rate, policy), []).extend(results)
                 got = np.load(out_npz)
                 err = max(float(np.abs(got[n] - r).max() / np.abs(r).max()) for n, r in zip(ref_names, ref))
-                lat = [r["latency_s"] for r in results]
-                rows.append({
-                    "model": args.model, "policy": policy, "bandwidth": rate,
-                    "latency_ms": statistics.median(lat) * 1e3,
-                    "latency_min_ms": min(lat) * 1e3,
-                    "measured_mbps": statistics.median(r.get("bandwidth_est_mbps") or 0 for r in results),
-                    "rtt_ms": statistics.median(r.get("rtt_est_ms") or 0 for r in results),
-                    "tiles_sent": statistics.median(r.get("tiles_sent", 0) for r in results),
-                    "fallback": any(r.get("fallback") for r in results),
-                    "max_rel_error": err, "match": err <= 1e-4,
-                    "device": f"1 thread, CPU 0, quota {args.quota if throttled else 'none'}",
-                    "server": f"{args.server_threads} thread(s), CPU 1",
-                })
+                errors[rate, policy] = max(err, errors.get((rate, policy), 0.0))
+        for rate, policy in settings:
+            results = runs[rate, policy]
+            lat = [r["latency_s"] for r in results]
+            err = errors[rate, policy]
+            rows.append({
+                "model": args.model, "policy": policy, "bandwidth": rate,
+                "latency_ms": statistics.median(lat) * 1e3,
+                "latency_min_ms": min(lat) * 1e3,
+                "runs": len(lat),
+                "measured_mbps": statistics.median(r.get("bandwidth_est_mbps") or 0 for r in results),
+                "rtt_ms": statistics.median(r.get("rtt_est_ms") or 0 for r in results),
+                "tiles_sent": statistics.median(r.get("tiles_sent", 0) for r in results),
+                "fallback": any(r.get("fallback") for r in results),
+                "max_rel_error": err, "match": err <= 1e-4,
+                "device": f"1 thread, CPU 0, quota {args.quota if throttled else 'none'}",
+                "server": f"{args.server_threads} thread(s), CPU 1",
+            })
     finally:
         stop_server(server)
         shutil.rmtree(tmp, ignore_errors=True)
