@@ -94,7 +94,7 @@ def run_client(args, model_path: Path, inputs: Path, out_npz: Path, port: int, p
                bandwidth: str, throttled: bool) -> list[dict]:
     client = [bin_path("coacto-client"), "--server", f"tcp://127.0.0.1:{port}", "--model",
               str(model_path), "--input", str(inputs), "--policy", policy, "--threads", "1",
-              "--repeat", str(args.repeat), "--json", "--output", str(out_npz),
+              "--repeat", str(args.repeat + 1), "--json", "--output", str(out_npz),
               "--timeout", str(args.timeout)]
     if bandwidth != "unlimited":
         client += ["--bandwidth", bandwidth]
@@ -106,7 +106,9 @@ def run_client(args, model_path: Path, inputs: Path, out_npz: Path, port: int, p
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=args.repeat * 120 + 120)
     if r.returncode != 0:
         raise RuntimeError(f"coacto-client {policy} @ {bandwidth} failed: {r.stderr.strip()[-800:]}")
-    return [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    # The first inference of every client process is a warm-up for every policy alike (some
+    # policies calibrate the device first, which would otherwise warm only their caches).
+    return [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")][1:]
 
 
 def main() -> None:
@@ -114,7 +116,8 @@ def main() -> None:
     ap.add_argument("--model", default="resnet50", help="zoo model name")
     ap.add_argument("--bandwidths", default="5,20,100", help="Mbit/s, comma-separated")
     ap.add_argument("--policies", default=",".join(POLICIES))
-    ap.add_argument("--repeat", type=int, default=3, help="inferences per client run")
+    ap.add_argument("--repeat", type=int, default=3,
+                    help="measured inferences per client run (after one warm-up)")
     ap.add_argument("--rounds", type=int, default=3,
                     help="rounds over all settings (each round runs every policy at every bandwidth)")
     ap.add_argument("--quota", type=float, default=0.25, help="device CPU share of one core")

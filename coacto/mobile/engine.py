@@ -50,7 +50,7 @@ INSURANCE_MARGIN = 1.5
 MAX_BATCH_BYTES = 256 << 10
 MIN_BATCH_BYTES = 16 << 10
 #: A batch carries about this much link time (bounded by the two sizes above).
-BATCH_SECONDS = 0.010
+BATCH_SECONDS = 0.004
 #: The send window (bytes handed to the link, not yet acknowledged) covers at least this much
 #: link time, and twice the RTT: enough to keep the link busy while the engine is descheduled.
 WINDOW_S = 0.05
