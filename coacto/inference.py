@@ -147,30 +147,22 @@ class NativeInference:
                   f"setting input {name!r}")
 
     def put_tiles(self, ids: np.ndarray, data: np.ndarray) -> tuple[int, int]:
-        """Completes tiles from outside; returns (accepted, duplicates). Raises on bad ids or
-        sizes (nothing of the batch after the bad tile is applied)."""
-        ids = np.asarray(ids, dtype=np.int32)
-        data = np.asarray(data, dtype=np.float32).reshape(-1)
+        """Completes tiles from outside (one native call for the batch); returns (accepted,
+        duplicates). Bad ids or sizes raise InputError and apply nothing."""
+        ids = np.ascontiguousarray(ids, dtype=np.int32)
+        data = np.ascontiguousarray(data, dtype=np.float32).reshape(-1)
         if ids.size and (ids.min() < 0 or ids.max() >= self.tg.n_tiles):
             raise InputError("tile ids out of range")
-        sizes = self._sizes[ids]
-        if int(sizes.sum()) != data.size:
-            raise InputError(f"tile data has {data.size} floats, the tiles need {int(sizes.sum())}")
-        buf = ffi.from_buffer("float[]", data)
-        accepted = dup = 0
-        pos = 0
-        for tile, size in zip(ids.tolist(), sizes.tolist()):
-            st = lib.coacto_inference_put_tile(self.handle, tile, buf + pos, size)
-            pos += size
-            if st == lib.COACTO_OK:
-                accepted += 1
-            elif st == lib.COACTO_ERR_DUPLICATE:
-                dup += 1
-            elif st == lib.COACTO_ERR_CANCELLED:
-                break
-            else:
-                check(st, f"completing tile {tile}")
-        return accepted, dup
+        need = int(self._sizes[ids].sum())
+        if need != data.size:
+            raise InputError(f"tile data has {data.size} floats, the tiles need {need}")
+        counts = ffi.new("int32_t[2]")
+        st = lib.coacto_inference_put_tiles(self.handle, ffi.from_buffer("int32_t[]", ids), ids.size,
+                                            ffi.from_buffer("float[]", data) if data.size else ffi.NULL,
+                                            data.size, counts, counts + 1)
+        if st != lib.COACTO_ERR_CANCELLED:
+            check(st, "completing tiles")
+        return int(counts[0]), int(counts[1])
 
     def take_sends(self, max_bytes: int = 1 << 20, max_tiles: int = 4096) -> tuple[np.ndarray, np.ndarray]:
         """Queued tiles to send (shallowest first): (ids int32, data float32)."""
@@ -187,14 +179,13 @@ class NativeInference:
         return int(lib.coacto_inference_queued_bytes(self.handle))
 
     def get_tiles(self, ids) -> np.ndarray:
-        ids = np.asarray(ids, dtype=np.int32)
-        sizes = self._sizes[ids]
-        out = np.empty(int(sizes.sum()), dtype=np.float32)
-        buf = ffi.from_buffer("float[]", out)
-        pos = 0
-        for tile, size in zip(ids.tolist(), sizes.tolist()):
-            check(lib.coacto_inference_get_tile(self.handle, tile, buf + pos, size), f"reading tile {tile}")
-            pos += size
+        """The data of completed output tiles, concatenated in ids order (one native call)."""
+        ids = np.ascontiguousarray(ids, dtype=np.int32)
+        out = np.empty(int(self._sizes[ids].sum()), dtype=np.float32)
+        if ids.size:
+            check(lib.coacto_inference_get_tiles(self.handle, ffi.from_buffer("int32_t[]", ids),
+                                                 ids.size, ffi.from_buffer("float[]", out), out.size),
+                  "reading tiles")
         return out
 
     def tile_state(self, tile: int) -> int:

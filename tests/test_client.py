@@ -153,8 +153,12 @@ def test_every_policy_matches_onnxruntime(server, squeezenet, policy):
             assert stats["split_layer"] is not None
         if policy == "cloud":
             assert runs[0]["tiles_sent"] > 0 and stats["rtt_est_ms"] > 0
-        if policy == "dynamic":  # each run offloads, or says why the device went alone
-            assert all(r["tiles_sent"] > 0 or r["server_skipped"] for r in runs), runs
+        if policy == "dynamic":  # each run offloads, says why it went alone, or won the race
+            computable = client.graph.n_tiles - sum(  # every tile but the inputs
+                len(range(client.graph.plan.layer_first_tile[li], client.graph.plan.layer_first_tile[li + 1]))
+                for li in client.graph.graph.inputs.values())
+            assert all(r["tiles_sent"] > 0 or r["server_skipped"] or r["tiles_local"] == computable
+                       for r in runs), runs
     for key in ("latency_s", "policy", "tiles_total", "tiles_local", "tiles_sent",
                 "tiles_from_server", "bytes_sent", "bytes_received", "fallback",
                 "bandwidth_est_mbps", "rtt_est_ms", "server_flops", "alpha", "split_layer",

@@ -145,3 +145,26 @@ def test_tile_work_is_ancestor_flops(setup):
                     seen.add(int(p))
                     stack.append(int(p))
         assert work[t] == pytest.approx(sum(plan.tile_flops[i] for i in seen))
+
+
+def test_tile_batches_are_checked_before_anything_is_applied(setup):
+    from coacto.runtime import ffi, lib
+
+    tg, feeds, _ = setup
+    inf = NativeInference(NativeRuntime(1), tg)
+    try:
+        ids = np.asarray([5, 6], np.int32)
+        size = int(inf._sizes[ids].sum())
+        data = np.zeros(size, np.float32)
+        counts = ffi.new("int32_t[2]")
+        for bad_ids, n_floats in (([5, tg.n_tiles], size), ([5, 6], size - 1), ([-1, 6], size)):
+            arr = np.asarray(bad_ids, np.int32)
+            st = lib.coacto_inference_put_tiles(inf.handle, ffi.from_buffer("int32_t[]", arr), 2,
+                                                ffi.from_buffer("float[]", data), n_floats,
+                                                counts, counts + 1)
+            assert st == lib.COACTO_ERR_INVALID_ARGUMENT
+            assert inf.tile_state(5) == 0 and counts[0] == 0  # nothing applied
+        assert inf.put_tiles(ids, data) == (2, 0)
+        assert inf.put_tiles(ids, data) == (0, 2)  # exactly once
+    finally:
+        inf.close()

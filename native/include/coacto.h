@@ -141,6 +141,11 @@ coacto_status coacto_inference_set_input(coacto_inference *inf, int32_t layer, c
  * was already completed or is being computed. */
 coacto_status coacto_inference_put_tile(coacto_inference *inf, int32_t tile, const float *data,
                                         int64_t n_floats);
+/* A batch of put_tile: n tiles whose data is concatenated in ids order. Every id and the total
+ * size are checked before any tile is applied; duplicates are counted, not errors. */
+coacto_status coacto_inference_put_tiles(coacto_inference *inf, const int32_t *ids, int32_t n,
+                                         const float *data, int64_t n_floats, int32_t *accepted,
+                                         int32_t *duplicates);
 /* Waits until every tile of the output (KEEP) layers is completed (COACTO_OK), the timeout
  * passes (COACTO_ERR_TIMEOUT; negative timeout waits forever), or the inference failed (its
  * error). Tiles still running then are cancelled by coacto_inference_destroy. */
@@ -204,6 +209,9 @@ int64_t coacto_inference_queued_bytes(const coacto_inference *inf);
  * buffer is gone (only KEEP layers are guaranteed to stay). */
 coacto_status coacto_inference_get_tile(coacto_inference *inf, int32_t tile, float *out,
                                         int64_t n_floats);
+/* A batch of get_tile, data concatenated in ids order (checked before anything is copied). */
+coacto_status coacto_inference_get_tiles(coacto_inference *inf, const int32_t *ids, int32_t n,
+                                         float *out, int64_t n_floats);
 int32_t coacto_runtime_report_fd(coacto_runtime *rt);
 /* Takes up to max pending reports (non-blocking); returns how many. */
 int32_t coacto_runtime_take_reports(coacto_runtime *rt, coacto_report *out, int32_t max);

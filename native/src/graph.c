@@ -26,6 +26,27 @@ void *coacto_aligned_alloc(size_t bytes) {
     return aligned_alloc(COACTO_CACHE_LINE, rounded);
 }
 
+int64_t tile_floats(const coacto_graph *g, int32_t tile) {
+    const int32_t *b = &g->tile_bounds[4 * (size_t)tile];
+    return (int64_t)(b[1] - b[0]) * (b[3] - b[2]);
+}
+
+void tile_copy_out(const coacto_graph *g, int32_t tile, const float *layer_buf, float *dst) {
+    const int32_t *b = &g->tile_bounds[4 * (size_t)tile];
+    size_t rows = (size_t)(b[3] - b[2]), c = (size_t)g->layers[g->tile_layer[tile]].c;
+    for (int32_t col = b[0]; col < b[1]; col++)
+        memcpy(dst + (size_t)(col - b[0]) * rows, layer_buf + (size_t)col * c + (size_t)b[2],
+               rows * sizeof(float));
+}
+
+void tile_copy_in(const coacto_graph *g, int32_t tile, const float *src, float *layer_buf) {
+    const int32_t *b = &g->tile_bounds[4 * (size_t)tile];
+    size_t rows = (size_t)(b[3] - b[2]), c = (size_t)g->layers[g->tile_layer[tile]].c;
+    for (int32_t col = b[0]; col < b[1]; col++)
+        memcpy(layer_buf + (size_t)col * c + (size_t)b[2], src + (size_t)(col - b[0]) * rows,
+               rows * sizeof(float));
+}
+
 float *graph_buffer_get(coacto_graph *g, int64_t bytes) {
     float *buf = NULL;
     pthread_mutex_lock(&g->cache_mu);

@@ -170,15 +170,11 @@ static int send_decided(coacto_inference *inf, int32_t tile, int64_t bytes) {
 void offload_on_local_completion(coacto_inference *inf, int32_t tile, const float *layer_buf) {
     if (!inf->plan_send || inf->plan_send[tile] == COACTO_SEND_NEVER || !layer_buf) return;
     const coacto_graph *g = inf->g;
-    const int32_t *b = &g->tile_bounds[4 * (size_t)tile];
-    int64_t rows = b[3] - b[2], n = (int64_t)(b[1] - b[0]) * rows;
+    int64_t n = tile_floats(g, tile);
     if (!send_decided(inf, tile, n * (int64_t)sizeof(float))) return;
     float *copy = malloc(sizeof(float) * (size_t)n);
     if (!copy) return; /* not sent: the server computes it itself */
-    int32_t c = g->layers[g->tile_layer[tile]].c;
-    for (int32_t col = b[0]; col < b[1]; col++)
-        memcpy(copy + (size_t)(col - b[0]) * rows, layer_buf + (size_t)col * c + b[2],
-               sizeof(float) * (size_t)rows);
+    tile_copy_out(g, tile, layer_buf, copy);
     send_fifo *q = &inf->sendq[g->tile_bucket[tile]];
     pthread_mutex_lock(&inf->send_mu);
     if (!ring_reserve((void **)&q->items, &q->cap, &q->head, q->count, sizeof(send_item), 64)) {
@@ -243,17 +239,12 @@ coacto_status coacto_inference_get_tile(coacto_inference *inf, int32_t tile, flo
                                         int64_t n_floats) {
     if (!inf || !out || tile < 0 || tile >= inf->g->n_tiles) return COACTO_ERR_INVALID_ARGUMENT;
     const coacto_graph *g = inf->g;
-    const int32_t *b = &g->tile_bounds[4 * (size_t)tile];
     int32_t li = g->tile_layer[tile];
-    int64_t rows = b[3] - b[2];
-    if (n_floats != (int64_t)(b[1] - b[0]) * rows) return COACTO_ERR_INVALID_ARGUMENT;
+    if (n_floats != tile_floats(g, tile)) return COACTO_ERR_INVALID_ARGUMENT;
     if (!(g->layer_flags[li] & COACTO_LAYER_KEEP)) return COACTO_ERR_STATE;
     if (atomic_load(&inf->state[tile]) != COACTO_TILE_COMPLETED) return COACTO_ERR_STATE;
     const float *buf = atomic_load(&inf->buffers[li]);
     if (!buf) return COACTO_ERR_STATE;
-    int32_t c = g->layers[li].c;
-    for (int32_t col = b[0]; col < b[1]; col++)
-        memcpy(out + (size_t)(col - b[0]) * rows, buf + (size_t)col * c + b[2],
-               sizeof(float) * (size_t)rows);
+    tile_copy_out(g, tile, buf, out);
     return COACTO_OK;
 }

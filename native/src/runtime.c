@@ -475,10 +475,8 @@ coacto_status coacto_inference_put_tile(coacto_inference *inf, int32_t tile, con
                                         int64_t n_floats) {
     if (!inf || !data || tile < 0 || tile >= inf->g->n_tiles) return COACTO_ERR_INVALID_ARGUMENT;
     const coacto_graph *g = inf->g;
-    const int32_t *b = &g->tile_bounds[4 * (size_t)tile];
     int32_t li = g->tile_layer[tile];
-    int64_t rows = b[3] - b[2];
-    if (n_floats != (int64_t)(b[1] - b[0]) * rows) return COACTO_ERR_INVALID_ARGUMENT;
+    if (n_floats != tile_floats(g, tile)) return COACTO_ERR_INVALID_ARGUMENT;
     if (!inference_usable(inf)) return COACTO_ERR_CANCELLED;
     mark_started(inf);
     atomic_fetch_add(&inf->inflight, 1);
@@ -492,16 +490,64 @@ coacto_status coacto_inference_put_tile(coacto_inference *inf, int32_t tile, con
             inference_fail(inf, COACTO_ERR_OUT_OF_MEMORY);
             st = COACTO_ERR_OUT_OF_MEMORY;
         } else {
-            int32_t c = g->layers[li].c;
-            for (int32_t col = b[0]; col < b[1]; col++)
-                memcpy(buf + (size_t)col * c + b[2], data + (size_t)(col - b[0]) * rows,
-                       (size_t)rows * sizeof(float));
+            tile_copy_in(g, tile, data, buf);
             atomic_fetch_add(&inf->tiles_external, 1);
             complete_tile(inf, tile, NULL, 0);
         }
     }
     release_inflight(inf);
     return st;
+}
+
+/* Checks a batch's ids and that data holds exactly their floats. */
+static coacto_status check_batch(const coacto_inference *inf, const int32_t *ids, int32_t n,
+                                 int64_t n_floats) {
+    if (!inf || (!ids && n > 0) || n < 0) return COACTO_ERR_INVALID_ARGUMENT;
+    int64_t total = 0;
+    for (int32_t i = 0; i < n; i++) {
+        if (ids[i] < 0 || ids[i] >= inf->g->n_tiles) return COACTO_ERR_INVALID_ARGUMENT;
+        total += tile_floats(inf->g, ids[i]);
+    }
+    return total == n_floats ? COACTO_OK : COACTO_ERR_INVALID_ARGUMENT;
+}
+
+coacto_status coacto_inference_put_tiles(coacto_inference *inf, const int32_t *ids, int32_t n,
+                                         const float *data, int64_t n_floats, int32_t *accepted,
+                                         int32_t *duplicates) {
+    if (accepted) *accepted = 0;
+    if (duplicates) *duplicates = 0;
+    coacto_status st = check_batch(inf, ids, n, n_floats);
+    if (st != COACTO_OK || n == 0) return st;
+    if (!data) return COACTO_ERR_INVALID_ARGUMENT;
+    int64_t pos = 0;
+    for (int32_t i = 0; i < n; i++) {
+        int64_t size = tile_floats(inf->g, ids[i]);
+        st = coacto_inference_put_tile(inf, ids[i], data + pos, size);
+        pos += size;
+        if (st == COACTO_OK) {
+            if (accepted) (*accepted)++;
+        } else if (st == COACTO_ERR_DUPLICATE) {
+            if (duplicates) (*duplicates)++;
+        } else {
+            return st;
+        }
+    }
+    return COACTO_OK;
+}
+
+coacto_status coacto_inference_get_tiles(coacto_inference *inf, const int32_t *ids, int32_t n,
+                                         float *out, int64_t n_floats) {
+    coacto_status st = check_batch(inf, ids, n, n_floats);
+    if (st != COACTO_OK || n == 0) return st;
+    if (!out) return COACTO_ERR_INVALID_ARGUMENT;
+    int64_t pos = 0;
+    for (int32_t i = 0; i < n; i++) {
+        int64_t size = tile_floats(inf->g, ids[i]);
+        st = coacto_inference_get_tile(inf, ids[i], out + pos, size);
+        if (st != COACTO_OK) return st;
+        pos += size;
+    }
+    return COACTO_OK;
 }
 
 coacto_status coacto_inference_wait(coacto_inference *inf, double timeout_s) {

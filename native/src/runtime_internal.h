@@ -151,6 +151,11 @@ void offload_on_local_completion(coacto_inference *inf, int32_t tile, const floa
 void offload_release(coacto_inference *inf);
 
 /* graph.c */
+/* A tile's data outside the layer buffer is column by column: (col1 - col0) * (row1 - row0)
+ * floats. These move it between that form and the NHWC layer buffer. */
+int64_t tile_floats(const coacto_graph *g, int32_t tile);
+void tile_copy_out(const coacto_graph *g, int32_t tile, const float *layer_buf, float *dst);
+void tile_copy_in(const coacto_graph *g, int32_t tile, const float *src, float *layer_buf);
 void graph_release(coacto_graph *g);
 /* A buffer of exactly `bytes` from the graph's cache, or a fresh one (NULL when out of memory). */
 float *graph_buffer_get(coacto_graph *g, int64_t bytes);
