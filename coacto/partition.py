@@ -26,10 +26,16 @@ from .errors import CoactoError
 #: ResNet-50 stage gives every thread several tiles to overlap across layers.
 DEFAULT_TILE_FLOPS = 2.0e6
 #: Most tiles a layer gets from the default heuristic.
-DEFAULT_MAX_TILES = 16
+DEFAULT_MAX_TILES = 32
 #: Fewest tiles a layer gets from the default heuristic when it has the columns or rows for
 #: them: even a cheap layer is then shared by two threads instead of serialising the network.
 DEFAULT_MIN_TILES = 4
+#: Fewest column blocks a layer gets from the default heuristic when it has the columns for them
+#: (at MIN_TILE_COLUMNS each), however cheap it is: a coarse cheap layer (a max pooling) would make
+#: every later tile wait for a large part of the image, which stalls a server that receives the
+#: input row by row (ResNet-50: the last input tile gates 75% of the FLOPs with 4 pooling tiles,
+#: 60% with 16).
+DEFAULT_MIN_COLUMN_BLOCKS = 16
 #: Fewest columns a column block gets from the default heuristic (GEMM efficiency).
 MIN_TILE_COLUMNS = 48
 #: Column tiles of an input layer by default: inputs are completed at once by set_input, so
@@ -110,7 +116,8 @@ def choose_splits(graph: ir.Graph, li: int, tiles_per_layer: int | None) -> tupl
     """Column and row block boundaries of one layer.
 
     The layer gets about T tiles: T = tiles_per_layer when given; otherwise FLOPs /
-    DEFAULT_TILE_FLOPS, clamped to [DEFAULT_MIN_TILES, DEFAULT_MAX_TILES]. Columns are split first,
+    DEFAULT_TILE_FLOPS, clamped to [DEFAULT_MIN_TILES, DEFAULT_MAX_TILES], and at least
+    DEFAULT_MIN_COLUMN_BLOCKS column blocks where the columns allow. Columns are split first,
     into blocks of at least MIN_TILE_COLUMNS columns (a GEMM over fewer rows wastes most of the
     micro-kernel, and every column block re-reads the layer's weights); when that gives fewer
     than T blocks — a layer with too few columns — rows are split to make up the rest, at
@@ -125,6 +132,8 @@ def choose_splits(graph: ir.Graph, li: int, tiles_per_layer: int | None) -> tupl
     else:
         want = max(1, int(tiles_per_layer))
     col_parts = min(want, max(1, cols // MIN_TILE_COLUMNS))
+    if tiles_per_layer is None:
+        col_parts = max(col_parts, min(DEFAULT_MIN_COLUMN_BLOCKS, cols // MIN_TILE_COLUMNS))
     if layer.op == "INPUT":
         col_parts = min(cols, max(1, want if tiles_per_layer is not None else DEFAULT_INPUT_TILES))
     col_bounds = _even_bounds(cols, col_parts)
