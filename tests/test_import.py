@@ -876,6 +876,8 @@ def _zoo_cases():
 
     cases = []
     for name in zoo.MODELS:
+        if name in zoo.TRANSFORMERS:
+            continue  # tests/test_transformers.py
         for style in zoo.STYLES[name]:
             if name in ("resnet50", "vgg16") and style != "default":
                 continue  # their other styles are the same code paths as resnet18's
