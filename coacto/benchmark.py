@@ -50,8 +50,7 @@ def compare(tg, onnx_bytes: bytes | None, threads: int, repeat: int, name: str =
     machine noise."""
     from .runtime import Runtime
 
-    rng = np.random.default_rng(0)
-    feeds = {k: rng.standard_normal(v).astype(np.float32) for k, v in tg.inputs.items()}
+    feeds = tg.example_feeds(0)
     row = {"model": name, "threads": threads, "tiles": tg.n_tiles}
     with Runtime(tg, threads=threads) as rt:
         outs = rt.run(feeds)  # warm-up

@@ -102,9 +102,8 @@ def load_inputs(items, graph, random: bool, seed: int = 0) -> dict[str, np.ndarr
                 name = next(iter(graph.inputs))
             feeds[name] = loaded
     if random:
-        rng = np.random.default_rng(seed)
-        for name, shape in graph.inputs.items():
-            feeds.setdefault(name, rng.standard_normal(shape).astype(np.float32))
+        for name, value in graph.example_feeds(seed).items():
+            feeds.setdefault(name, value)
     if not feeds:
         raise InputError("no input given: pass --input NAME=FILE.npy (or FILE.npz), or --random "
                          f"(the model's inputs: {dict(graph.inputs)})")

@@ -141,7 +141,8 @@ class NativeInference:
         for name, arr in feeds.items():
             if name not in g.inputs:
                 raise InputError(f"unknown input {name!r}")
-            data = ir.to_storage(np.asarray(arr, dtype=np.float32))
+            layer = g.layers[g.inputs[name]]
+            data = ir.to_storage(np.asarray(arr, dtype=np.float32), layer.layout)
             check(lib.coacto_inference_set_input(self.handle, g.inputs[name],
                                                  ffi.from_buffer("float[]", data), data.size),
                   f"setting input {name!r}")
@@ -217,7 +218,7 @@ class NativeInference:
                 buf = np.empty(self.native.layer_floats[li], dtype=np.float32)
                 check(lib.coacto_inference_get_output(self.handle, li, ffi.from_buffer("float[]", buf),
                                                       buf.size), f"reading output {name!r}")
-                fetched[li] = ir.from_storage(buf, layer.shape, layer.onnx_shape)
+                fetched[li] = ir.from_storage(buf, layer.shape, layer.onnx_shape, layer.layout)
                 results[name] = fetched[li]
             else:
                 results[name] = fetched[li].copy()

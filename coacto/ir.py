@@ -1,26 +1,38 @@
 """The operator graph between ONNX import and tile partitioning.
 
-Every activation is a 4-D tensor ``(N, C, H, W)`` in ONNX terms, stored position-major ("NHWC"):
+Every activation is a 4-D tensor ``(N, C, H, W)`` stored position-major ("NHWC"):
 ``storage[n, h, w, c]``. A *column* is one position ``(n, h, w)`` (column index
-``(n * H + h) * W + w``); the *rows* of a column are its ``C`` channels, contiguous in memory.
-Rank-2 ONNX tensors ``(N, F)`` are ``(N, F, 1, 1)`` here; ``Layer.onnx_shape`` keeps the shape the
-ONNX graph gave the tensor so outputs go back to users in that shape.
+``(n * H + h) * W + w``); the *rows* of a column are its ``C`` values, contiguous in memory.
+``Layer.onnx_shape`` keeps the shape the ONNX graph gave the tensor, and ``Layer.layout`` says which
+ONNX axis holds the rows:
+
+``"channels"`` (``LAYOUT_CHANNELS``, CNNs)
+    axis 1: ``(N, C, H, W)`` as is; rank 3 ``(N, C, L)`` is ``(N, C, 1, L)``; rank 2 ``(N, F)`` is
+    ``(N, F, 1, 1)``; rank 1 ``(F,)`` is ``(1, F, 1, 1)``.
+``"last"`` (``LAYOUT_LAST``, sequence models)
+    the last axis: ``(d0, d1, d2, d3)`` is ``(d0, d3, d1, d2)``, rank 3 ``(B, S, D)`` is
+    ``(B, D, 1, S)``; ranks 1 and 2 as above. The storage is then the ONNX tensor in row-major
+    order, byte for byte: inputs and outputs need no copy, a column is one (batch, token) and the
+    rows its hidden features, and reshapes that keep the last axis change nothing in memory.
 
 A graph is a list of layers in topological order; a layer names its producers by index. Weights are
-float32 numpy arrays in the layouts below (the native runtime packs them further at load).
+float32 numpy arrays in the layouts below (the native runtime packs them further at load). A constant
+given "in NCHW order" is a 4-D array broadcastable to the layer's ``(N, C, H, W)``.
 
 Ops (``Layer.op``) and their attributes / weights:
 
 ``INPUT``
-    A graph input. ``attrs = {}``.
+    A graph input. ``attrs = {}``, or for integer inputs (token ids, masks) ``dtype`` (the ONNX
+    element type) and, when they index an embedding table, ``index_limit`` V: values are fed as
+    float32 and must be integers in ``[-V, V)``.
 ``CONV``
     ``inputs = [x]`` or ``[x, residual]``. 2-D convolution, then ``+ bias``, then ``+ residual``
     (same shape as the output), then the activation. attrs: ``kh, kw, sh, sw, pt, pl, pb, pr, dh, dw,
     group, act, alpha, beta``. weights: ``w`` of shape ``(group, kh, kw, cin_g, cout_g)`` (the GEMM
     reduction index is ``(ky * kw + kx) * cin_g + ci``), ``b`` of shape ``(C_out,)``.
     Gemm / MatMul with constant weights / Flatten-then-Gemm are CONV with a kernel that covers the
-    whole input (``kh = H_in, kw = W_in``, no padding): the weights are permuted so the reduction
-    index follows the NHWC storage order of the flattened input.
+    whole input (``kh = H_in, kw = W_in``, no padding; 1x1 for the rows of a sequence): the
+    weights are permuted so the reduction index follows the NHWC storage order of the input.
 ``POOL``
     ``inputs = [x]``. attrs: ``kind`` (``POOL_MAX`` / ``POOL_AVG``), ``kh, kw, sh, sw, pt, pl, pb, pr,
     dh, dw, count_include_pad``. The output size is given by the layer shape (ceil_mode already
@@ -31,10 +43,10 @@ Ops (``Layer.op``) and their attributes / weights:
     ``inputs = [x]``; attrs: ``kind``. Reduces over H, W; output ``(N, C, 1, 1)``.
 ``BINARY``
     ``inputs = [a]`` or ``[a, b]``; elementwise ``a OP b`` with ONNX (numpy) broadcasting, then the
-    activation. attrs: ``kind`` (``BIN_ADD/SUB/MUL/DIV``), ``act, alpha, beta``; with one input,
-    ``b`` is the constant weight ``k`` (a 4-D array broadcastable to the output, in NCHW order as
-    ONNX gives it) and ``const_first`` (1 when the constant is the left operand: ``k OP a``).
-    Activation inputs may broadcast too (shape of each producer broadcasts to the output).
+    activation. attrs: ``kind`` (``BIN_ADD/SUB/MUL/DIV/POW/MAX/MIN``, and the comparisons
+    ``BIN_EQUAL/LESS/GREATER`` giving 1.0 or 0.0), ``act, alpha, beta``; with one input, ``b`` is
+    the constant weight ``k`` (in NCHW order) and ``const_first`` (1 when the constant is the left
+    operand: ``k OP a``). Activation inputs may broadcast too (each dim 1 or the output's).
 ``AFFINE``
     ``inputs = [x]``; ``y = act(x * scale[c] + shift[c])``. weights ``scale, shift`` (shape ``(C,)``).
     Standalone activations are AFFINE with scale 1, shift 0; BatchNormalization that cannot be
@@ -45,16 +57,45 @@ Ops (``Layer.op``) and their attributes / weights:
     ``inputs = [x1, ..., xk]``; a pure index mapping (Transpose, Reshape, Flatten, Slice, Split,
     Pad, channel shuffle, DepthToSpace, concatenation along non-channel axes...). weights: ``index``
     (int32, shape ``(N*H*W*C,)`` in output *storage* order): each entry is a flat index into the
-    concatenation of the inputs' *storage* arrays, or ``-1`` for ``fill`` (attr, a float).
+    concatenation of the inputs' *storage* arrays followed by the optional weight ``const``
+    (float32 values, e.g. a class token concatenated to a sequence), or ``-1`` for ``fill``.
 ``LRN``
     ``inputs = [x]``; across-channel local response normalisation. attrs: ``size, alpha, beta, bias``.
 ``SOFTMAX``
-    ``inputs = [x]``; softmax over channels within each column. attrs: ``log`` (0/1 for LogSoftmax).
+    ``inputs = [x]``; softmax over the rows of each column. attrs: ``log`` (0/1 for LogSoftmax).
+``MATMUL``
+    ``inputs = [a, b]`` or ``[a, b, mask]``: a batched matrix product of two activations,
+    ``y[b0, b1, i, j] = scale * sum_k A[b0, b1, i, k] * B[b0, b1, k, j] (+ mask[b0, b1, i, j])``.
+    The operands are read through strides from their producers' storage (so a head split or the
+    transposed keys of ``Q K^T`` cost no copy; stride 0 broadcasts): ``A[b0, b1, i, k] =
+    a[a_off + b0 * a_s0 + b1 * a_s1 + i * a_si + k]``, ``B[b0, b1, k, j] = b[b_off + b0 * b_s0 +
+    b1 * b_s1 + k * b_sk + j * b_sj]`` with ``b_sk`` or ``b_sj`` equal to 1, the mask likewise with
+    ``m_*`` (``m_sj`` 0 or 1). attrs: ``batch0, batch1, m, n, k``, those strides and offsets,
+    ``has_mask``, ``scale``, ``out_mode`` (0: column ``(b0 * B1 + b1) * M + i``, row ``j``;
+    1: column ``b0 * M + i``, row ``b1 * N + j``, the heads of an attention context side by side
+    as the following Transpose + Reshape want them), ``causal`` with ``offset`` (1: outputs with
+    ``j > i + offset`` are ``fill`` -- then the mask is added -- and never computed; 2: the sum
+    runs over ``k <= i + offset`` only) and ``fill``.
+``LAYERNORM``
+    ``inputs = [x]``; ``y = (x - mean) / sqrt(var + eps) * scale[c] + shift[c]`` with the mean and
+    the (biased) variance over the rows of each column. attrs: ``eps``; weights ``scale, shift``.
+``ROW_REDUCE``
+    ``inputs = [x]``; the ``kind`` (``REDUCE_MAX/MEAN/SUM/MIN``) of each column's rows; output
+    ``C = 1``.
+``WHERE``
+    ``cond != 0 ? x : y`` with broadcasting. attrs: ``operands`` (bit 0 cond, 1 x, 2 y: which are
+    inputs, in that order); weights ``cond``, ``x``, ``y`` for the constant ones (NCHW order).
+``EMBED``
+    ``inputs = [ids]`` holding one value per output column (in storage order): output column i is
+    row ``ids[i]`` of the weight ``table`` (V, C); negative ids count from the end, ids outside
+    ``[-V, V)`` give zeros (the runtime's input check rejects them first).
 
 Activations (``attrs['act']``): ``ACT_NONE``, ``ACT_RELU``, ``ACT_CLIP`` (alpha = min, beta = max),
 ``ACT_LEAKY`` (alpha), ``ACT_SIGMOID``, ``ACT_HARDSIGMOID`` (alpha, beta: ``max(0, min(1, alpha * x
-+ beta))``), ``ACT_HARDSWISH`` (``x * max(0, min(1, x / 6 + 1 / 2))``), ``ACT_TANH``. The numeric
-codes are shared with the native runtime (``native/include/coacto.h``).
++ beta))``), ``ACT_HARDSWISH`` (``x * max(0, min(1, x / 6 + 1 / 2))``), ``ACT_TANH``, ``ACT_SQRT``,
+``ACT_ERF``, ``ACT_GELU`` (``x * (1 + erf(x / sqrt 2)) / 2``), ``ACT_GELU_TANH`` (``x * (1 +
+tanh(sqrt(2 / pi) * (x + 0.044715 x^3))) / 2``), ``ACT_RECIPROCAL``, ``ACT_EXP``, ``ACT_ISNAN``
+(1.0 or 0.0). The numeric codes are shared with the native runtime (``native/include/coacto.h``).
 """
 from __future__ import annotations
 
@@ -74,11 +115,17 @@ OP_GATHER = 7
 OP_LRN = 8
 OP_SOFTMAX = 9
 OP_NOP = 10  # native tests and overhead benchmarks only
+OP_MATMUL = 11
+OP_LAYERNORM = 12
+OP_ROW_REDUCE = 13
+OP_WHERE = 14
+OP_EMBED = 15
 
 OP_NAMES = {
     OP_INPUT: "INPUT", OP_CONV: "CONV", OP_POOL: "POOL", OP_GLOBAL_POOL: "GLOBAL_POOL",
     OP_BINARY: "BINARY", OP_AFFINE: "AFFINE", OP_CONCAT: "CONCAT", OP_GATHER: "GATHER",
-    OP_LRN: "LRN", OP_SOFTMAX: "SOFTMAX", OP_NOP: "NOP",
+    OP_LRN: "LRN", OP_SOFTMAX: "SOFTMAX", OP_NOP: "NOP", OP_MATMUL: "MATMUL",
+    OP_LAYERNORM: "LAYERNORM", OP_ROW_REDUCE: "ROW_REDUCE", OP_WHERE: "WHERE", OP_EMBED: "EMBED",
 }
 OP_CODES = {v: k for k, v in OP_NAMES.items()}
 
@@ -90,6 +137,13 @@ ACT_SIGMOID = 4
 ACT_HARDSIGMOID = 5
 ACT_HARDSWISH = 6
 ACT_TANH = 7
+ACT_SQRT = 8
+ACT_ERF = 9
+ACT_GELU = 10
+ACT_GELU_TANH = 11
+ACT_RECIPROCAL = 12
+ACT_EXP = 13
+ACT_ISNAN = 14
 
 POOL_MAX = 0
 POOL_AVG = 1
@@ -98,6 +152,20 @@ BIN_ADD = 0
 BIN_SUB = 1
 BIN_MUL = 2
 BIN_DIV = 3
+BIN_EQUAL = 4
+BIN_LESS = 5
+BIN_GREATER = 6
+BIN_POW = 7
+BIN_MAX = 8
+BIN_MIN = 9
+
+REDUCE_MAX = 0
+REDUCE_MEAN = 1
+REDUCE_SUM = 2
+REDUCE_MIN = 3
+
+LAYOUT_CHANNELS = "channels"
+LAYOUT_LAST = "last"
 
 
 @dataclass
@@ -111,6 +179,7 @@ class Layer:
     attrs: dict = field(default_factory=dict)
     weights: dict[str, np.ndarray] = field(default_factory=dict)
     onnx_shape: tuple[int, ...] | None = None  # the ONNX tensor shape of this output
+    layout: str = LAYOUT_CHANNELS  # which ONNX axis holds the rows (see the module docstring)
 
     @property
     def columns(self) -> int:
@@ -139,21 +208,74 @@ class Graph:
         return out
 
 
-def to_storage(x: np.ndarray) -> np.ndarray:
-    """An ONNX-shaped activation -> contiguous NHWC storage (rank 2 means (N, F, 1, 1))."""
+def internal_shape(onnx_shape, layout: str = LAYOUT_CHANNELS) -> tuple[int, int, int, int]:
+    """The (N, C, H, W) of an ONNX shape of rank 1..4 in a layout."""
+    s = tuple(int(d) for d in onnx_shape)
+    if layout == LAYOUT_LAST and len(s) == 4:
+        return (s[0], s[3], s[1], s[2])
+    if layout == LAYOUT_LAST and len(s) == 3:
+        return (s[0], s[2], 1, s[1])
+    return nchw_shape(s)
+
+
+def internal_array(x: np.ndarray, layout: str = LAYOUT_CHANNELS) -> np.ndarray:
+    """An ONNX-shaped array (dims may be 1 where it broadcasts) as its (N, C, H, W) array."""
+    x = np.asarray(x)
+    if layout == LAYOUT_LAST and x.ndim == 4:
+        return x.transpose(0, 3, 1, 2)
+    if layout == LAYOUT_LAST and x.ndim == 3:
+        return x.transpose(0, 2, 1)[:, :, None, :]
+    return as_nchw(x)
+
+
+def storage_order(onnx_shape, layout: str = LAYOUT_CHANNELS) -> np.ndarray:
+    """For each storage position of a tensor, the flat (row-major) ONNX index of its element."""
+    size = int(np.prod(onnx_shape, dtype=np.int64))
+    if layout == LAYOUT_LAST or len(onnx_shape) <= 2:
+        return np.arange(size, dtype=np.int64)
+    n, c, h, w = nchw_shape(onnx_shape)
+    return np.arange(size, dtype=np.int64).reshape(n, c, h, w).transpose(0, 2, 3, 1).ravel()
+
+
+def same_layout(rank: int, a: str, b: str) -> bool:
+    """Whether two layouts store a tensor of this rank identically (ranks 1, 2: always)."""
+    return rank <= 2 or a == b
+
+
+def to_storage(x: np.ndarray, layout: str = LAYOUT_CHANNELS) -> np.ndarray:
+    """An ONNX-shaped activation -> contiguous NHWC storage, in the tensor's layout."""
+    if layout == LAYOUT_LAST or x.ndim <= 2:
+        return np.ascontiguousarray(x).reshape(-1)
     x4 = as_nchw(x)
     return np.ascontiguousarray(x4.transpose(0, 2, 3, 1))
 
 
-def from_storage(s: np.ndarray, shape4: tuple[int, int, int, int], onnx_shape) -> np.ndarray:
-    """NHWC storage (any shape holding N*H*W*C values) -> the ONNX-shaped array."""
-    n, c, h, w = shape4
+def from_storage(s: np.ndarray, shape4: tuple[int, int, int, int], onnx_shape,
+                 layout: str = LAYOUT_CHANNELS) -> np.ndarray:
+    """NHWC storage (any shape holding the tensor's values) -> the ONNX-shaped array.
+
+    ``shape4`` is the layer's (N, C, H, W); the storage order follows ``onnx_shape`` and
+    ``layout`` when ``onnx_shape`` is given."""
+    if onnx_shape is not None and (layout == LAYOUT_LAST or len(onnx_shape) <= 2):
+        return np.ascontiguousarray(np.asarray(s).reshape(onnx_shape))
+    n, c, h, w = nchw_shape(onnx_shape) if onnx_shape is not None else shape4
     x = np.asarray(s).reshape(n, h, w, c).transpose(0, 3, 1, 2)
     return np.ascontiguousarray(x.reshape(onnx_shape if onnx_shape is not None else shape4))
 
 
+def storage_to_internal(s: np.ndarray, shape4) -> np.ndarray:
+    """NHWC storage -> the (N, C, H, W) array."""
+    n, c, h, w = shape4
+    return np.asarray(s).reshape(n, h, w, c).transpose(0, 3, 1, 2)
+
+
+def internal_to_storage(x4: np.ndarray) -> np.ndarray:
+    """The (N, C, H, W) array -> flat NHWC storage."""
+    return np.ascontiguousarray(x4.transpose(0, 2, 3, 1)).reshape(-1)
+
+
 def as_nchw(x: np.ndarray) -> np.ndarray:
-    """View an ONNX activation of rank 1..4 as (N, C, H, W)."""
+    """View an ONNX activation of rank 1..4 as (N, C, H, W) in the channels layout."""
     if x.ndim == 4:
         return x
     if x.ndim == 2:
@@ -166,6 +288,7 @@ def as_nchw(x: np.ndarray) -> np.ndarray:
 
 
 def nchw_shape(onnx_shape) -> tuple[int, int, int, int]:
+    """The (N, C, H, W) of an ONNX shape of rank 1..4 in the channels layout."""
     s = tuple(int(d) for d in onnx_shape)
     if len(s) == 4:
         return s  # type: ignore[return-value]

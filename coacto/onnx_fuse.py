@@ -1,7 +1,7 @@
 """Fusions on an imported layer list, before partitioning.
 
 - AFFINE (BatchNormalization, per-channel Mul / Add) into the preceding CONV: scaled weights and
-  bias; into a preceding AFFINE without activation: one affine;
+  bias; into a preceding AFFINE without activation or a LAYERNORM: one affine;
 - activations (AFFINE with scale 1, shift 0) into their CONV / BINARY / AFFINE producer;
 - ``Add(conv, other)`` of equal shapes into the CONV as its residual input.
 
@@ -41,6 +41,7 @@ def fuse_layers(layers: list[ir.Layer], inputs: dict[str, int], outputs: dict[st
         consumers[p] = consumers[j]
         is_output[p] = is_output[j]
         layers[p].onnx_shape = layers[j].onnx_shape
+        layers[p].layout = layers[j].layout
 
     for j, layer in enumerate(layers):
         layer.inputs = [resolve(i) for i in layer.inputs]
@@ -58,7 +59,8 @@ def fuse_layers(layers: list[ir.Layer], inputs: dict[str, int], outputs: dict[st
                         layers[other].shape == layer.shape:
                     fused = ir.Layer(name=conv.name, op="CONV", inputs=[conv.inputs[0], other],
                                      shape=conv.shape, attrs=dict(conv.attrs),
-                                     weights=conv.weights, onnx_shape=layer.onnx_shape)
+                                     weights=conv.weights, onnx_shape=layer.onnx_shape,
+                                     layout=layer.layout)
                     for key in ("act", "alpha", "beta"):
                         fused.attrs[key] = layer.attrs[key]
                     layers[j] = fused
@@ -104,6 +106,12 @@ def _clip_range(attrs):
 
 def _fold_affine(producer: ir.Layer, affine: ir.Layer) -> bool:
     """Folds ``affine`` into ``producer`` when possible (returns whether it did)."""
+    if producer.op == "LAYERNORM" and affine.attrs["act"] == ir.ACT_NONE:
+        scale = affine.weights["scale"].astype(np.float64)
+        producer.weights["scale"] = (producer.weights["scale"] * scale).astype(np.float32)
+        shift = producer.weights["shift"] * scale + affine.weights["shift"]
+        producer.weights["shift"] = shift.astype(np.float32)
+        return True
     if producer.op not in ("CONV", "AFFINE", "BINARY"):
         return False
     pure = _is_pure_activation(affine)

@@ -9,34 +9,45 @@ ONNX tensor name:
 - an *activation* (``_Act``): the output of a layer, with the ONNX shape of the value;
 - a *view* (``_View``): a pure index mapping (Reshape, Transpose, Slice, Pad, ...) of layers,
   computed by applying the op to an index array. A view becomes a layer (a GATHER, or nothing at all
-  when it is the identity in storage order) only when a real op consumes it or it is an output.
+  when it reads its source's storage in order) only when a real op consumes it or it is an output
+  (coacto.onnx_values).
 
-The operators live in two tables: coacto.onnx_layout (folding and layout functions, which serve both
-roles: they fold constants and map index arrays) and coacto.onnx_ops (ops that emit layers). Fusions
-(BatchNorm / per-channel affine into the convolution, activations into their producer, residual
-additions into the convolution) run afterwards on the layer list (coacto.onnx_fuse).
+Each layer is stored in a layout (coacto.ir): convolution-family ops keep channels on axis 1;
+sequence ops (matrix products of activations, layer normalisation, softmax over the last axis,
+embeddings) keep the last axis as rows, so (B, S, D) tensors are stored exactly as ONNX lays them
+out; elementwise ops follow their input.
+
+The operators live in three tables: coacto.onnx_layout (folding and layout functions, which serve
+both roles: they fold constants and map index arrays), coacto.onnx_ops and coacto.onnx_seq (ops that
+emit layers). Fusions (BatchNorm / per-channel affine into the convolution, activations into their
+producer, residual additions into the convolution; layer normalisation, GELU and attention epilogues
+in coacto.onnx_fuse_seq) run afterwards on the layer list (coacto.onnx_fuse).
 """
 from __future__ import annotations
 
 import hashlib
 import logging
-import math
 import os
 import threading
 
 import numpy as np
 import onnx
-from onnx import external_data_helper, helper, numpy_helper
+from onnx import external_data_helper, helper, inliner, numpy_helper
 
 from . import ir
 from .errors import ModelError, ShapeError, UnsupportedOperatorError
 from .onnx_fuse import fuse_layers
+from .onnx_fuse_seq import fuse_sequence_ops
 from .onnx_layout import (
     FOLD as _FOLD, LAYOUT as _LAYOUT, LAYOUT_DATA as _LAYOUT_DATA, PASS_THROUGH as _PASS_THROUGH,
     SHAPE_OPS as _SHAPE_OPS, UNKNOWN as _UNKNOWN, Act as _Act, Unsupported as _Unsupported,
     View as _View,
 )
 from .onnx_ops import COMPUTE as _COMPUTE
+from .onnx_seq import COMPUTE_SEQ as _COMPUTE_SEQ
+from .onnx_values import ValueMixin
+
+_COMPUTE = {**_COMPUTE, **_COMPUTE_SEQ}
 
 log = logging.getLogger(__name__)
 
@@ -125,13 +136,6 @@ def _uses_external_data(proto: onnx.ModelProto) -> bool:
     return any(external_data_helper.uses_external_data(t) for t in tensors)
 
 
-def _onnx_to_storage(shape4) -> np.ndarray:
-    """For each element of an (N, C, H, W) tensor in ONNX order, its position in NHWC storage."""
-    n, c, h, w = shape4
-    storage = np.arange(n * c * h * w, dtype=np.int64).reshape(n, h, w, c)
-    return storage.transpose(0, 3, 1, 2).ravel()
-
-
 # -------------------------------------------------------------------------------------- importer
 
 def import_model(model, input_shapes: dict[str, tuple[int, ...]] | None = None) -> ir.Graph:
@@ -153,8 +157,23 @@ def import_model(model, input_shapes: dict[str, tuple[int, ...]] | None = None) 
     return graph
 
 
-class _Importer:
+#: Integer element types an input may have (token ids, attention masks): fed as float32.
+_INTEGER_INPUTS = {onnx.TensorProto.INT64, onnx.TensorProto.INT32, onnx.TensorProto.INT16,
+                   onnx.TensorProto.INT8, onnx.TensorProto.UINT8, onnx.TensorProto.UINT16,
+                   onnx.TensorProto.UINT32, onnx.TensorProto.BOOL}
+#: Operators that read axis 1 as channels: an input of rank 3 or 4 they consume keeps that layout.
+_CHANNEL_OPS = {"Conv", "MaxPool", "AveragePool", "BatchNormalization", "GlobalAveragePool",
+                "GlobalMaxPool", "LRN", "InstanceNormalization", "Resize", "Upsample",
+                "DepthToSpace", "SpaceToDepth", "Pad", "ConvTranspose"}
+
+
+class _Importer(ValueMixin):
     def __init__(self, proto: onnx.ModelProto, input_shapes: dict):
+        if proto.functions:  # model-local functions (as dynamo-based exporters write): inline them
+            try:
+                proto = inliner.inline_local_functions(proto)
+            except Exception as e:
+                raise ModelError(f"cannot inline the model's local functions: {e}") from e
         self.proto = proto
         self.g = proto.graph
         self.input_shapes = input_shapes
@@ -165,6 +184,7 @@ class _Importer:
         self.inits = {t.name: t for t in self.g.initializer}
         self.failures: list[tuple[str, str, str]] = []
         self.tables: dict[tuple, np.ndarray] = {}
+        self.kinds: dict[int, str] = {}  # layer -> "int" / "bool" for integer-valued layers
         self.node = None  # the node being imported
 
     # -- driver
@@ -185,6 +205,7 @@ class _Importer:
         if self.failures:
             self._raise_failures()
         layers, inputs, outputs = fuse_layers(self.layers, inputs, outputs)
+        layers, inputs, outputs = fuse_sequence_ops(layers, inputs, outputs)
         return ir.Graph(layers=layers, inputs=inputs, outputs=outputs)
 
     def _raise_failures(self):
@@ -205,11 +226,11 @@ class _Importer:
         out = {}
         for vi in real:
             tt = vi.type.tensor_type
-            if not vi.type.HasField("tensor_type") or tt.elem_type != onnx.TensorProto.FLOAT:
-                dtype = helper.tensor_dtype_to_string(tt.elem_type) if tt.elem_type else \
-                    "non-tensor"
+            elem = tt.elem_type if vi.type.HasField("tensor_type") else 0
+            if elem != onnx.TensorProto.FLOAT and elem not in _INTEGER_INPUTS:
+                dtype = helper.tensor_dtype_to_string(elem) if elem else "non-tensor"
                 self.failures.append((vi.name, "Input", f"input of type {dtype}; coacto runs "
-                                      "float32 inputs only (cast in the model's caller)"))
+                                      "float32 and integer inputs (cast in the model's caller)"))
                 self.values[vi.name] = _UNKNOWN
                 continue
             shape = self._input_shape(vi)
@@ -218,10 +239,40 @@ class _Importer:
                                       "runs inputs of rank 1 to 4"))
                 self.values[vi.name] = _UNKNOWN
                 continue
-            idx = self._emit(vi.name, "INPUT", [], shape)
+            attrs = {} if elem == onnx.TensorProto.FLOAT else {"dtype": int(elem)}
+            idx = self._emit(vi.name, "INPUT", [], shape, attrs,
+                             layout=self._input_layout(vi.name, len(shape)))
+            if attrs:
+                self.kinds[idx.layer] = "bool" if elem == onnx.TensorProto.BOOL else "int"
             self.values[vi.name] = idx
             out[vi.name] = idx.layer
         return out
+
+    def _input_layout(self, name: str, rank: int) -> str:
+        """Channels on axis 1 for images and what convolutions read; the last axis as rows for
+        inputs of rank 3 or 4 that only sequence ops read."""
+        if rank <= 2:
+            return ir.LAYOUT_CHANNELS
+        consumers = [n for n in self.g.node if name in n.input]
+        if any(n.op_type in _CHANNEL_OPS for n in consumers):
+            return ir.LAYOUT_CHANNELS
+        if any(self._reads_last_axis(n, rank) for n in consumers):
+            return ir.LAYOUT_LAST
+        return ir.LAYOUT_CHANNELS
+
+    def _reads_last_axis(self, node, rank: int) -> bool:
+        """Whether a node computes along the last axis of its (rank >= 3) data input."""
+        if node.op_type in ("MatMul", "LayerNormalization"):
+            return True
+        attrs = {a.name: _attr_value(a) for a in node.attribute}
+        if node.op_type in ("Softmax", "LogSoftmax"):
+            return self.opset >= 13 and attrs.get("axis", -1) in (-1, rank - 1)
+        if node.op_type.startswith("Reduce"):
+            axes = attrs.get("axes")
+            if axes is None and len(node.input) > 1 and node.input[1] in self.inits:
+                axes = numpy_helper.to_array(self.inits[node.input[1]]).tolist()
+            return axes is not None and [a % rank for a in axes] == [rank - 1]
+        return False
 
     def _input_shape(self, vi) -> tuple[int, ...]:
         dims = vi.type.tensor_type.shape.dim if vi.type.tensor_type.HasField("shape") else None
@@ -308,14 +359,15 @@ class _Importer:
                     self.failures.append((v.name, "Output", f"output {name!r} has rank "
                                           f"{v.index.ndim}; coacto returns tensors of rank 1 to 4"))
                     continue
-                v = self._materialize(v)
+                v = self._resolve(v)
             layer = self.layers[v.layer]
-            if layer.onnx_shape != v.shape:
+            lay = self._layout_of(v)
+            if layer.onnx_shape != v.shape or not ir.same_layout(len(v.shape), layer.layout, lay):
                 # The same storage seen with another ONNX shape (e.g. (N, C, 1, 1) flattened).
                 if layer.op == "INPUT" or v.layer in out.values():
                     v = self._copy(v, name)
                 else:
-                    layer.onnx_shape = v.shape
+                    layer.onnx_shape, layer.layout = v.shape, lay
             out[name] = v.layer
         return out
 
@@ -432,128 +484,6 @@ class _Importer:
                                  "its external data) is truncated or corrupt") from e
             self.values[name] = v
         return v
-
-    def _as_view(self, v) -> _View:
-        if isinstance(v, _View):
-            return v
-        if isinstance(v, _Act):
-            n = math.prod(v.shape)
-            return _View([v.layer], np.arange(n, dtype=np.int64).reshape(v.shape))
-        if isinstance(v, np.ndarray):
-            raise _Unsupported("mixes constant and computed data in one index mapping")
-        raise _Unsupported("input has no known value")
-
-    def _combine(self, views: list[_View]):
-        """Re-bases several views on one list of sources (each source once)."""
-        if len(views) == 1:
-            return views[0].srcs, [views[0].index], views[0].fill
-        fills = {v.fill for v in views if (v.index < 0).any()}
-        fill = next(iter(fills)) if fills else 0.0
-        if len(fills) > 1:  # only one fill value per view: make the others layers first
-            views = [self._as_view(self._materialize(v)) if (v.index < 0).any() and v.fill != fill
-                     else v for v in views]
-        srcs: list[int] = []
-        for v in views:
-            srcs.extend(s for s in v.srcs if s not in srcs)
-        sizes = {s: self.layers[s].columns * self.layers[s].rows for s in srcs}
-        new_off = dict(zip(srcs, np.cumsum([0] + [sizes[s] for s in srcs[:-1]]).tolist()))
-        indices = []
-        for v in views:
-            old = np.cumsum([0] + [sizes[s] for s in v.srcs]).astype(np.int64)
-            shift = np.array([new_off[s] for s in v.srcs], dtype=np.int64) - old[:-1]
-            if not shift.any():
-                indices.append(v.index)
-                continue
-            which = np.searchsorted(old, v.index, side="right") - 1
-            which = np.clip(which, 0, len(v.srcs) - 1)
-            indices.append(np.where(v.index >= 0, v.index + shift[which], -1))
-        return srcs, indices, fill
-
-    def _act(self, v) -> _Act:
-        """The value as a layer (materializing a view)."""
-        if isinstance(v, _Act):
-            return v
-        if isinstance(v, _View):
-            if not 1 <= v.index.ndim <= 4:
-                raise _Unsupported(f"its input has rank {v.index.ndim}; coacto computes on "
-                                   "tensors of rank 1 to 4")
-            return self._materialize(v)
-        if isinstance(v, np.ndarray):
-            raise _Unsupported("its data input is a constant; coacto computes on inputs")
-        raise _Unsupported("input has no known value")
-
-    def _act_as(self, v, shape) -> _Act:
-        """The value (same elements, ONNX order) as a layer of ONNX shape ``shape``."""
-        shape = tuple(int(d) for d in shape)
-        a = v if isinstance(v, _Act) else None
-        if a is not None and ir.nchw_shape(shape) == self.layers[a.layer].shape:
-            return _Act(a.layer, shape)
-        view = self._as_view(v)
-        return self._materialize(_View(view.srcs, view.index.reshape(shape), view.fill,
-                                       view.name or self._node_name()))
-
-    def _materialize(self, v: _View) -> _Act:
-        if v.act is not None:
-            return v.act
-        shape = tuple(int(d) for d in v.index.shape)
-        shape4 = ir.nchw_shape(shape)
-        n, c, h, w = shape4
-        flat = v.index.reshape(n, c, h, w).transpose(0, 2, 3, 1).ravel()
-        tables = [self._storage_table(s) for s in v.srcs]
-        table = tables[0] if len(tables) == 1 else np.concatenate(
-            [t + off for t, off in zip(tables, np.cumsum([0] + [len(t) for t in tables[:-1]]))])
-        holes = flat < 0
-        index = table[np.where(holes, 0, flat)]
-        if holes.any():
-            index[holes] = -1
-        elif (len(v.srcs) == 1 and self.layers[v.srcs[0]].shape == shape4
-              and np.array_equal(index, np.arange(index.size))):
-            v.act = _Act(v.srcs[0], shape)
-            return v.act
-        v.act = self._gather(v.name or self._node_name(), list(v.srcs), index, shape, v.fill)
-        return v.act
-
-    def _gather(self, name, srcs, index, shape, fill) -> _Act:
-        if len(srcs) > 8:  # the runtime reads at most 8 inputs: concatenate storages in groups
-            groups = []
-            for i in range(0, len(srcs), 8):
-                part = srcs[i:i + 8]
-                size = sum(self.layers[s].columns * self.layers[s].rows for s in part)
-                groups.append(self._gather(f"{name}/part{i // 8}", part,
-                                           np.arange(size, dtype=np.int64), (1, size), 0.0).layer)
-            return self._gather(name, groups, index, shape, fill)
-        return self._emit(name, "GATHER", srcs, shape, {"fill": float(fill)},
-                          {"index": np.ascontiguousarray(index, dtype=np.int32)})
-
-    def _copy(self, v: _Act, name: str) -> _Act:
-        """A GATHER that copies layer ``v.layer`` to a new layer of ONNX shape ``v.shape``."""
-        n, c, h, w = ir.nchw_shape(v.shape)
-        onnx_order = np.arange(n * c * h * w).reshape(n, c, h, w).transpose(0, 2, 3, 1).ravel()
-        return self._gather(name, [v.layer], self._storage_table(v.layer)[onnx_order], v.shape, 0.0)
-
-    def _storage_table(self, layer: int) -> np.ndarray:
-        shape4 = self.layers[layer].shape
-        t = self.tables.get(shape4)
-        if t is None:
-            t = self.tables[shape4] = _onnx_to_storage(shape4)
-        return t
-
-    def _emit(self, name, op, inputs, onnx_shape, attrs=None, weights=None) -> _Act:
-        onnx_shape = tuple(int(d) for d in onnx_shape)
-        if not 1 <= len(onnx_shape) <= 4:
-            raise _Unsupported(f"its output has rank {len(onnx_shape)}; coacto computes tensors "
-                               "of rank 1 to 4")
-        if any(d <= 0 for d in onnx_shape):
-            raise ShapeError(f"empty output shape {onnx_shape}")
-        base, k = name, 1
-        while name in self.names:
-            k += 1
-            name = f"{base}#{k}"
-        self.names.add(name)
-        self.layers.append(ir.Layer(name=name, op=op, inputs=list(inputs),
-                                    shape=ir.nchw_shape(onnx_shape), attrs=dict(attrs or {}),
-                                    weights=dict(weights or {}), onnx_shape=onnx_shape))
-        return _Act(len(self.layers) - 1, onnx_shape)
 
     # -- helpers for op functions
     def _node_name(self) -> str:

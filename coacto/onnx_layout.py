@@ -9,12 +9,12 @@ Every function takes the importer and the node's input values and returns its ou
   (the fill of a constant Pad). ``LAYOUT_DATA`` names the inputs that carry data.
 - ``SHAPE_OPS`` / ``PASS_THROUGH``: accept any kind of input.
 
-Layers are emitted by coacto.onnx_ops.
+Layers are emitted by coacto.onnx_ops and coacto.onnx_seq.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from onnx import helper
@@ -26,23 +26,36 @@ from .errors import ShapeError
 
 @dataclass(frozen=True)
 class Act:
-    """An activation: layer ``layer`` seen with ONNX shape ``shape`` (same 4-D storage shape)."""
+    """An activation: the storage of layer ``layer`` read as a tensor of ONNX shape ``shape`` in
+    layout ``layout`` ("" for the layer's own). Usually the layer's own shape; a reshape that
+    keeps the storage order (a flatten of positions, a view of a sequence's rows) gives another
+    shape of the same storage, which ops computing row by row can read without a copy."""
 
     layer: int
     shape: tuple[int, ...]
+    layout: str = ""
+
+
+class Const:
+    """Constant values taking part in an index mapping (a class token concatenated to a sequence of
+    patch embeddings): ``values`` in row-major order. Compared by identity."""
+
+    def __init__(self, values):
+        self.values = np.ascontiguousarray(values, dtype=np.float32).reshape(-1)
 
 
 @dataclass(eq=False)
 class View:
-    """An index mapping of layers: ``index`` has the value's ONNX shape; each entry is a flat
-    ONNX-order index into the concatenation of ``srcs``' elements, or -1 for ``fill``."""
+    """An index mapping of layers: ``index`` has the value's ONNX shape; each entry is a flat index
+    into the concatenated *storage* of ``srcs`` (layer indices, or Const values), or -1 for
+    ``fill``."""
 
-    srcs: list[int]
+    srcs: list
     index: np.ndarray
     fill: float = 0.0
     name: str = ""
     pad: tuple | None = None  # (Act, (pt, pl, pb, pr)) when a zero spatial Pad of a 4-D layer
-    act: Act | None = None  # the layer it became, once materialized
+    acts: dict = field(default_factory=dict)  # layout requested ("" for any) -> the Act it became
 
 
 class Unknown:
@@ -139,6 +152,22 @@ def _where(imp, ins):
     return [np.where(ins[0], ins[1], ins[2])]
 
 
+def _gather_elements(imp, ins):
+    x, idx = np.asarray(ins[0]), np.asarray(ins[1]).astype(np.int64)
+    axis = axis_index(imp._attr("axis", 0), x.ndim)
+    idx = np.where(idx < 0, idx + x.shape[axis], idx)
+    return [np.take_along_axis(x, idx, axis=axis)]
+
+
+def _trilu(imp, ins):
+    k = int(np.asarray(ins[1]).reshape(())) if len(ins) > 1 and ins[1] is not None else 0
+    x = np.asarray(ins[0])
+    return [np.triu(x, k) if imp._attr("upper", 1) else np.tril(x, k)]
+
+
+_erf = np.vectorize(math.erf, otypes=[np.float64])
+
+
 def _clip_fold(imp, ins):
     lo, hi = clip_bounds(imp, ins)
     return [np.clip(ins[0], lo, hi).astype(ins[0].dtype)]
@@ -179,13 +208,21 @@ def _reduce_fold(fn):
 
 
 def _cast(imp, ins):
-    to = helper.tensor_dtype_to_np_dtype(imp._attr("to"))
+    """Computed data is float32 in coacto; integer and boolean inputs (ids, masks) travel as their
+    float32 values. A cast to a float type keeps them; a cast of integer-valued data to an integer
+    type is the identity; a cast to bool is ``x != 0``."""
+    to = np.dtype(helper.tensor_dtype_to_np_dtype(imp._attr("to")))
     x = ins[0]
     if isinstance(x, np.ndarray):
         return [x.astype(to)]
-    if to != np.float32:
-        raise Unsupported(f"casts computed data to {to}; coacto computes in float32")
-    return [x]
+    if to.kind == "f":
+        return [x]
+    if to == np.bool_:
+        return [imp._as_bool(x)]
+    if to.kind in "iu" and imp._is_integer(x):
+        return [x]
+    raise Unsupported(f"casts computed data to {to}; coacto computes in float32 (casts of integer "
+                      "inputs and of comparisons are supported)")
 
 
 def _identity(imp, ins):
@@ -447,7 +484,8 @@ FOLD = {
     "GreaterOrEqual": _elementwise(np.greater_equal, False),
     "Not": _elementwise(np.logical_not, False), "And": _elementwise(np.logical_and, False),
     "Or": _elementwise(np.logical_or, False), "Xor": _elementwise(np.logical_xor, False),
-    "Where": _where,
+    "Where": _where, "Trilu": _trilu, "GatherElements": _gather_elements,
+    "IsNaN": _elementwise(np.isnan, False), "Erf": _elementwise(_erf),
     "Min": _variadic(np.minimum), "Max": _variadic(np.maximum), "Sum": _variadic(np.add),
     "Mean": _mean_fold,
     "MatMul": _elementwise(np.matmul),

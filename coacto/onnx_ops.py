@@ -1,7 +1,11 @@
 """ONNX operators that compute: each emits layers of coacto.ir.
 
 Every function takes the importer and the node's input values (constants, activations or views,
-see coacto.onnx_layout) and returns its output values. ``COMPUTE`` maps op types to them.
+see coacto.onnx_layout) and returns its output values. ``COMPUTE`` maps op types to them; the
+operators of sequence models are in coacto.onnx_seq.
+
+Convolution-family ops read and write the channels layout; elementwise ops follow their input's
+layout; matrix products with weights reduce over the last axis (see coacto.ir).
 """
 from __future__ import annotations
 
@@ -12,8 +16,17 @@ import numpy as np
 from . import ir
 from .errors import ShapeError
 from .onnx_layout import (
-    Act, Unsupported, View, axis_index, channel_axis, clip_bounds, reduce_axes, shape_of,
+    Act, Unsupported, View, axis_index, clip_bounds, reduce_axes, shape_of,
 )
+
+LAST, CHANNELS = ir.LAYOUT_LAST, ir.LAYOUT_CHANNELS
+
+
+def row_axis(rank: int, layout: str) -> int:
+    """The ONNX axis a layout stores as rows."""
+    if rank <= 1:
+        return 0
+    return rank - 1 if layout == LAST else 1
 
 # -------------------------------------------------------------------------------------- compute
 
@@ -95,7 +108,7 @@ def _conv(imp, ins):
     extra = (0, 0, 0, 0)
     if isinstance(x, View) and x.pad is not None and w.ndim == 4:
         x, extra = x.pad  # a zero Pad folded into the convolution's padding
-    x = imp._act(x)
+    x = imp._act(x, CHANNELS)
     if len(x.shape) != w.ndim:
         raise ShapeError(f"input of shape {x.shape} for weights of shape {w.shape}")
     n, c = x.shape[:2]
@@ -127,43 +140,75 @@ def _conv(imp, ins):
 
 
 def _fc(imp, a, bmat: np.ndarray, bias, name=None):
-    """``a @ bmat + bias`` with constant ``bmat`` (F, O): a CONV whose kernel covers its input."""
+    """``a @ bmat + bias`` with constant ``bmat`` (F, O): a CONV. Over the last axis of ``a``
+    (a 1x1 convolution over its layer's columns), or, for the flatten of a whole layer, with a
+    kernel covering that layer (the flatten folds into the weights)."""
     f, o = bmat.shape
-    src = None
-    if isinstance(a, View) and len(a.srcs) == 1 and a.index.ndim == 2 and (a.index >= 0).all():
-        layer = imp.layers[a.srcs[0]]
-        ln, lc, lh, lw = layer.shape
-        # Flatten of a whole layer in ONNX order: fold the flatten into the weights.
-        if a.index.shape == (ln, lc * lh * lw) and \
-                np.array_equal(a.index.reshape(-1), np.arange(a.index.size)):
-            src = Act(a.srcs[0], layer.onnx_shape)
-    if src is None:
+    name = name or imp._node_name()
+    conv = dict(sh=1, sw=1, pt=0, pl=0, pb=0, pr=0, dh=1, dw=1, group=1, act=ir.ACT_NONE,
+                alpha=0.0, beta=0.0)
+    y = None
+    flat = _flatten_of_layer(imp, a, f)
+    if flat is not None:
+        src, perm = flat
+        n, c, h, w = imp.layers[src].shape
+        wt = np.empty_like(bmat)
+        wt[perm] = bmat  # weight rows in the storage order of a batch's block
+        b = _bias_vector(bias, o)
+        y = imp._emit(name, "CONV", [src], (n, o), dict(conv, kh=h, kw=w),
+                      {"w": np.ascontiguousarray(wt.reshape(1, h, w, c, o)), "b": b})
+        n_rows = n
+    else:
         shp = shape_of(a)
-        if len(shp) != 2:
-            raise Unsupported(f"matrix product of a rank-{len(shp)} input; coacto multiplies "
-                              "rank-2 inputs by constant matrices")
-        src = imp._act_as(a, shp)
-    n, c, h, w = imp.layers[src.layer].shape
-    if c * h * w != f:
-        raise ShapeError(f"input of {c * h * w} features for a weight matrix of shape {bmat.shape}")
-    wt = bmat.reshape(c, h, w, o).transpose(1, 2, 0, 3)[None]
-    attrs = dict(kh=h, kw=w, sh=1, sw=1, pt=0, pl=0, pb=0, pr=0, dh=1, dw=1, group=1,
-                 act=ir.ACT_NONE, alpha=0.0, beta=0.0)
-    full_bias = None
-    if bias is not None:
-        bias = np.asarray(bias, np.float32)
-        b2 = bias.reshape((1,) * (2 - bias.ndim) + bias.shape)
-        if b2.shape[0] == 1:
-            bias, full_bias = np.broadcast_to(b2.reshape(-1), (o,)), None
-        else:
-            bias, full_bias = None, np.broadcast_to(b2, (n, o))
-    b = np.zeros(o, np.float32) if bias is None else np.array(bias, np.float32)
-    y = imp._emit(name or imp._node_name(), "CONV", [src.layer], (n, o), attrs,
-                  {"w": np.ascontiguousarray(wt, dtype=np.float32), "b": b})
-    if full_bias is not None:  # a bias that differs per row: an addition of a constant
-        y = _emit_binary_const(imp, y, full_bias, ir.BIN_ADD, False, (n, o),
-                               imp._node_name() + "/bias")
+        if len(shp) < 1:
+            raise Unsupported("matrix product of a scalar")
+        x = imp._act_rows(a)
+        if shp[-1] != f:
+            raise ShapeError(f"input of {shp[-1]} features for a weight matrix of shape "
+                             f"{bmat.shape}")
+        b = _bias_vector(bias, o)
+        y = imp._emit_rows(name, "CONV", x, o, shp[:-1] + (o,), dict(conv, kh=1, kw=1),
+                           {"w": np.ascontiguousarray(bmat.reshape(1, 1, 1, f, o)), "b": b})
+        n_rows = math.prod(shp[:-1])
+    if bias is not None and _bias_vector(bias, o, strict=True) is None:
+        # a bias that differs per row: an addition of a constant
+        full = np.broadcast_to(np.asarray(bias, np.float32), (n_rows, o))
+        shape = y.shape
+        y = _emit_binary_const(imp, imp._act_as(y, (n_rows, o)), full, ir.BIN_ADD, False,
+                               (n_rows, o), imp._node_name() + "/bias")
+        y = imp._reshaped(y, shape)
     return y
+
+
+def _bias_vector(bias, o: int, strict: bool = False):
+    """The bias as one value per output (zeros without one); None (strict) when it differs per
+    row, i.e. is not broadcast over the leading axes."""
+    if bias is None:
+        return np.zeros(o, np.float32)
+    b = np.asarray(bias, np.float64)
+    if b.size == 1 or (b.ndim >= 1 and all(d == 1 for d in b.shape[:-1])):
+        return np.broadcast_to(b.reshape(-1), (o,)).astype(np.float32)
+    return None if strict else np.zeros(o, np.float32)
+
+
+def _flatten_of_layer(imp, a, f: int):
+    """(layer, perm) when ``a`` is a rank-2 view holding whole layer blocks per row, one row per
+    batch (a Flatten of a CNN feature map): perm[i] is the storage position, within its batch's
+    block, of feature i."""
+    if not (isinstance(a, View) and len(a.srcs) == 1 and isinstance(a.srcs[0], int)
+            and a.index.ndim == 2 and (a.index >= 0).all()):
+        return None
+    src = a.srcs[0]
+    layer = imp.layers[src]
+    n = layer.shape[0]
+    block = layer.columns * layer.rows // n
+    if a.index.shape != (n, block) or block != f or layer.columns == n:
+        return None
+    perm = a.index[0]
+    if not np.array_equal(a.index, perm[None, :] + np.arange(n)[:, None] * block) or \
+            not np.array_equal(np.sort(perm), np.arange(block)):
+        return None
+    return src, perm
 
 
 def _gemm(imp, ins):
@@ -183,30 +228,59 @@ def _gemm(imp, ins):
     return [_fc(imp, ins[0], bmat, c)]
 
 
-def _matmul(imp, ins):
-    if not isinstance(ins[1], np.ndarray):
-        raise Unsupported("MatMul of two computed tensors; coacto multiplies by constant matrices")
-    bmat = np.asarray(ins[1], np.float32)
-    if bmat.ndim != 2:
-        raise Unsupported(f"MatMul by a rank-{bmat.ndim} constant; coacto multiplies by matrices")
-    if isinstance(ins[0], np.ndarray):
-        raise Unsupported("MatMul of a constant by a computed tensor")
-    return [_fc(imp, ins[0], bmat, None)]
+def _affine(imp, x, scale, shift, act=ir.ACT_NONE, alpha=0.0, beta=0.0, name=None):
+    """``act(x * scale + shift)``: scalars apply to any activation as it is stored; vectors are
+    per row (the channels of a CNN, the last axis of a sequence)."""
+    scale = np.asarray(scale, np.float64).reshape(-1)
+    shift = np.asarray(shift, np.float64).reshape(-1)
+    attrs = dict(act=act, alpha=float(alpha), beta=float(beta))
+    name = name or imp._node_name()
+    if scale.size == 1 and shift.size == 1:
+        pushed = _through_view(imp, x, name, attrs, scale[0], shift[0])
+        if pushed is not None:
+            return pushed
+        x = imp._resolve(x)
+        c = imp.layers[x.layer].rows
+        return imp._emit_like(name, "AFFINE", x, attrs,
+                              {"scale": np.full(c, scale[0], np.float32),
+                               "shift": np.full(c, shift[0], np.float32)})
+    x = _per_row_input(imp, x)
+    c = imp.layers[x.layer].rows
+    weights = {"scale": np.broadcast_to(scale, (c,)).astype(np.float32),
+               "shift": np.broadcast_to(shift, (c,)).astype(np.float32)}
+    return imp._emit_rows(name, "AFFINE", x, c, x.shape, attrs, weights)
 
 
-def _affine(imp, x: Act, scale, shift, act=ir.ACT_NONE, alpha=0.0, beta=0.0, name=None):
-    c = imp.layers[x.layer].shape[1]
-    scale = np.broadcast_to(np.asarray(scale, np.float32).reshape(-1), (c,)).copy()
-    shift = np.broadcast_to(np.asarray(shift, np.float32).reshape(-1), (c,)).copy()
-    return imp._emit(name or imp._node_name(), "AFFINE", [x.layer], x.shape,
-                     dict(act=act, alpha=float(alpha), beta=float(beta)),
-                     {"scale": scale, "shift": shift})
+def _through_view(imp, v, name, attrs, scale, shift):
+    """A scalar affine of a view (the queries of attention scaled after their head split) as the
+    same view of the scaled source: no copy, and the scale can fold into the source's producer.
+    Only when the view covers most of its source (the work stays about the same)."""
+    if not (isinstance(v, View) and len(v.srcs) == 1 and isinstance(v.srcs[0], int)
+            and v.index.size and v.index.min() >= 0):
+        return None
+    src = imp.layers[v.srcs[0]]
+    if 2 * v.index.size < src.columns * src.rows:
+        return None
+    c = src.rows
+    y = imp._emit_like(name, "AFFINE", Act(v.srcs[0], src.onnx_shape, src.layout), attrs,
+                       {"scale": np.full(c, scale, np.float32),
+                        "shift": np.full(c, shift, np.float32)})
+    return View([y.layer], v.index, v.fill, v.name)
+
+
+def _per_row_input(imp, x):
+    """x as an input whose rows are its row axis: channels (axis 1) in the channels layout, the
+    last axis otherwise."""
+    x = imp._resolve(x)
+    if len(x.shape) > 2 and imp._layout_of(x) == CHANNELS:
+        return imp._act(x, CHANNELS)
+    return imp._act_rows(x)
 
 
 def _batch_norm(imp, ins):
     if imp._attr("training_mode", 0):
         raise Unsupported("BatchNormalization in training mode")
-    x = imp._act(ins[0])
+    x = imp._act(ins[0], CHANNELS)
     params = [np.asarray(imp._const(v, what), np.float64).reshape(-1)
               for v, what in zip(ins[1:5], ("scale", "B", "mean", "var"))]
     c = imp.layers[x.layer].shape[1]
@@ -219,7 +293,9 @@ def _batch_norm(imp, ins):
 
 def _activation(act, alpha_attr=None, alpha=0.0, beta_attr=None, beta=0.0):
     def run(imp, ins):
-        x = imp._act(ins[0])
+        x = ins[0]
+        if isinstance(x, np.ndarray):
+            raise Unsupported("its data input is a constant; coacto computes on inputs")
         a = imp._attr(alpha_attr, alpha) if alpha_attr else alpha
         b = imp._attr(beta_attr, beta) if beta_attr else beta
         return [_affine(imp, x, 1.0, 0.0, act, a, b)]
@@ -227,7 +303,7 @@ def _activation(act, alpha_attr=None, alpha=0.0, beta_attr=None, beta=0.0):
 
 
 def _clip(imp, ins):
-    x = imp._act(ins[0])
+    x = ins[0]
     lo, hi = clip_bounds(imp, ins)
     if lo == 0.0 and hi == np.inf:
         return [_affine(imp, x, 1.0, 0.0, ir.ACT_RELU)]
@@ -238,16 +314,23 @@ def _prelu(imp, ins):
     slope = np.asarray(imp._const(ins[1], "slope"), np.float32).reshape(-1)
     if slope.size != 1 and not np.all(slope == slope[0]):
         raise Unsupported("PRelu with a slope per channel; coacto supports one slope")
-    return [_affine(imp, imp._act(ins[0]), 1.0, 0.0, ir.ACT_LEAKY, float(slope[0]))]
+    return [_affine(imp, ins[0], 1.0, 0.0, ir.ACT_LEAKY, float(slope[0]))]
 
 
 def _min_max(imp, ins):
     """Max / Min of an activation and scalar constants (TF-style ReLU6): a clip."""
     consts = [v for v in ins if isinstance(v, np.ndarray)]
     acts = [v for v in ins if v is not None and not isinstance(v, np.ndarray)]
+    kind = ir.BIN_MAX if imp.node.op_type == "Max" else ir.BIN_MIN
     if len(acts) != 1 or any(np.asarray(k).size != 1 for k in consts):
-        raise Unsupported("Max / Min of computed tensors; coacto supports a tensor and scalars")
-    x = imp._act(acts[0])
+        vals = [v for v in ins if v is not None]
+        acc = vals[0]
+        for i, v in enumerate(vals[1:]):
+            last = i == len(vals) - 2
+            acc = _binary_values(imp, acc, v, kind,
+                                 imp._node_name() if last else f"{imp._node_name()}/{i}")
+        return [acc]
+    x = imp._resolve(acts[0])
     bound = [float(np.asarray(k).reshape(())) for k in consts]
     if imp.node.op_type == "Max":
         lo, hi = (max(bound) if bound else -np.inf), np.inf
@@ -259,20 +342,28 @@ def _min_max(imp, ins):
 
 
 def _neg(imp, ins):
-    return [_affine(imp, imp._act(ins[0]), -1.0, 0.0)]
+    return [_affine(imp, ins[0], -1.0, 0.0)]
 
 
-_BIN_KIND = {"Add": ir.BIN_ADD, "Sub": ir.BIN_SUB, "Mul": ir.BIN_MUL, "Div": ir.BIN_DIV}
+_BIN_KIND = {"Add": ir.BIN_ADD, "Sub": ir.BIN_SUB, "Mul": ir.BIN_MUL, "Div": ir.BIN_DIV,
+             "Equal": ir.BIN_EQUAL, "Less": ir.BIN_LESS, "Greater": ir.BIN_GREATER,
+             "Pow": ir.BIN_POW}
+#: Kinds whose result is 1.0 / 0.0.
+_COMPARISONS = (ir.BIN_EQUAL, ir.BIN_LESS, ir.BIN_GREATER)
 
 
-def _emit_binary_const(imp, x: Act, k, kind, const_first, out_shape, name):
+def _emit_binary_const(imp, x, k, kind, const_first, out_shape, name):
     r = len(out_shape)
     k = np.asarray(k, np.float32)
     k = k.reshape((1,) * (r - k.ndim) + k.shape)
-    x = imp._act_as(x, (1,) * (r - len(x.shape)) + tuple(x.shape))
+    x = imp._resolve(x)
+    lay = imp._layout_of(x)
     attrs = dict(kind=kind, act=ir.ACT_NONE, alpha=0.0, beta=0.0, const_first=int(const_first))
+    if k.size == 1 and tuple(out_shape) == tuple(x.shape):  # a scalar: any storage will do
+        return imp._emit_like(name, "BINARY", x, attrs, {"k": k.reshape(1, 1, 1, 1)})
+    x = imp._act_as(x, (1,) * (r - len(x.shape)) + tuple(x.shape), lay)
     return imp._emit(name, "BINARY", [x.layer], out_shape, attrs,
-                     {"k": np.ascontiguousarray(k.reshape(ir.nchw_shape(k.shape)))})
+                     {"k": np.ascontiguousarray(ir.internal_array(k, lay))}, layout=lay)
 
 
 def _binary_values(imp, a, b, kind, name):
@@ -284,10 +375,16 @@ def _binary_values(imp, a, b, kind, name):
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
         const_first = isinstance(a, np.ndarray)
         k, x = (a, b) if const_first else (b, a)
-        x = imp._act(x)
         k = np.asarray(k, np.float64)
-        if out == x.shape and k.ndim <= len(out):
-            vec = _per_channel(k, len(out))
+        if k.size == 1 and out == shape_of(x) and kind <= ir.BIN_DIV and \
+                not (kind == ir.BIN_DIV and const_first):  # a scalar: an affine of any storage
+            v = float(k.reshape(-1)[0])
+            scale, shift = {ir.BIN_ADD: (1.0, v), ir.BIN_SUB: (-1.0, v) if const_first else
+                            (1.0, -v), ir.BIN_MUL: (v, 0.0), ir.BIN_DIV: (np.float64(1.0) / np.float64(v), 0.0)}[kind]
+            return _affine(imp, x, scale, shift, name=name)
+        x = imp._resolve(x)
+        if out == x.shape and k.ndim <= len(out) and kind <= ir.BIN_DIV:
+            vec = _per_row(k, len(out), row_axis(len(out), imp._layout_of(x)))
             if vec is not None and not (kind == ir.BIN_DIV and const_first):
                 if kind == ir.BIN_ADD:
                     scale, shift = 1.0, vec
@@ -298,20 +395,34 @@ def _binary_values(imp, a, b, kind, name):
                 else:
                     scale, shift = 1.0 / vec, 0.0
                 return _affine(imp, x, scale, shift, name=name)
-        return _emit_binary_const(imp, x, k, kind, const_first, out, name)
-    xa, xb = imp._act(a), imp._act(b)
-    r = len(out)
-    xa = imp._act_as(xa, (1,) * (r - len(xa.shape)) + xa.shape)
-    xb = imp._act_as(xb, (1,) * (r - len(xb.shape)) + xb.shape)
+        y = _emit_binary_const(imp, x, k, kind, const_first, out, name)
+    else:
+        y = _binary_acts(imp, a, b, kind, out, name)
+    if kind in _COMPARISONS:
+        imp.kinds[y.layer] = "bool"
+    return y
+
+
+def _binary_acts(imp, a, b, kind, out, name):
     attrs = dict(kind=kind, act=ir.ACT_NONE, alpha=0.0, beta=0.0, const_first=0)
-    return imp._emit(name, "BINARY", [xa.layer, xb.layer], out, attrs)
+    xa, xb = imp._resolve(a), imp._resolve(b)
+    la, lb = imp.layers[xa.layer], imp.layers[xb.layer]
+    if xa.shape == xb.shape == out and la.shape == lb.shape and \
+            ir.same_layout(len(out), imp._layout_of(xa), imp._layout_of(xb)) and \
+            (la.layout == lb.layout or len(out) <= 2):
+        # the same storage order on both sides: elementwise over the storage as it is
+        return imp._emit_like(name, "BINARY", xa, attrs, inputs=[xa.layer, xb.layer])
+    r = len(out)
+    lay = imp._layout_of(xa) if len(xa.shape) >= len(xb.shape) else imp._layout_of(xb)
+    xa = imp._act_as(xa, (1,) * (r - len(xa.shape)) + xa.shape, lay)
+    xb = imp._act_as(xb, (1,) * (r - len(xb.shape)) + xb.shape, lay)
+    return imp._emit(name, "BINARY", [xa.layer, xb.layer], out, attrs, layout=lay)
 
 
-def _per_channel(k: np.ndarray, rank: int):
-    """The per-channel vector of a constant broadcast over every axis but the channel axis."""
+def _per_row(k: np.ndarray, rank: int, axis: int):
+    """The per-row vector of a constant broadcast over every axis but the row axis."""
     kp = k.reshape((1,) * (rank - k.ndim) + k.shape)
-    ch = channel_axis(rank)
-    if all(d == 1 for i, d in enumerate(kp.shape) if i != ch):
+    if all(d == 1 for i, d in enumerate(kp.shape) if i != axis):
         return kp.reshape(-1)
     return None
 
@@ -334,19 +445,26 @@ def _sum(imp, ins):
 
 
 def _pow(imp, ins):
-    e = np.asarray(imp._const(ins[1], "the exponent"), np.float64).reshape(-1)
-    if e.size != 1 or e[0] not in (1.0, 2.0):
-        raise Unsupported("Pow with an exponent other than 1 or 2")
-    x = imp._act(ins[0])
+    """x ** e: e = 1 is x, 2 is x * x, 0.5 a square root, others BINARY POW."""
+    if not isinstance(ins[1], np.ndarray):
+        return _binary(imp, ins)
+    e = np.asarray(ins[1], np.float64).reshape(-1)
+    if e.size != 1 or isinstance(ins[0], np.ndarray):
+        return _binary(imp, ins)
+    x = imp._resolve(ins[0])
     if e[0] == 1.0:
         return [x]
-    attrs = dict(kind=ir.BIN_MUL, act=ir.ACT_NONE, alpha=0.0, beta=0.0, const_first=0)
-    return [imp._emit(imp._node_name(), "BINARY", [x.layer, x.layer], x.shape, attrs)]
+    if e[0] == 0.5:
+        return [_affine(imp, x, 1.0, 0.0, ir.ACT_SQRT)]
+    if e[0] == 2.0:
+        attrs = dict(kind=ir.BIN_MUL, act=ir.ACT_NONE, alpha=0.0, beta=0.0, const_first=0)
+        return [imp._emit_like(imp._node_name(), "BINARY", x, attrs, inputs=[x.layer, x.layer])]
+    return _binary(imp, ins)
 
 
 def _pool(kind):
     def run(imp, ins):
-        x = imp._act(ins[0])
+        x = imp._act(ins[0], CHANNELS)
         if len(x.shape) not in (3, 4):
             raise Unsupported(f"pooling of a rank-{len(x.shape)} tensor")
         kernel = list(imp._attr("kernel_shape"))
@@ -369,7 +487,7 @@ def _pool(kind):
 
 def _global_pool(kind):
     def run(imp, ins):
-        x = imp._act(ins[0])
+        x = imp._act(ins[0], CHANNELS)
         if len(x.shape) not in (3, 4):
             raise Unsupported(f"global pooling of a rank-{len(x.shape)} tensor")
         out = x.shape[:2] + (1,) * (len(x.shape) - 2)
@@ -377,18 +495,29 @@ def _global_pool(kind):
     return run
 
 
+_ROW_REDUCE = {ir.POOL_AVG: ir.REDUCE_MEAN, ir.POOL_MAX: ir.REDUCE_MAX}
+
+
 def _reduce(kind, total=False):
     def run(imp, ins):
-        x = imp._act(ins[0])
-        r = len(x.shape)
+        v = imp._resolve(ins[0])
+        r = len(v.shape)
         axes = set(reduce_axes(imp, ins, r))
+        keep = bool(imp._attr("keepdims", 1))
+        out = tuple(1 if i in axes else d for i, d in enumerate(v.shape) if keep or i not in axes)
+        rows = {i for i in axes if v.shape[i] != 1}
+        if len(rows) == 1 and r >= 2 and axes - rows <= {i for i in axes if v.shape[i] == 1}:
+            # over one axis: the rows of a sequence's last axis, or a CNN's channels
+            axis = rows.pop()
+            if axis in (r - 1, 1):
+                return [_row_reduce(imp, v, axis, kind, total, out)]
+        x = imp._act(v, CHANNELS)
         spatial = set(range(2, r))
         ones = {i for i in spatial if x.shape[i] == 1}
         if r < 3 or not axes or (axes | ones) != spatial or not axes <= spatial:
             raise Unsupported(f"reduction over axes {sorted(axes)} of a rank-{r} tensor; coacto "
-                              "reduces over all spatial axes ([2, 3])")
-        keep = bool(imp._attr("keepdims", 1))
-        out = tuple(1 if i in axes else d for i, d in enumerate(x.shape) if keep or i not in axes)
+                              "reduces over all spatial axes ([2, 3]), the channels (1) or the "
+                              "last axis")
         y = imp._emit(imp._node_name(), "GLOBAL_POOL", [x.layer], out, {"kind": kind})
         if total:  # ReduceSum: the mean times the number of positions
             y = _affine(imp, y, float(math.prod(x.shape[2:])), 0.0, name=imp._node_name() + "/sum")
@@ -396,8 +525,20 @@ def _reduce(kind, total=False):
     return run
 
 
+def _row_reduce(imp, v, axis, kind, total, out):
+    """A reduction over the row axis of a layout (the last axis, or a CNN's channels): one value
+    per column. The result keeps the input's columns."""
+    r = len(v.shape)
+    lay = LAST if axis == r - 1 else CHANNELS
+    x = imp._act_rows(v) if lay == LAST else imp._act(v, CHANNELS)
+    red = ir.REDUCE_SUM if total else _ROW_REDUCE[kind]
+    kept = tuple(1 if i == axis else d for i, d in enumerate(v.shape))
+    y = imp._emit_rows(imp._node_name(), "ROW_REDUCE", x, 1, kept, {"kind": red})
+    return y if tuple(out) == kept else imp._reshaped(y, out)
+
+
 def _lrn(imp, ins):
-    x = imp._act(ins[0])
+    x = imp._act(ins[0], CHANNELS)
     if len(x.shape) not in (3, 4):
         raise Unsupported(f"LRN of a rank-{len(x.shape)} tensor")
     attrs = dict(size=int(imp._attr("size")), alpha=float(imp._attr("alpha", 1e-4)),
@@ -407,16 +548,25 @@ def _lrn(imp, ins):
 
 def _softmax(log):
     def run(imp, ins):
-        x = imp._act(ins[0])
-        r = len(x.shape)
+        v = imp._resolve(ins[0])
+        r = len(v.shape)
         axis = axis_index(imp._attr("axis", 1 if imp.opset < 13 else -1), r)
-        ch = channel_axis(r)
         # Before opset 13 the input is coerced to 2-D: softmax over every axis from `axis` on.
         reduced = range(axis, r) if imp.opset < 13 else [axis]
-        if ch not in reduced or any(x.shape[i] != 1 for i in reduced if i != ch):
-            raise Unsupported(f"softmax over axis {axis} of shape {x.shape}; coacto computes "
-                              "softmax over the channel axis")
-        return [imp._emit(imp._node_name(), "SOFTMAX", [x.layer], x.shape, {"log": int(log)})]
+        big = [i for i in reduced if v.shape[i] != 1]
+        if len(big) > 1:
+            raise Unsupported(f"softmax over axes {list(reduced)} of shape {v.shape}; coacto "
+                              "computes softmax over one axis")
+        row = big[0] if big else axis
+        if r <= 2 or row == r - 1:
+            x = imp._act_rows(v)
+        elif row == 1:
+            x = imp._act(v, CHANNELS)
+        else:
+            raise Unsupported(f"softmax over axis {axis} of shape {v.shape}; coacto computes "
+                              "softmax over the channels (axis 1) or the last axis")
+        c = imp.layers[x.layer].rows
+        return [imp._emit_rows(imp._node_name(), "SOFTMAX", x, c, x.shape, {"log": int(log)})]
     return run
 
 
@@ -424,18 +574,18 @@ def _concat(imp, ins):
     vals = [v for v in ins if v is not None]
     r = len(shape_of(vals[0]))
     axis = axis_index(imp._attr("axis", 0), r)
-    if axis != channel_axis(r) or r > 4:
+    first = next((v for v in vals if not isinstance(v, np.ndarray)), None)
+    lay = imp._layout_of(imp._resolve(first)) if isinstance(first, (Act, View)) else CHANNELS
+    if r > 4 or any(isinstance(v, np.ndarray) for v in vals) or axis != row_axis(r, lay):
         return imp._layout("Concat", ins)
-    acts = [imp._act(v) if not isinstance(v, np.ndarray) else v for v in vals]
-    if any(isinstance(v, np.ndarray) for v in acts):
-        raise Unsupported("concatenation of constants and computed tensors")
+    acts = [imp._act(v, lay) for v in vals]
     name = imp._node_name()
     while len(acts) > 8:  # the runtime concatenates at most 8 inputs at once
         part = acts[:8]
         c = sum(a.shape[axis] for a in part)
         shape = list(part[0].shape)
         shape[axis] = c
-        first = imp._emit(f"{name}/part", "CONCAT", [a.layer for a in part], shape)
+        first = imp._emit(f"{name}/part", "CONCAT", [a.layer for a in part], shape, layout=lay)
         acts = [first] + acts[8:]
     if len(acts) == 1:
         return [acts[0]]
@@ -444,12 +594,13 @@ def _concat(imp, ins):
         if len(a.shape) != r or any(a.shape[i] != shape[i] for i in range(r) if i != axis):
             raise ShapeError(f"concatenation of shapes {[x.shape for x in acts]}")
     shape[axis] = sum(a.shape[axis] for a in acts)
-    return [imp._emit(name, "CONCAT", [a.layer for a in acts], shape)]
+    return [imp._emit(name, "CONCAT", [a.layer for a in acts], shape, layout=lay)]
 
 
 COMPUTE = {
-    "Conv": _conv, "Gemm": _gemm, "MatMul": _matmul, "BatchNormalization": _batch_norm,
+    "Conv": _conv, "Gemm": _gemm, "BatchNormalization": _batch_norm,
     "Add": _binary, "Sub": _binary, "Mul": _binary, "Div": _binary, "Sum": _sum, "Mean": _sum,
+    "Equal": _binary, "Less": _binary, "Greater": _binary,
     "Pow": _pow, "Neg": _neg, "Max": _min_max, "Min": _min_max,
     "Relu": _activation(ir.ACT_RELU), "Clip": _clip,
     "LeakyRelu": _activation(ir.ACT_LEAKY, "alpha", 0.01), "PRelu": _prelu,

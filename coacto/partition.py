@@ -9,7 +9,8 @@ computation reads. Per operator family the read set is computed with vectorised 
 the receptive field of every output column (convolution / pooling taps with stride, padding and
 dilation), broadcasting maps, whole-batch reads for global pooling and fully connected layers, and
 the element index map of GATHER layers. Rows are intervals (a channel group of a grouped
-convolution, the LRN window, a CONCAT input's channel range).
+convolution, the LRN window, a CONCAT input's channel range). MATMUL and EMBED layers read their
+inputs by storage position (coacto.partition_seq).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import numpy as np
 
 from . import ir
 from .errors import CoactoError
+from .partition_seq import embed_parent_pairs, matmul_parent_pairs
 
 #: Default work per tile when tiles_per_layer is not given (FLOPs). Large enough that the per-tile
 #: runtime overhead (about a microsecond) stays under 1% of a tile's time, small enough that a
@@ -46,6 +48,8 @@ DEFAULT_INPUT_TILES = 16
 #: panel width, so row tiles start on a packed panel).
 CONV_ROW_ALIGN = 32
 OTHER_ROW_ALIGN = 8
+#: Ops never split by rows: each tile would compute over all the rows of its columns anyway.
+WHOLE_ROWS = ("SOFTMAX", "INPUT", "LAYERNORM", "ROW_REDUCE")
 
 
 @dataclass
@@ -88,6 +92,11 @@ def layer_flops(graph: ir.Graph, li: int) -> float:
         return float(src[0] * src[1] * src[2] * src[3])
     if layer.op in ("LRN", "SOFTMAX"):
         return out * 4.0
+    if layer.op == "MATMUL":
+        return 2.0 * out * a["k"]
+    if layer.op in ("LAYERNORM", "ROW_REDUCE"):
+        src = graph.layers[layer.inputs[0]]
+        return float(src.columns * src.rows) * (4.0 if layer.op == "LAYERNORM" else 1.0)
     if layer.op == "INPUT":
         return 0.0
     return out
@@ -108,6 +117,13 @@ def _even_bounds(total: int, parts: int, align: int = 1) -> np.ndarray:
     return out
 
 
+def _streams_weights(layer: ir.Layer) -> bool:
+    """A 1x1 CONV over the rows of a sequence (a transformer's linear layer)."""
+    a = layer.attrs
+    return layer.op == "CONV" and layer.layout == ir.LAYOUT_LAST and \
+        (a.get("kh"), a.get("kw"), a.get("group")) == (1, 1, 1)
+
+
 def _row_align(layer: ir.Layer) -> int:
     return CONV_ROW_ALIGN if layer.op == "CONV" else OTHER_ROW_ALIGN
 
@@ -121,8 +137,16 @@ def choose_splits(graph: ir.Graph, li: int, tiles_per_layer: int | None) -> tupl
     into blocks of at least MIN_TILE_COLUMNS columns (a GEMM over fewer rows wastes most of the
     micro-kernel, and every column block re-reads the layer's weights); when that gives fewer
     than T blocks — a layer with too few columns — rows are split to make up the rest, at
-    multiples of CONV_ROW_ALIGN for convolutions. SOFTMAX and INPUT layers are never split by rows;
-    an INPUT layer gets DEFAULT_INPUT_TILES column tiles unless tiles_per_layer says otherwise.
+    multiples of CONV_ROW_ALIGN for convolutions. Layers that read all rows of a column to write
+    any (SOFTMAX, LAYERNORM, ROW_REDUCE) and INPUT layers are never split by rows; an INPUT layer
+    gets DEFAULT_INPUT_TILES column tiles unless tiles_per_layer says otherwise.
+
+    Matrix products with weights over the rows of a sequence (1x1 CONV in the "last" layout: the
+    linear layers of a transformer) have few columns (tokens) and large weights: every column
+    block streams the whole weight matrix again, every row block re-reads the (smaller, cached)
+    input. Their columns are split into about sqrt(T * input bytes / (4 * weight bytes)) blocks
+    (at least one): for BERT-base at 128 tokens that is one block, so each tile multiplies all
+    tokens by a slice of the weights, read once.
     """
     layer = graph.layers[li]
     cols, rows = layer.columns, layer.rows
@@ -132,14 +156,18 @@ def choose_splits(graph: ir.Graph, li: int, tiles_per_layer: int | None) -> tupl
     else:
         want = max(1, int(tiles_per_layer))
     col_parts = min(want, max(1, cols // MIN_TILE_COLUMNS))
-    if tiles_per_layer is None:
+    if tiles_per_layer is None and layer.layout != ir.LAYOUT_LAST:
         col_parts = max(col_parts, min(DEFAULT_MIN_COLUMN_BLOCKS, cols // MIN_TILE_COLUMNS))
+    if _streams_weights(layer):
+        in_bytes = float(cols * graph.layers[layer.inputs[0]].rows)
+        w_bytes = float(layer.weights["w"].size) if "w" in layer.weights else in_bytes
+        col_parts = max(1, min(col_parts, int(math.sqrt(want * in_bytes / (4.0 * w_bytes)))))
     if layer.op == "INPUT":
         col_parts = min(cols, max(1, want if tiles_per_layer is not None else DEFAULT_INPUT_TILES))
     col_bounds = _even_bounds(cols, col_parts)
     col_parts = len(col_bounds) - 1
     row_parts = 1
-    if layer.op not in ("SOFTMAX", "INPUT") and col_parts < want:
+    if layer.op not in WHOLE_ROWS and col_parts < want:
         row_parts = math.ceil(want / col_parts)
     align = _row_align(layer)
     if rows < 2 * align:
@@ -203,7 +231,8 @@ def column_reads(graph: ir.Graph, li: int, k: int) -> tuple[np.ndarray, np.ndarr
         return _window_pairs(layer, src)
     if op == "GLOBAL_POOL":
         return _batch_pairs(layer, src)
-    if op in ("CONV", "BINARY", "AFFINE", "LRN", "SOFTMAX", "CONCAT", "NOP"):
+    if op in ("CONV", "BINARY", "AFFINE", "LRN", "SOFTMAX", "CONCAT", "NOP", "LAYERNORM",
+              "ROW_REDUCE", "WHERE"):
         return _broadcast_pairs(layer, src)
     raise CoactoError(f"no column rule for op {op}")
 
@@ -225,7 +254,7 @@ def row_reads(graph: ir.Graph, li: int, k: int, r0: int, r1: int) -> tuple[int, 
     if op == "LRN":
         size = layer.attrs["size"]
         return max(0, r0 - (size - 1) // 2), min(cin, r1 + (size - 1) - (size - 1) // 2)
-    if op == "SOFTMAX":
+    if op in ("SOFTMAX", "LAYERNORM", "ROW_REDUCE"):
         return 0, cin
     if cin == 1 and layer.rows > 1:  # channel broadcast
         return 0, 1
@@ -342,6 +371,10 @@ def partition(graph: ir.Graph, tiles_per_layer: int | None = None) -> TilePlan:
             continue
         if layer.op == "GATHER":
             o, i = _gather_parent_pairs(graph, li, plan_cols, plan_rows, first_tile)
+        elif layer.op == "MATMUL":
+            o, i = matmul_parent_pairs(graph, li, plan_cols, plan_rows, first_tile, bounds)
+        elif layer.op == "EMBED":
+            o, i = embed_parent_pairs(graph, li, plan_cols, plan_rows, first_tile)
         else:
             o, i = _separable_parent_pairs(graph, li, plan_cols, plan_rows, first_tile)
         outs.append(o)

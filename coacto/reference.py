@@ -1,12 +1,20 @@
 """A numpy interpreter of the operator graph: the executable definition of coacto.ir's semantics.
 
-Computes in float64 on NCHW arrays (the storage order only matters to GATHER, whose indices are
-defined on NHWC storage). The native runtime is tested against this and against onnxruntime.
+Computes in float64 on each layer's (N, C, H, W) array (the storage order only matters to the ops
+that index storage: GATHER, MATMUL, EMBED). The native runtime is tested against this and against
+onnxruntime.
 """
 from __future__ import annotations
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
+
+try:
+    from scipy.special import erf as _erf
+except ImportError:  # scipy is optional: math.erf elementwise
+    import math
+
+    _erf = np.vectorize(math.erf, otypes=[np.float64])
 
 from . import ir
 from .errors import InputError
@@ -26,7 +34,10 @@ def run_reference(graph: ir.Graph, feeds: dict[str, np.ndarray]) -> dict[str, np
         if tuple(x.shape) != tuple(layer.onnx_shape):
             raise InputError(f"input {name!r} has shape {tuple(x.shape)}, the graph expects "
                              f"{tuple(layer.onnx_shape)}")
-        values[i] = x.astype(np.float64).reshape(layer.shape)
+        if layer.attrs.get("dtype") is not None:
+            check_integer_input(name, layer, x)
+        values[i] = ir.storage_to_internal(
+            ir.to_storage(x.astype(np.float64), layer.layout), layer.shape)
     last_use = list(range(len(graph.layers)))
     for j, layer in enumerate(graph.layers):
         for p in layer.inputs:
@@ -43,8 +54,30 @@ def run_reference(graph: ir.Graph, feeds: dict[str, np.ndarray]) -> dict[str, np
         for p in set(layer.inputs):
             if last_use[p] == j and p not in keep:
                 values[p] = None
-    return {name: values[i].reshape(graph.layers[i].onnx_shape).astype(np.float32)
-            for name, i in graph.outputs.items()}
+    out = {}
+    for name, i in graph.outputs.items():
+        layer = graph.layers[i]
+        flat = ir.internal_to_storage(values[i])
+        out[name] = ir.from_storage(flat, layer.shape, layer.onnx_shape,
+                                    layer.layout).astype(np.float32)
+    return out
+
+
+def check_integer_input(name: str, layer: ir.Layer, x: np.ndarray) -> None:
+    """Integer inputs (token ids, masks) travel as float32: they must be integers that float32
+    holds exactly, and ids for an embedding table must lie in [-V, V)."""
+    if not np.issubdtype(x.dtype, np.integer) and x.dtype != np.bool_:
+        raise InputError(f"input {name!r} takes integers, got dtype {x.dtype}")
+    if x.size == 0:
+        return
+    lo, hi = int(x.min()), int(x.max())
+    limit = layer.attrs.get("index_limit")
+    if limit is not None and (lo < -limit or hi >= limit):
+        raise InputError(f"input {name!r} holds ids from {lo} to {hi}; the model's table has "
+                         f"{limit} rows, so ids must lie in [{-limit}, {limit})")
+    if max(abs(lo), abs(hi)) > 1 << 24:
+        raise InputError(f"input {name!r} holds integers up to {max(abs(lo), abs(hi))}; coacto "
+                         "carries integer inputs as float32, exact up to 2^24")
 
 
 def activation(x: np.ndarray, act: int, alpha: float = 0.0, beta: float = 0.0) -> np.ndarray:
@@ -64,6 +97,21 @@ def activation(x: np.ndarray, act: int, alpha: float = 0.0, beta: float = 0.0) -
         return x * np.clip(x / 6.0 + 0.5, 0.0, 1.0)
     if act == ir.ACT_TANH:
         return np.tanh(x)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        if act == ir.ACT_SQRT:
+            return np.sqrt(x)
+        if act == ir.ACT_ERF:
+            return _erf(x)
+        if act == ir.ACT_GELU:
+            return 0.5 * x * (1.0 + _erf(x / np.sqrt(2.0)))
+        if act == ir.ACT_GELU_TANH:
+            return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))
+        if act == ir.ACT_RECIPROCAL:
+            return 1.0 / x
+        if act == ir.ACT_EXP:
+            return np.exp(x)
+        if act == ir.ACT_ISNAN:
+            return np.isnan(x).astype(np.float64)
     raise ValueError(f"unknown activation {act}")
 
 
@@ -134,7 +182,11 @@ def _global_pool(layer, xs):
 
 
 _BIN = {ir.BIN_ADD: np.add, ir.BIN_SUB: np.subtract, ir.BIN_MUL: np.multiply,
-        ir.BIN_DIV: np.divide}
+        ir.BIN_DIV: np.divide, ir.BIN_POW: np.power, ir.BIN_MAX: np.maximum,
+        ir.BIN_MIN: np.minimum,
+        ir.BIN_EQUAL: lambda a, b: np.equal(a, b).astype(np.float64),
+        ir.BIN_LESS: lambda a, b: np.less(a, b).astype(np.float64),
+        ir.BIN_GREATER: lambda a, b: np.greater(a, b).astype(np.float64)}
 
 
 def _binary(layer, xs):
@@ -144,7 +196,7 @@ def _binary(layer, xs):
     else:
         k = layer.weights["k"].astype(np.float64)
         a, b = (k, xs[0]) if layer.attrs.get("const_first") else (xs[0], k)
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         y = fn(a, b)
     return _act(layer, np.broadcast_to(y, layer.shape))
 
@@ -160,7 +212,10 @@ def _concat(layer, xs):
 
 
 def _gather(layer, xs):
-    storage = np.concatenate([x.transpose(0, 2, 3, 1).reshape(-1) for x in xs])
+    parts = [ir.internal_to_storage(x) for x in xs]
+    if "const" in layer.weights:
+        parts.append(np.asarray(layer.weights["const"], np.float64).reshape(-1))
+    storage = np.concatenate(parts)
     index = layer.weights["index"].astype(np.int64)
     y = np.where(index >= 0, storage[np.maximum(index, 0)], layer.attrs.get("fill", 0.0))
     n, c, h, w = layer.shape
@@ -190,10 +245,78 @@ def _nop(layer, xs):
     return np.zeros(layer.shape)
 
 
+def _strided(storage: np.ndarray, off: int, strides, dims) -> np.ndarray:
+    """storage[off + sum(i_d * stride_d)] over the grid ``dims``."""
+    index = np.full(dims, off, dtype=np.int64)
+    for axis, (size, stride) in enumerate(zip(dims, strides)):
+        shape = [1] * len(dims)
+        shape[axis] = size
+        index = index + np.arange(size, dtype=np.int64).reshape(shape) * stride
+    return storage[index]
+
+
+def _matmul(layer, xs):
+    a = layer.attrs
+    b0, b1, m, n, k = a["batch0"], a["batch1"], a["m"], a["n"], a["k"]
+    sa, sb = ir.internal_to_storage(xs[0]), ir.internal_to_storage(xs[1])
+    A = _strided(sa, a["a_off"], (a["a_s0"], a["a_s1"], a["a_si"], 1), (b0, b1, m, k))
+    B = _strided(sb, a["b_off"], (a["b_s0"], a["b_s1"], a["b_sk"], a["b_sj"]), (b0, b1, k, n))
+    i = np.arange(m)[:, None]
+    if a.get("causal") == 2:  # the sum runs over k <= i + offset
+        keep_k = np.arange(k)[None, :] <= i + a["offset"]
+        A = np.where(keep_k, A, 0.0)
+    y = a["scale"] * np.matmul(A, B)
+    if a.get("causal") == 1:
+        y = np.where(np.arange(n)[None, :] <= i + a["offset"], y, a["fill"])
+    if a.get("has_mask"):
+        sm = ir.internal_to_storage(xs[2])
+        y = y + _strided(sm, a["m_off"], (a["m_s0"], a["m_s1"], a["m_si"], a["m_sj"]),
+                         (b0, b1, m, n))
+    if a.get("out_mode"):
+        y = y.transpose(0, 2, 1, 3)  # columns (b0, i), rows (b1, j)
+    return ir.storage_to_internal(y.reshape(-1), layer.shape)
+
+
+def _layernorm(layer, xs):
+    x = xs[0]
+    mean = x.mean(axis=1, keepdims=True)
+    var = ((x - mean) ** 2).mean(axis=1, keepdims=True)
+    scale = layer.weights["scale"].astype(np.float64).reshape(1, -1, 1, 1)
+    shift = layer.weights["shift"].astype(np.float64).reshape(1, -1, 1, 1)
+    return (x - mean) / np.sqrt(var + layer.attrs["eps"]) * scale + shift
+
+
+_REDUCE = {ir.REDUCE_MAX: np.max, ir.REDUCE_MEAN: np.mean, ir.REDUCE_SUM: np.sum,
+           ir.REDUCE_MIN: np.min}
+
+
+def _row_reduce(layer, xs):
+    return _REDUCE[layer.attrs["kind"]](xs[0], axis=1, keepdims=True)
+
+
+def _where(layer, xs):
+    which = layer.attrs["operands"]
+    ops, inputs = [], iter(xs)
+    for o, key in enumerate(("cond", "x", "y")):
+        ops.append(next(inputs) if which >> o & 1 else layer.weights[key].astype(np.float64))
+    return np.broadcast_to(np.where(ops[0] != 0, ops[1], ops[2]), layer.shape)
+
+
+def _embed(layer, xs):
+    ids = ir.internal_to_storage(xs[0])
+    table = layer.weights["table"].astype(np.float64)
+    v = table.shape[0]
+    valid = (ids >= -v) & (ids < v) & (ids == np.floor(ids))
+    rows = np.where(valid, ids, 0).astype(np.int64) % v
+    out = np.where(valid[:, None], table[rows], 0.0)
+    return ir.storage_to_internal(out.reshape(-1), layer.shape)
+
+
 _OPS = {
     "CONV": _conv, "POOL": _pool, "GLOBAL_POOL": _global_pool, "BINARY": _binary,
     "AFFINE": _affine, "CONCAT": _concat, "GATHER": _gather, "LRN": _lrn, "SOFTMAX": _softmax,
-    "NOP": _nop,
+    "NOP": _nop, "MATMUL": _matmul, "LAYERNORM": _layernorm, "ROW_REDUCE": _row_reduce,
+    "WHERE": _where, "EMBED": _embed,
 }
 
 __all__ = ["run_reference", "activation"]

@@ -10,6 +10,7 @@ import numpy as np
 
 from . import ir
 from .errors import CoactoError, InferenceTimeout, InputError, NativeError
+from .reference import check_integer_input
 from .tilegraph import TileGraph
 
 log = logging.getLogger(__name__)
@@ -80,6 +81,23 @@ def _iparams(layer: ir.Layer) -> tuple[list[int], list[float]]:
         return [a["size"]], [a["alpha"], a["beta"], a["bias"]]
     if op == "SOFTMAX":
         return [a.get("log", 0)], []
+    if op == "MATMUL":
+        keys = ("batch0", "batch1", "m", "n", "k", "a_off", "a_s0", "a_s1", "a_si", "b_off",
+                "b_s0", "b_s1", "b_sk", "b_sj", "out_mode", "causal", "offset", "has_mask",
+                "m_off", "m_s0", "m_s1", "m_si", "m_sj")
+        return [a.get(k, 0) for k in keys], [a.get("scale", 1.0), a.get("fill", 0.0)]
+    if op == "LAYERNORM":
+        return [], [a["eps"]]
+    if op == "ROW_REDUCE":
+        return [a["kind"]], []
+    if op == "WHERE":
+        ip = [a["operands"], 0, 0, 0]
+        for key in ("cond", "x", "y"):
+            k = layer.weights.get(key)
+            ip += [1, 1, 1, 1] if k is None else list(np.asarray(k).shape)
+        return ip, []
+    if op == "EMBED":
+        return [layer.weights["table"].shape[0]], []
     return [], []
 
 
@@ -234,6 +252,14 @@ class Runtime:
             arr = value if isinstance(value, np.ndarray) else None
             if arr is None:
                 raise InputError(f"input {name!r} must be a numpy array, got {type(value).__name__}")
+            layer = self.graph.graph.layers[self.graph.graph.inputs[name]]
+            if layer.attrs.get("dtype") is not None:
+                if tuple(arr.shape) != tuple(expected[name]):
+                    raise InputError(f"input {name!r} has shape {tuple(arr.shape)}, the model "
+                                     f"takes {tuple(expected[name])}")
+                check_integer_input(name, layer, arr)
+                out[self.graph.graph.inputs[name]] = arr
+                continue
             if arr.dtype != np.float32:
                 raise InputError(f"input {name!r} has dtype {arr.dtype}, the model takes float32; "
                                  f"convert it with x.astype(np.float32)")

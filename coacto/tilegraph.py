@@ -32,9 +32,9 @@ from .errors import GraphFileError
 from .partition import TilePlan
 
 MAGIC = b"COACTOTG"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 #: Bumped whenever partitioning changes the tiles it derives for the same parameters.
-PARTITIONER_VERSION = 1
+PARTITIONER_VERSION = 2
 _ALIGN = 64
 _PREFIX = struct.Struct("<8sIIQ")
 
@@ -43,7 +43,10 @@ ARRAY_SLOTS = {
     "CONV": ("w", "b"),
     "BINARY": ("k",),
     "AFFINE": ("scale", "shift"),
-    "GATHER": ("index",),
+    "GATHER": ("index", "const"),
+    "LAYERNORM": ("scale", "shift"),
+    "WHERE": ("cond", "x", "y"),
+    "EMBED": ("table",),
 }
 
 
@@ -97,6 +100,24 @@ class TileGraph:
     def outputs(self) -> dict[str, tuple[int, ...]]:
         """Output name -> ONNX shape."""
         return {name: tuple(self.graph.layers[li].onnx_shape) for name, li in self.graph.outputs.items()}
+
+    def example_feeds(self, seed: int = 0) -> dict[str, np.ndarray]:
+        """Inputs to run the graph on: standard normal float32 for float inputs; for integer
+        inputs valid ids below their table size (index_limit), else ones (attention masks)."""
+        rng = np.random.default_rng(seed)
+        feeds = {}
+        for name, shape in self.inputs.items():
+            layer = self.graph.layers[self.graph.inputs[name]]
+            if layer.attrs.get("dtype") is None:
+                feeds[name] = rng.standard_normal(shape).astype(np.float32)
+            else:
+                from onnx import helper
+
+                dtype = helper.tensor_dtype_to_np_dtype(int(layer.attrs["dtype"]))
+                limit = layer.attrs.get("index_limit")
+                values = rng.integers(0, limit, shape) if limit is not None else np.ones(shape)
+                feeds[name] = values.astype(dtype)
+        return feeds
 
     @property
     def total_flops(self) -> float:
@@ -160,6 +181,7 @@ class TileGraph:
                 "name": layer.name, "op": layer.op, "inputs": list(layer.inputs),
                 "shape": list(layer.shape),
                 "onnx_shape": list(layer.onnx_shape) if layer.onnx_shape is not None else None,
+                "layout": layer.layout,
                 "attrs": {k: (float(v) if isinstance(v, float) else int(v))
                           for k, v in layer.attrs.items()},
                 "arrays": [[s.key, s.dtype, list(s.shape), s.offset, s.size] for s in specs],
@@ -237,7 +259,8 @@ class TileGraph:
             layers.append(ir.Layer(
                 name=ld["name"], op=ld["op"], inputs=list(ld["inputs"]), shape=tuple(ld["shape"]),
                 attrs=dict(ld["attrs"]),
-                onnx_shape=tuple(ld["onnx_shape"]) if ld["onnx_shape"] is not None else None))
+                onnx_shape=tuple(ld["onnx_shape"]) if ld["onnx_shape"] is not None else None,
+                layout=ld.get("layout", ir.LAYOUT_CHANNELS)))
             arrays.append([ArraySpec(a[0], a[1], tuple(a[2]), int(a[3]), int(a[4]))
                            for a in ld["arrays"]])
         for specs in arrays:

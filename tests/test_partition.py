@@ -48,9 +48,56 @@ def element_reads(graph, li, n, c, y, x):
             for ci in range(c - (size - 1) // 2, c + (size - 1) - (size - 1) // 2 + 1):
                 if 0 <= ci < sc:
                     yield p, n, ci, y, x
-        else:  # elementwise with broadcasting (BINARY, AFFINE, CONV residual)
+        elif layer.op in ("SOFTMAX", "LAYERNORM", "ROW_REDUCE"):  # every row of the column
+            for ci in range(sc):
+                yield p, n, ci, y, x
+        elif layer.op == "MATMUL":
+            yield from _matmul_reads(graph, layer, k, p, n, c, y, x)
+        elif layer.op == "EMBED":  # output column i reads element i of the ids
+            _, _, h, w = layer.shape
+            yield (p, *_storage_element(src, (n * h + y) * w + x))
+        else:  # elementwise with broadcasting (BINARY, AFFINE, WHERE, CONV residual)
             yield (p, n if sn > 1 else 0, c if sc > 1 else 0, y if sh > 1 else 0,
                    x if sw > 1 else 0)
+
+
+def _storage_element(src, e):
+    """(n, c, y, x) of storage element e of a layer."""
+    sn, sc, sh, sw = src.shape
+    col, ci = divmod(int(e), sc)
+    ni, rem = divmod(col, sh * sw)
+    yi, xi = divmod(rem, sw)
+    return ni, ci, yi, xi
+
+
+def _matmul_reads(graph, layer, k, p, n, c, y, x):
+    """What output element (n, c, y, x) of a MATMUL reads from its input k (the definition in
+    coacto.ir: masked outputs of causal 1 read only the mask; causal 2 sums over k <= i + o)."""
+    a = layer.attrs
+    _, _, h, w = layer.shape
+    col = (n * h + y) * w + x
+    m_, n_ = a["m"], a["n"]
+    if a["out_mode"] == 0:
+        bb, i = divmod(col, m_)
+        b0, b1 = divmod(bb, a["batch1"])
+        j = c
+    else:
+        b0, i = divmod(col, m_)
+        b1, j = divmod(c, n_)
+    src = graph.layers[p]
+    if k == 2:
+        e = a["m_off"] + b0 * a["m_s0"] + b1 * a["m_s1"] + i * a["m_si"] + j * a["m_sj"]
+        yield (p, *_storage_element(src, e))
+        return
+    if a["causal"] == 1 and j > i + a["offset"]:
+        return
+    kmax = a["k"] if a["causal"] != 2 else max(0, min(a["k"], i + a["offset"] + 1))
+    for kk in range(kmax):
+        if k == 0:
+            e = a["a_off"] + b0 * a["a_s0"] + b1 * a["a_s1"] + i * a["a_si"] + kk
+        else:
+            e = a["b_off"] + b0 * a["b_s0"] + b1 * a["b_s1"] + kk * a["b_sk"] + j * a["b_sj"]
+        yield (p, *_storage_element(src, e))
 
 
 def tile_of(plan, graph, li, n, c, y, x):
@@ -208,3 +255,79 @@ def test_default_tiles_keep_the_offloading_wavefront():
             gated[t] = True
     share = p.tile_flops[gated].sum() / p.tile_flops.sum()
     assert 0.5 < share < 0.65, share
+
+
+# ------------------------------------------------------------------------------ sequence ops
+
+@st.composite
+def matmul_graphs(draw):
+    """A MATMUL reading strided operands from INPUT layers laid out as transformers lay them:
+    queries / keys / values side by side per token (heads in rows), plain row-major tensors, or
+    one fused projection holding both operands; optional mask, causal forms, heads-merged output."""
+    b0, b1 = draw(st.integers(1, 2)), draw(st.integers(1, 3))
+    m, kd = draw(st.integers(1, 6)), draw(st.integers(1, 5))
+    form = draw(st.sampled_from(["plain", "heads", "fused"]))
+    n = m if form == "fused" else draw(st.integers(1, 6))
+    layers, attrs = [], dict(batch0=b0, batch1=b1, m=m, n=n, k=kd, out_mode=0, causal=0,
+                             offset=0, has_mask=0, m_off=0, m_s0=0, m_s1=0, m_si=0, m_sj=0,
+                             scale=1.0, fill=0.0)
+    if form == "plain":  # A (b0, b1, m, k); B (b0, b1, k, n) contiguous along n
+        layers.append(ir.Layer("a", "INPUT", [], (b0 * b1 * m, kd, 1, 1)))
+        layers.append(ir.Layer("b", "INPUT", [], (b0 * b1 * kd, n, 1, 1)))
+        attrs.update(a_off=0, a_s0=b1 * m * kd, a_s1=m * kd, a_si=kd,
+                     b_off=0, b_s0=b1 * kd * n, b_s1=kd * n, b_sk=n, b_sj=1)
+        inputs = [0, 1]
+    elif form == "heads":  # queries (b0, m, b1, k); values (b0, k, b1, n)
+        layers.append(ir.Layer("q", "INPUT", [], (b0, b1 * kd, 1, m)))
+        layers.append(ir.Layer("v", "INPUT", [], (b0, b1 * n, 1, kd)))
+        attrs.update(a_off=0, a_s0=m * b1 * kd, a_s1=kd, a_si=b1 * kd,
+                     b_off=0, b_s0=kd * b1 * n, b_s1=n, b_sk=b1 * n, b_sj=1)
+        inputs = [0, 1]
+    else:  # one projection (b0, m, [q | k]) per token: scores = q k^T, keys contiguous along k
+        layers.append(ir.Layer("qk", "INPUT", [], (b0, 2 * b1 * kd, 1, m)))
+        attrs.update(a_off=0, a_s0=m * 2 * b1 * kd, a_s1=kd, a_si=2 * b1 * kd,
+                     b_off=b1 * kd, b_s0=m * 2 * b1 * kd, b_s1=kd, b_sk=1, b_sj=2 * b1 * kd)
+        inputs = [0, 0]
+    attrs["causal"] = draw(st.sampled_from([0, 0, 1, 2]))
+    attrs["offset"] = draw(st.integers(-2, 2))
+    if attrs["causal"] == 2:
+        attrs["k"] = kd  # the sum runs over k <= i + offset
+    if draw(st.booleans()):  # a padding mask (b0, n) broadcast over heads and queries
+        layers.append(ir.Layer("mask", "INPUT", [], (b0, n, 1, 1)))
+        attrs.update(has_mask=1, m_s0=n, m_sj=1)
+        inputs.append(len(layers) - 1)
+    merged = b1 > 1 and draw(st.booleans())
+    attrs["out_mode"] = int(merged)
+    shape = (b0, b1 * n, 1, m) if merged else (b0, n, b1, m)
+    layers.append(ir.Layer("mm", "MATMUL", inputs, shape, attrs))
+    graph = ir.Graph(layers, {lay.name: i for i, lay in enumerate(layers[:-1])},
+                     {"y": len(layers) - 1})
+    return graph, draw(st.integers(1, 12))
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(matmul_graphs())
+def test_matmul_dependencies_exact(case):
+    graph, tiles = case
+    check_plan(graph, partition(graph, tiles))
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 2), st.integers(1, 5), st.integers(1, 5), st.integers(1, 9),
+       st.sampled_from(["LAYERNORM", "SOFTMAX", "ROW_REDUCE", "EMBED", "WHERE"]))
+def test_sequence_ops_dependencies_exact(n, s, c, tiles, op):
+    """Per-column ops read whole columns; EMBED reads one id per output column (the ids laid
+    out as (n, s)); WHERE broadcasts like BINARY."""
+    layers = [ir.Layer("x", "INPUT", [], (n, c, 1, s))]
+    if op == "EMBED":
+        layers = [ir.Layer("ids", "INPUT", [], (n, s, 1, 1)),
+                  ir.Layer("e", "EMBED", [0], (n, c, 1, s))]
+    elif op == "WHERE":
+        layers += [ir.Layer("cond", "INPUT", [], (n, 1, 1, s)),
+                   ir.Layer("w", "WHERE", [1, 0], (n, c, 1, s), {"operands": 3})]
+    else:
+        rows = 1 if op == "ROW_REDUCE" else c
+        layers.append(ir.Layer("y", op, [0], (n, rows, 1, s)))
+    graph = ir.Graph(layers, {lay.name: i for i, lay in enumerate(layers) if lay.op == "INPUT"},
+                     {"y": len(layers) - 1})
+    check_plan(graph, partition(graph, tiles))

@@ -184,7 +184,8 @@ class Client:
     # ------------------------------------------------------------------ inference
 
     def infer(self, feeds: dict, policy: str | None = None) -> dict[str, np.ndarray]:
-        """One inference: {input name: float32 array} -> {output name: array} (ONNX names)."""
+        """One inference: {input name: array (float32; integers for token ids and masks)} ->
+        {output name: array} (ONNX names)."""
         return self.infer_async(feeds, policy).result()
 
     def infer_async(self, feeds: dict, policy: str | None = None) -> Future:
@@ -208,7 +209,7 @@ class Client:
         with self._calibrate_lock:
             if self._estimates.device_flops is not None:
                 return self._estimates.device_flops
-            zeros = {k: np.zeros(v, np.float32) for k, v in self.graph.inputs.items()}
+            zeros = {k: np.zeros_like(v) for k, v in self.graph.example_feeds(0).items()}
             best = float("inf")
             for _ in range(max(2, repeats)):
                 t0 = time.perf_counter()

@@ -36,7 +36,12 @@ enum {
     COACTO_OP_LRN = 8,
     COACTO_OP_SOFTMAX = 9,
     COACTO_OP_NOP = 10,
-    COACTO_OP_COUNT = 11
+    COACTO_OP_MATMUL = 11,
+    COACTO_OP_LAYERNORM = 12,
+    COACTO_OP_ROW_REDUCE = 13,
+    COACTO_OP_WHERE = 14,
+    COACTO_OP_EMBED = 15,
+    COACTO_OP_COUNT = 16
 };
 
 /* Activations: shared with coacto/ir.py (ACT_*). */
@@ -48,7 +53,14 @@ enum {
     COACTO_ACT_SIGMOID = 4,
     COACTO_ACT_HARDSIGMOID = 5,
     COACTO_ACT_HARDSWISH = 6,
-    COACTO_ACT_TANH = 7
+    COACTO_ACT_TANH = 7,
+    COACTO_ACT_SQRT = 8,
+    COACTO_ACT_ERF = 9,
+    COACTO_ACT_GELU = 10,
+    COACTO_ACT_GELU_TANH = 11,
+    COACTO_ACT_RECIPROCAL = 12,
+    COACTO_ACT_EXP = 13,
+    COACTO_ACT_ISNAN = 14
 };
 
 enum { COACTO_LAYER_KEEP = 1 };
@@ -71,7 +83,7 @@ typedef struct coacto_layer_desc {
     int32_t n_inputs;
     int32_t inputs[8];
     int32_t n, c, h, w;
-    int32_t iparams[16];
+    int32_t iparams[32];
     float fparams[8];
     int64_t array_offset[4];
     int64_t array_size[4];

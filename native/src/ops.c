@@ -64,6 +64,8 @@ static void input_range(int32_t op, int *lo, int *hi) {
     case COACTO_OP_INPUT: *lo = *hi = 0; break;
     case COACTO_OP_CONV:
     case COACTO_OP_BINARY: *hi = 2; break;
+    case COACTO_OP_MATMUL: *lo = 2; *hi = 3; break;
+    case COACTO_OP_WHERE: *hi = 3; break;
     case COACTO_OP_CONCAT:
     case COACTO_OP_GATHER: *hi = COACTO_MAX_INPUTS; break;
     case COACTO_OP_NOP: *lo = 0; *hi = COACTO_MAX_INPUTS; break;
@@ -104,7 +106,8 @@ coacto_status op_prepare(layer *l, char *err, size_t err_size) {
         /* Arrays an op does not use must be absent; ops check the ones they use themselves. */
         static const int used[COACTO_OP_COUNT] = {
             [COACTO_OP_CONV] = 2, [COACTO_OP_BINARY] = 1, [COACTO_OP_AFFINE] = 2,
-            [COACTO_OP_GATHER] = 1,
+            [COACTO_OP_GATHER] = 2, [COACTO_OP_LAYERNORM] = 2, [COACTO_OP_WHERE] = 3,
+            [COACTO_OP_EMBED] = 1,
         };
         for (int a = used[l->op]; a < 4; a++)
             OPS_REQUIRE(l->array_bytes[a] == 0, "array %d must be absent for op %d", a, l->op);
@@ -120,6 +123,11 @@ coacto_status op_prepare(layer *l, char *err, size_t err_size) {
     case COACTO_OP_GATHER: return gather_prepare(l, err, err_size);
     case COACTO_OP_LRN: return lrn_prepare(l, err, err_size);
     case COACTO_OP_SOFTMAX: return softmax_prepare(l, err, err_size);
+    case COACTO_OP_MATMUL: return matmul_prepare(l, err, err_size);
+    case COACTO_OP_LAYERNORM: return layernorm_prepare(l, err, err_size);
+    case COACTO_OP_ROW_REDUCE: return row_reduce_prepare(l, err, err_size);
+    case COACTO_OP_WHERE: return where_prepare(l, err, err_size);
+    case COACTO_OP_EMBED: return embed_prepare(l, err, err_size);
     default: return COACTO_OK; /* INPUT, NOP */
     }
 }
@@ -142,6 +150,11 @@ void op_execute(const layer *l, const float *const *in, float *out, int32_t col0
     case COACTO_OP_GATHER: gather_execute(l, in, out, col0, col1, row0, row1); break;
     case COACTO_OP_LRN: lrn_execute(l, in, out, col0, col1, row0, row1); break;
     case COACTO_OP_SOFTMAX: softmax_execute(l, in, out, col0, col1, row0, row1, scratch); break;
+    case COACTO_OP_MATMUL: matmul_execute(l, in, out, col0, col1, row0, row1, scratch); break;
+    case COACTO_OP_LAYERNORM: layernorm_execute(l, in, out, col0, col1, row0, row1); break;
+    case COACTO_OP_ROW_REDUCE: row_reduce_execute(l, in, out, col0, col1, row0, row1); break;
+    case COACTO_OP_WHERE: where_execute(l, in, out, col0, col1, row0, row1); break;
+    case COACTO_OP_EMBED: embed_execute(l, in, out, col0, col1, row0, row1); break;
     default: break; /* INPUT is never executed; NOP does nothing */
     }
 }
@@ -176,6 +189,118 @@ OPS_CLONES void ops_exp(float *restrict x, size_t n) {
         x[i] = v > 88.0f ? 88.0f : v;
     }
     for (size_t i = 0; i < n; i++) x[i] = exp_clamped(x[i]);
+}
+
+/* Eight partial sums, combined pairwise: the loop vectorizes without reassociation flags and the
+ * rounding error grows with n / 8 only. */
+OPS_CLONES float ops_sum(const float *restrict x, size_t n) {
+    ops_f32x8 acc = {0};
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) acc += OPS_F32X8(x + i);
+    float tail = 0.0f;
+    for (; i < n; i++) tail += x[i];
+    return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail;
+}
+
+/* Eight running maxima (selects through integer masks: C has no vector ?:); NaN is the result when
+ * any element is NaN. */
+OPS_CLONES float ops_max(const float *restrict x, size_t n) {
+    typedef int32_t i32x8 __attribute__((vector_size(32)));
+    float m = x[0];
+    size_t i = 0;
+    int any_nan = 0;
+    if (n >= 8) {
+        ops_f32x8 acc = OPS_F32X8(x);
+        i32x8 nan = acc != acc;
+        for (i = 8; i + 8 <= n; i += 8) {
+            ops_f32x8 v = OPS_F32X8(x + i);
+            i32x8 gt = v > acc;
+            acc = (ops_f32x8)(((i32x8)v & gt) | ((i32x8)acc & ~gt));
+            nan |= v != v;
+        }
+        m = acc[0];
+        for (int l = 0; l < 8; l++) {
+            m = acc[l] > m ? acc[l] : m;
+            any_nan |= nan[l];
+        }
+    }
+    for (; i < n; i++) {
+        m = x[i] > m ? x[i] : m;
+        any_nan |= x[i] != x[i];
+    }
+    return any_nan ? NAN : m;
+}
+
+/* erf(u) in place for u already clamped to [-4, 4], absolute error below 5e-7: an odd over an even
+ * polynomial (the rational form of Eigen's and XLA's fast erf). The clamp lives in the callers'
+ * separate loops: inside, the compiler branches and stops vectorizing (as for ops_exp). */
+static inline void erf_clamped(float *restrict u, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        float x = u[i], x2 = x * x;
+        float p = -2.72614225801306e-10f;
+        p = p * x2 + 2.77068142495902e-08f;
+        p = p * x2 + -2.10102402082508e-06f;
+        p = p * x2 + -5.69250639462346e-05f;
+        p = p * x2 + -7.34990630326855e-04f;
+        p = p * x2 + -2.95459980854025e-03f;
+        p = p * x2 + -1.60960333262415e-02f;
+        float q = -1.45660718464996e-05f;
+        q = q * x2 + -2.13374055278905e-04f;
+        q = q * x2 + -1.68282697438203e-03f;
+        q = q * x2 + -7.37332916720468e-03f;
+        q = q * x2 + -1.42647390514189e-02f;
+        u[i] = x * p / q;
+    }
+}
+
+/* erf(x) or GELU(x) = x * (1 + erf(x / sqrt 2)) / 2 in place, in blocks that stay in L1. */
+OPS_CLONES static void ops_act_erf_family(float *restrict x, size_t n, int gelu) {
+    float u[256];
+    for (size_t i0 = 0; i0 < n; i0 += 256) {
+        size_t m = n - i0 < 256 ? n - i0 : 256;
+        float *restrict v = x + i0;
+        float k = gelu ? 0.70710678118654752f : 1.0f;
+        for (size_t i = 0; i < m; i++) {
+            float t = v[i] * k;
+            t = t < -4.0f ? -4.0f : t;
+            u[i] = t > 4.0f ? 4.0f : t;
+        }
+        erf_clamped(u, m);
+        if (gelu)
+            for (size_t i = 0; i < m; i++) v[i] = 0.5f * v[i] * (1.0f + u[i]);
+        else
+            for (size_t i = 0; i < m; i++) v[i] = u[i];
+    }
+}
+
+/* In blocks that stay in L1: u = 2 sqrt(2/pi) (x + 0.044715 x^3), e^u, then the product. */
+OPS_CLONES static void ops_act_gelu_tanh(float *restrict x, size_t n) {
+    float u[256];
+    for (size_t i0 = 0; i0 < n; i0 += 256) {
+        size_t m = n - i0 < 256 ? n - i0 : 256;
+        float *restrict v = x + i0;
+        for (size_t i = 0; i < m; i++)
+            u[i] = 1.5957691216057308f * (v[i] + 0.044715f * v[i] * v[i] * v[i]);
+        ops_exp(u, m);
+        for (size_t i = 0; i < m; i++) v[i] = v[i] - v[i] / (1.0f + u[i]);
+    }
+}
+
+/* e^x with ONNX's saturation: ops_exp clamps its argument, so the lanes beyond float range are
+ * set afterwards (inf above, 0 below, NaN kept). */
+OPS_CLONES static void ops_act_exp(float *restrict x, size_t n) {
+    float keep[256];
+    for (size_t i0 = 0; i0 < n; i0 += 256) {
+        size_t m = n - i0 < 256 ? n - i0 : 256;
+        float *restrict v = x + i0;
+        for (size_t i = 0; i < m; i++) keep[i] = v[i];
+        ops_exp(v, m);
+        for (size_t i = 0; i < m; i++) {
+            float e = keep[i] > 88.72283f ? INFINITY : v[i];
+            e = keep[i] < -103.97f ? 0.0f : e;
+            v[i] = keep[i] != keep[i] ? keep[i] : e;
+        }
+    }
 }
 
 /* One loop per activation, each written so that it vectorizes (min / max selects only; several
@@ -222,6 +347,28 @@ OPS_CLONES void ops_act_apply(float *restrict x, size_t n, int32_t act, float al
         for (size_t i = 0; i < n; i++) x[i] *= 2.0f;
         ops_exp(x, n);
         for (size_t i = 0; i < n; i++) x[i] = 1.0f - 2.0f / (1.0f + x[i]);
+        break;
+    case COACTO_ACT_SQRT:
+        for (size_t i = 0; i < n; i++) x[i] = sqrtf(x[i]);
+        break;
+    case COACTO_ACT_ERF:
+        ops_act_erf_family(x, n, 0);
+        break;
+    case COACTO_ACT_GELU: /* x * (1 + erf(x / sqrt 2)) / 2 */
+        ops_act_erf_family(x, n, 1);
+        break;
+    case COACTO_ACT_GELU_TANH: /* x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 x^3))) / 2, with
+                                  1 + tanh(u) = 2 - 2 / (1 + e^2u) */
+        ops_act_gelu_tanh(x, n);
+        break;
+    case COACTO_ACT_RECIPROCAL:
+        for (size_t i = 0; i < n; i++) x[i] = 1.0f / x[i];
+        break;
+    case COACTO_ACT_EXP:
+        ops_act_exp(x, n);
+        break;
+    case COACTO_ACT_ISNAN:
+        for (size_t i = 0; i < n; i++) x[i] = x[i] != x[i] ? 1.0f : 0.0f;
         break;
     default: break; /* NONE */
     }

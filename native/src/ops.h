@@ -8,17 +8,45 @@
  *   POOL        iparams: 0 kh, 1 kw, 2 sh, 3 sw, 4 pt, 5 pl, 6 pb, 7 pr, 8 dh, 9 dw, 10 kind
  *                        (0 max, 1 avg), 11 count_include_pad
  *   GLOBAL_POOL iparams: 0 kind (0 max, 1 avg)
- *   BINARY      inputs [a] or [a, b]; iparams: 0 kind (0 add, 1 sub, 2 mul, 3 div), 1 act,
+ *   BINARY      inputs [a] or [a, b]; iparams: 0 kind (0 add, 1 sub, 2 mul, 3 div, 4 equal,
+ *               5 less, 6 greater, 7 pow, 8 max, 9 min; comparisons give 1.0 or 0.0), 1 act,
  *               2 const_first, 4..7 constant dims (kn, kc, kh, kw: each 1 or the output's)
  *               fparams: 0 alpha, 1 beta; arrays: 0 constant float, NCHW order (one input only)
  *               Activation inputs broadcast: each input dim is 1 or the output's.
  *   AFFINE      iparams: 0 act; fparams: 0 alpha, 1 beta; arrays: 0 scale float[c], 1 shift float[c]
  *   CONCAT      inputs [x1..xk] (k <= 8), channel concatenation
  *   GATHER      inputs [x1..xk]; fparams: 0 fill; arrays: 0 index int32[n*h*w*c] (output storage
- *               order) into the concatenated input storages, -1 for fill
+ *               order) into the concatenated input storages followed by array 1, -1 for fill;
+ *               1 constant values float[] (optional)
  *   LRN         iparams: 0 size; fparams: 0 alpha, 1 beta, 2 bias
  *   SOFTMAX     iparams: 0 log (1 for LogSoftmax); over channels, never split by rows
  *   NOP         does nothing (tests, overhead benchmarks)
+ *   MATMUL      inputs [a, b] or [a, b, mask]: batched y[b0,b1,i,j] = scale * sum_k A[b0,b1,i,k] *
+ *               B[b0,b1,k,j] (+ mask[b0,b1,i,j]), operands read through strides from their
+ *               producers' storage (stride 0 broadcasts):
+ *                 A[b0,b1,i,k] = a[a_off + b0*a_s0 + b1*a_s1 + i*a_si + k]
+ *                 B[b0,b1,k,j] = b[b_off + b0*b_s0 + b1*b_s1 + k*b_sk + j*b_sj], b_sk or b_sj 1
+ *                 mask[...]    = mask[m_off + b0*m_s0 + b1*m_s1 + i*m_si + j*m_sj], m_sj 0 or 1
+ *               iparams: 0 B0, 1 B1, 2 M, 3 N, 4 K, 5 a_off, 6 a_s0, 7 a_s1, 8 a_si, 9 b_off,
+ *                        10 b_s0, 11 b_s1, 12 b_sk, 13 b_sj, 14 out_mode, 15 causal, 16 offset,
+ *                        17 has_mask, 18 m_off, 19 m_s0, 20 m_s1, 21 m_si, 22 m_sj
+ *               out_mode 0: column (b0*B1 + b1)*M + i, row j (c = N);
+ *                        1: column b0*M + i, row b1*N + j (heads side by side, c = B1*N).
+ *               causal 1: outputs with j > i + offset are fill (then + mask), not computed;
+ *                      2: the sum runs over k <= i + offset only (A is zero beyond).
+ *               fparams: 0 scale, 1 fill
+ *   LAYERNORM   y = (x - mean) / sqrt(var + eps) * scale[r] + shift[r], mean and (biased) variance
+ *               over the rows of each column; fparams: 0 eps; arrays: 0 scale float[c], 1 shift
+ *   ROW_REDUCE  output c = 1: the max / mean / sum / min of each input column's rows;
+ *               iparams: 0 kind (0 max, 1 mean, 2 sum, 3 min)
+ *   WHERE       y = cond != 0 ? x : y with broadcasting; iparams: 0 which operands are inputs
+ *               (bit 0 cond, 1 x, 2 y; inputs in that order), 4..7 / 8..11 / 12..15 dims (n, c,
+ *               h, w) of the constant cond / x / y; arrays: 0 cond, 1 x, 2 y constants (NCHW
+ *               order), absent for operands that are inputs
+ *   EMBED       inputs [ids]: output column i is row ids[i] of the table (ids read as floats,
+ *               negative ones count from the end; ids that are not integers in [-V, V) give
+ *               zeros); the input holds exactly one value per output column; iparams: 0 V;
+ *               arrays: 0 table float[V][c]
  *   INPUT       never executed
  * Arrays an op does not list must be absent (0 bytes); listed ones must have exactly their size.
  */
@@ -39,7 +67,7 @@ typedef struct layer {
     int32_t n, c, h, w; /* output dims */
     int32_t in_n[COACTO_MAX_INPUTS], in_c[COACTO_MAX_INPUTS], in_h[COACTO_MAX_INPUTS],
         in_w[COACTO_MAX_INPUTS];
-    int32_t iparams[16];
+    int32_t iparams[32];
     float fparams[8];
     const void *arrays[4];    /* into the graph's own copy of the blob (64-byte aligned) */
     int64_t array_bytes[4];

@@ -97,7 +97,7 @@ static inline void ops_window_taps(int64_t i0, int64_t k, int64_t d, int64_t n, 
 /* Activations. NONE, RELU and CLIP are clamps (fused into GEMM epilogues and direct loops); the
  * others are applied to the finished values. */
 static inline int ops_act_valid(int32_t act) {
-    return act >= COACTO_ACT_NONE && act <= COACTO_ACT_TANH;
+    return act >= COACTO_ACT_NONE && act <= COACTO_ACT_ISNAN;
 }
 
 static inline int ops_act_is_clamp(int32_t act) {
@@ -120,6 +120,9 @@ static inline void ops_act_bounds(int32_t act, float alpha, float beta, float *l
 void ops_act_apply(float *x, size_t n, int32_t act, float alpha, float beta);
 /* x[i] = e^x[i] in place, relative error below 1e-7 (arguments clamped to [-87, 88]); vectorizes. */
 void ops_exp(float *x, size_t n);
+/* Sum of x[0:n] (n >= 0) in eight lanes; maximum of x[0:n] (n >= 1), NaN if any is NaN. */
+float ops_sum(const float *x, size_t n);
+float ops_max(const float *x, size_t n);
 
 /* Per family: prepare validates (the common checks of op_prepare already passed) and fills the
  * prepared fields; execute computes one tile (arguments as op_execute). */
@@ -150,5 +153,21 @@ void lrn_execute(const layer *l, const float *const *in, float *out, int32_t col
 coacto_status softmax_prepare(layer *l, char *err, size_t err_size);
 void softmax_execute(const layer *l, const float *const *in, float *out, int32_t col0,
                      int32_t col1, int32_t row0, int32_t row1, float *scratch);
+coacto_status where_prepare(layer *l, char *err, size_t err_size);
+void where_execute(const layer *l, const float *const *in, float *out, int32_t col0, int32_t col1,
+                   int32_t row0, int32_t row1);
+/* ops_seq.c: the operators of sequence models. */
+coacto_status matmul_prepare(layer *l, char *err, size_t err_size);
+void matmul_execute(const layer *l, const float *const *in, float *out, int32_t col0, int32_t col1,
+                    int32_t row0, int32_t row1, float *scratch);
+coacto_status layernorm_prepare(layer *l, char *err, size_t err_size);
+void layernorm_execute(const layer *l, const float *const *in, float *out, int32_t col0,
+                       int32_t col1, int32_t row0, int32_t row1);
+coacto_status row_reduce_prepare(layer *l, char *err, size_t err_size);
+void row_reduce_execute(const layer *l, const float *const *in, float *out, int32_t col0,
+                        int32_t col1, int32_t row0, int32_t row1);
+coacto_status embed_prepare(layer *l, char *err, size_t err_size);
+void embed_execute(const layer *l, const float *const *in, float *out, int32_t col0, int32_t col1,
+                   int32_t row0, int32_t row1);
 
 #endif

@@ -1,11 +1,14 @@
-/* Per-column tiles: elementwise binary ops with broadcasting, per-channel affine, channel concat,
- * index gathers, local response normalisation, softmax. Each loops over the tile's columns and,
- * inside, over the tile's contiguous rows. */
+/* Per-column tiles: elementwise binary ops and selections with broadcasting, per-channel affine,
+ * channel concat, index gathers, local response normalisation, softmax. Each loops over the tile's
+ * columns and, inside, over the tile's contiguous rows. */
 #include <string.h>
 
 #include "ops_internal.h"
 
-enum { BIN_ADD = 0, BIN_SUB = 1, BIN_MUL = 2, BIN_DIV = 3 };
+enum {
+    BIN_ADD = 0, BIN_SUB = 1, BIN_MUL = 2, BIN_DIV = 3, BIN_EQUAL = 4, BIN_LESS = 5,
+    BIN_GREATER = 6, BIN_POW = 7, BIN_MAX = 8, BIN_MIN = 9
+};
 
 /* ---- BINARY ---------------------------------------------------------------------------------- */
 
@@ -13,7 +16,7 @@ static int broadcasts(int32_t d, int32_t out) { return d == 1 || d == out; }
 
 coacto_status binary_prepare(layer *l, char *err, size_t err_size) {
     const int32_t *p = l->iparams;
-    OPS_REQUIRE(p[0] >= BIN_ADD && p[0] <= BIN_DIV, "unknown binary kind %d", p[0]);
+    OPS_REQUIRE(p[0] >= BIN_ADD && p[0] <= BIN_MIN, "unknown binary kind %d", p[0]);
     OPS_REQUIRE(ops_act_valid(p[1]), "unknown activation %d", p[1]);
     for (int i = 0; i < l->n_inputs; i++)
         OPS_REQUIRE(broadcasts(l->in_n[i], l->n) && broadcasts(l->in_c[i], l->c) &&
@@ -60,6 +63,13 @@ static operand operand_of(const layer *l, const float *base, int64_t n, int64_t 
 #define BIN_SUB_OP(x, y) ((x) - (y))
 #define BIN_MUL_OP(x, y) ((x) * (y))
 #define BIN_DIV_OP(x, y) ((x) / (y))
+#define BIN_EQUAL_OP(x, y) ((x) == (y) ? 1.0f : 0.0f)
+#define BIN_LESS_OP(x, y) ((x) < (y) ? 1.0f : 0.0f)
+#define BIN_GREATER_OP(x, y) ((x) > (y) ? 1.0f : 0.0f)
+#define BIN_POW_OP(x, y) powf((x), (y))
+/* NaN in either operand gives NaN, as numpy's maximum / minimum. */
+#define BIN_MAX_OP(x, y) ((x) != (x) || (x) > (y) ? (x) : (y))
+#define BIN_MIN_OP(x, y) ((x) != (x) || (x) < (y) ? (x) : (y))
 /* One loop per operand shape (vector or broadcast scalar) so each vectorizes. */
 #define BIN_LOOPS(OP)                                                       \
     do {                                                                    \
@@ -83,7 +93,13 @@ static void binary_span(int32_t kind, const float *restrict a, int sa, const flo
     case BIN_ADD: BIN_LOOPS(BIN_ADD_OP); break;
     case BIN_SUB: BIN_LOOPS(BIN_SUB_OP); break;
     case BIN_MUL: BIN_LOOPS(BIN_MUL_OP); break;
-    default: BIN_LOOPS(BIN_DIV_OP); break;
+    case BIN_DIV: BIN_LOOPS(BIN_DIV_OP); break;
+    case BIN_EQUAL: BIN_LOOPS(BIN_EQUAL_OP); break;
+    case BIN_LESS: BIN_LOOPS(BIN_LESS_OP); break;
+    case BIN_GREATER: BIN_LOOPS(BIN_GREATER_OP); break;
+    case BIN_POW: BIN_LOOPS(BIN_POW_OP); break;
+    case BIN_MAX: BIN_LOOPS(BIN_MAX_OP); break;
+    default: BIN_LOOPS(BIN_MIN_OP); break;
     }
 }
 
@@ -139,6 +155,87 @@ void affine_execute(const layer *l, const float *const *in, float *out, int32_t 
     }
 }
 
+/* ---- WHERE ----------------------------------------------------------------------------------- */
+
+/* Operand o of a WHERE: input (bit o of iparams[0]) or constant (array o, dims iparams[4 + 4o]). */
+coacto_status where_prepare(layer *l, char *err, size_t err_size) {
+    int32_t which = l->iparams[0];
+    OPS_REQUIRE(which >= 1 && which <= 7, "WHERE operand mask %d must be 1..7 (one input at least)",
+                which);
+    int inputs = (which & 1) + ((which >> 1) & 1) + ((which >> 2) & 1);
+    OPS_REQUIRE(inputs == l->n_inputs, "WHERE operand mask %d names %d inputs, the layer has %d",
+                which, inputs, l->n_inputs);
+    for (int i = 0; i < l->n_inputs; i++)
+        OPS_REQUIRE(broadcasts(l->in_n[i], l->n) && broadcasts(l->in_c[i], l->c) &&
+                        broadcasts(l->in_h[i], l->h) && broadcasts(l->in_w[i], l->w),
+                    "input %d (%dx%dx%dx%d NCHW) does not broadcast to the output %dx%dx%dx%d", i,
+                    l->in_n[i], l->in_c[i], l->in_h[i], l->in_w[i], l->n, l->c, l->h, l->w);
+    int64_t offset[3] = {0, 0, 0}, total = 0;
+    for (int o = 0; o < 3; o++) {
+        const int32_t *d = &l->iparams[4 + 4 * o];
+        if (which >> o & 1) {
+            coacto_status st = ops_check_array(l, o, 0, "constant operand", err, err_size);
+            if (st != COACTO_OK) return st;
+            continue;
+        }
+        OPS_REQUIRE(d[0] >= 1 && d[1] >= 1 && d[2] >= 1 && d[3] >= 1 && broadcasts(d[0], l->n) &&
+                        broadcasts(d[1], l->c) && broadcasts(d[2], l->h) && broadcasts(d[3], l->w),
+                    "constant operand %d (%dx%dx%dx%d NCHW) does not broadcast to the output", o,
+                    d[0], d[1], d[2], d[3]);
+        int64_t count = (int64_t)d[0] * d[1] * d[2] * d[3];
+        coacto_status st = ops_check_array(l, o, count * 4, "constant operand", err, err_size);
+        if (st != COACTO_OK) return st;
+        offset[o] = total;
+        total += count;
+    }
+    if (total == 0) return COACTO_OK;
+    /* The constants re-laid NHWC, one after the other, so they read like inputs. */
+    l->packed = ops_alloc_floats((size_t)total);
+    if (!l->packed) return COACTO_ERR_OUT_OF_MEMORY;
+    for (int o = 0; o < 3; o++) {
+        if (which >> o & 1) continue;
+        const int32_t *d = &l->iparams[4 + 4 * o];
+        const float *k = l->arrays[o];
+        float *dst = l->packed + offset[o];
+        for (int64_t n = 0; n < d[0]; n++)
+            for (int64_t c = 0; c < d[1]; c++)
+                for (int64_t y = 0; y < d[2]; y++)
+                    for (int64_t x = 0; x < d[3]; x++)
+                        dst[((n * d[2] + y) * d[3] + x) * d[1] + c] =
+                            k[((n * d[1] + c) * d[2] + y) * d[3] + x];
+    }
+    return COACTO_OK;
+}
+
+void where_execute(const layer *l, const float *const *in, float *out, int32_t col0, int32_t col1,
+                   int32_t row0, int32_t row1) {
+    int32_t which = l->iparams[0];
+    operand ops[3];
+    const float *packed = l->packed;
+    for (int o = 0, next_input = 0; o < 3; o++) {
+        if (which >> o & 1) {
+            int i = next_input++;
+            ops[o] = operand_of(l, in[i], l->in_n[i], l->in_c[i], l->in_h[i], l->in_w[i]);
+        } else {
+            const int32_t *d = &l->iparams[4 + 4 * o];
+            ops[o] = operand_of(l, packed, d[0], d[1], d[2], d[3]);
+            packed += (int64_t)d[0] * d[1] * d[2] * d[3];
+        }
+    }
+    int64_t c = l->c;
+    ops_position q = ops_position_of(col0, l->h, l->w);
+    for (int64_t col = col0; col < col1; col++, ops_position_next(&q, l->h, l->w)) {
+        const float *p[3];
+        for (int o = 0; o < 3; o++)
+            p[o] = ops[o].base + q.n * ops[o].sn + q.y * ops[o].sy + q.x * ops[o].sx +
+                   row0 * ops[o].sc;
+        float *restrict dst = out + col * c + row0;
+        int64_t sc = ops[0].sc, sx = ops[1].sc, sy = ops[2].sc;
+        for (int64_t r = 0; r < row1 - row0; r++)
+            dst[r] = p[0][r * sc] != 0.0f ? p[1][r * sx] : p[2][r * sy];
+    }
+}
+
 /* ---- CONCAT ---------------------------------------------------------------------------------- */
 
 coacto_status concat_prepare(layer *l, char *err, size_t err_size) {
@@ -180,11 +277,20 @@ coacto_status gather_prepare(layer *l, char *err, size_t err_size) {
     int64_t count = (int64_t)l->n * l->c * l->h * l->w;
     coacto_status st = ops_check_array(l, 0, count * 4, "index", err, err_size);
     if (st != COACTO_OK) return st;
+    int64_t constants = l->array_bytes[1] / 4;
+    OPS_REQUIRE(l->array_bytes[1] % 4 == 0, "constant values have %lld bytes, not whole floats",
+                (long long)l->array_bytes[1]);
+    if (constants) {
+        st = ops_check_array(l, 1, constants * 4, "constant values", err, err_size);
+        if (st != COACTO_OK) return st;
+    }
+    OPS_REQUIRE(total + constants <= INT32_MAX, "inputs and constants hold %lld values, more "
+                "than an int32 index reaches", (long long)(total + constants));
     const int32_t *index = l->arrays[0];
     for (int64_t i = 0; i < count; i++)
-        OPS_REQUIRE(index[i] >= -1 && index[i] < total,
-                    "index[%lld] = %d is outside [-1, %lld) (the inputs' values)", (long long)i,
-                    index[i], (long long)total);
+        OPS_REQUIRE(index[i] >= -1 && index[i] < total + constants,
+                    "index[%lld] = %d is outside [-1, %lld) (the inputs' and constant values)",
+                    (long long)i, index[i], (long long)(total + constants));
     return COACTO_OK;
 }
 
@@ -197,10 +303,12 @@ void gather_execute(const layer *l, const float *const *in, float *out, int32_t 
     int64_t first[COACTO_MAX_INPUTS + 1] = {0};
     for (int i = 0; i < l->n_inputs; i++)
         first[i + 1] = first[i] + (int64_t)l->in_n[i] * l->in_c[i] * l->in_h[i] * l->in_w[i];
+    const float *constants = l->arrays[1];
+    int64_t total = first[l->n_inputs];
     for (int64_t col = col0; col < col1; col++) {
         const int32_t *ix = index + col * c;
         float *o = out + col * c;
-        if (l->n_inputs == 1) {
+        if (l->n_inputs == 1 && !constants) {
             const float *x = in[0];
             for (int64_t r = row0; r < row1; r++) o[r] = ix[r] < 0 ? fill : x[ix[r]];
             continue;
@@ -209,6 +317,10 @@ void gather_execute(const layer *l, const float *const *in, float *out, int32_t 
             int64_t v = ix[r];
             if (v < 0) {
                 o[r] = fill;
+                continue;
+            }
+            if (v >= total) {
+                o[r] = constants[v - total];
                 continue;
             }
             int i = 0;
@@ -264,17 +376,15 @@ void softmax_execute(const layer *l, const float *const *in, float *out, int32_t
     for (int64_t col = col0; col < col1; col++) {
         const float *restrict x = in[0] + col * c;
         float *restrict o = out + col * c;
-        float max = x[0];
-        for (int64_t j = 1; j < c; j++) max = x[j] > max ? x[j] : max;
+        float max = ops_max(x, (size_t)c);
         for (int64_t j = 0; j < c; j++) e[j] = x[j] - max;
         ops_exp(e, (size_t)c);
-        double sum = 0.0;
-        for (int64_t j = 0; j < c; j++) sum += e[j];
+        float sum = ops_sum(e, (size_t)c);
         if (l->iparams[0]) {
-            float shift = max + (float)log(sum);
+            float shift = max + logf(sum);
             for (int64_t r = row0; r < row1; r++) o[r] = x[r] - shift;
         } else {
-            float inv = (float)(1.0 / sum);
+            float inv = 1.0f / sum;
             for (int64_t r = row0; r < row1; r++) o[r] = e[r] * inv;
         }
     }
