@@ -42,3 +42,19 @@ def assert_close(got: dict, ref: dict, rel: float = 1e-4) -> None:
 @pytest.fixture(scope="session")
 def squeezenet():
     return zoo_model("squeezenet")
+
+
+def onnx_ops(model) -> set[str]:
+    """The op types of an ONNX model's nodes."""
+    return {n.op_type for n in model.graph.node}
+
+
+def onnx_attrs(node) -> dict:
+    """An ONNX node's attributes as Python values."""
+    import onnx
+    return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+
+
+def onnx_producers(model) -> dict:
+    """Tensor name -> the node that produces it."""
+    return {o: n for n in model.graph.node for o in n.output}

@@ -11,6 +11,8 @@ import pytest
 
 import coacto.zoo as zoo
 
+from conftest import onnx_attrs as _attrs, onnx_ops as _ops, onnx_producers as _producers
+
 #: image sizes that keep every layer of each architecture but run fast
 SIZES = {"resnet18": 64, "resnet50": 64, "vgg16": 32, "mobilenetv2": 64, "squeezenet": 64,
          "densenet_block": 56, "inception_block": 56, "shufflenet_unit": 56,
@@ -53,17 +55,6 @@ def _reference(name: str, family: str) -> np.ndarray:
     architecture must compute the same function."""
     return _run(_build(name, "preact" if family == "preact" else "default", 13))
 
-
-def _ops(model: onnx.ModelProto) -> set[str]:
-    return {n.op_type for n in model.graph.node}
-
-
-def _attrs(node: onnx.NodeProto) -> dict:
-    return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-
-
-def _producers(model: onnx.ModelProto) -> dict[str, onnx.NodeProto]:
-    return {o: n for n in model.graph.node for o in n.output}
 
 
 def _check_signatures(model: onnx.ModelProto, opset: int) -> None:

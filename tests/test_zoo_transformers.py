@@ -14,6 +14,8 @@ from onnx import numpy_helper
 
 import coacto.zoo as zoo
 
+from conftest import onnx_attrs as _attrs, onnx_ops as _ops, onnx_producers as _producers
+
 #: small instances: every kind of layer, same code path as the full models
 SMALL = {
     "bert": dict(layers=2, hidden=64, heads=4, seq_len=16, vocab=1000),
@@ -60,17 +62,6 @@ def _close(got: np.ndarray, ref: np.ndarray, rel: float = 1e-4) -> None:
     err = float(np.abs(got.astype(np.float64) - ref).max())
     assert err <= rel * scale, f"max |error| {err:.3g} > {rel} * max |ref| {scale:.3g}"
 
-
-def _ops(model: onnx.ModelProto) -> set[str]:
-    return {n.op_type for n in model.graph.node}
-
-
-def _attrs(node: onnx.NodeProto) -> dict:
-    return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-
-
-def _producers(model: onnx.ModelProto) -> dict[str, onnx.NodeProto]:
-    return {o: n for n in model.graph.node for o in n.output}
 
 
 def _const(model: onnx.ModelProto, name: str) -> np.ndarray:

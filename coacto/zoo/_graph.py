@@ -63,8 +63,8 @@ class _GraphCore:
         c = shape[1]
         return self._set(name, shape, np.zeros(c), np.ones(c))
 
-    def output(self, x: str, name: str = "output") -> str:
-        """Rename tensor ``x`` (produced by the last node) to the graph output ``name``."""
+    def _rename(self, x: str, name: str) -> None:
+        """Every use and definition of tensor ``x`` now says ``name``."""
         for node in self.nodes:
             for i, o in enumerate(node.output):
                 if o == x:
@@ -72,6 +72,10 @@ class _GraphCore:
             for i, o in enumerate(node.input):
                 if o == x:
                     node.input[i] = name
+
+    def output(self, x: str, name: str = "output") -> str:
+        """Rename tensor ``x`` (produced by the last node) to the graph output ``name``."""
+        self._rename(x, name)
         self._set(name, self.shape[x], *self.mom[x])
         self.outputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT,
                                                           list(self.shape[name])))

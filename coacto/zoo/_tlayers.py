@@ -98,13 +98,7 @@ class _SeqGraph(_GraphCore):
 
     def graph_output(self, x: str, name: str) -> str:
         """Rename tensor ``x`` to the (float) graph output ``name``."""
-        for node in self.nodes:
-            for i, o in enumerate(node.output):
-                if o == x:
-                    node.output[i] = name
-            for i, o in enumerate(node.input):
-                if o == x:
-                    node.input[i] = name
+        self._rename(x, name)
         self.shape[name] = self.shape[x]
         self.outputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT,
                                                           list(self.shape[name])))
