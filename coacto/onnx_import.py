@@ -18,6 +18,7 @@ additions into the convolution) run afterwards on the layer list (coacto.onnx_fu
 """
 from __future__ import annotations
 
+import collections
 import hashlib
 import logging
 import math
@@ -145,6 +146,7 @@ def import_model(model, input_shapes: dict[str, tuple[int, ...]] | None = None) 
     digest = hashlib.sha256()
     hasher = threading.Thread(target=digest.update, args=(data,), daemon=True)
     hasher.start()
+    del data  # the hasher holds the bytes until it is done, not until the import is
     try:
         graph = _Importer(proto, dict(input_shapes or {})).run()
     finally:
@@ -179,6 +181,10 @@ class _Importer:
                         *SUPPORTED_OPSETS)
         inputs = self._inputs()
         nodes, used = self._live_nodes()
+        # Initializer arrays are dropped after their last reader: the layers hold their own
+        # (re-laid, fused) copies, so the model's weights are not held twice more than needed.
+        self.init_uses = collections.Counter(n for node in nodes for n in node.input
+                                             if n in self.inits)
         for node in nodes:
             self._import_node(node, used)
         outputs = self._outputs()
@@ -364,6 +370,11 @@ class _Importer:
                 if isinstance(v, _View) and not v.name:
                     v.name = name
                 self.values[o] = v
+        for n in node.input:
+            if n in self.init_uses:
+                self.init_uses[n] -= 1
+                if self.init_uses[n] == 0 and n not in node.output:
+                    self.values.pop(n, None)  # _value reads it again should anything ask
 
     def _dispatch(self, node, op, ins):
         if op in _PASS_THROUGH:
