@@ -1,12 +1,26 @@
-"""coacto vs onnxruntime in one process: same inputs, same threads, interleaved runs, medians."""
+"""coacto vs onnxruntime: latency in one process (same inputs, same threads, interleaved runs,
+medians), peak resident memory in fresh processes (coacto.memory), one table for many models.
+
+A model that cannot be benchmarked (not in the zoo, an operator the importer does not know, a
+failure) becomes a row that says why; the other rows are still measured."""
 from __future__ import annotations
 
+import hashlib
+import logging
 import statistics
+import tempfile
 import time
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
-from .errors import CoactoError
+from .errors import CoactoError, UnsupportedOperatorError
+
+log = logging.getLogger(__name__)
+
+#: Values of ``memory`` in bench_models: what coacto's memory child loads (see coacto.memory).
+MEMORY_MODES = ("ctg", "onnx", "off")
 
 
 def max_error(got: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
@@ -18,7 +32,9 @@ def max_error(got: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
     return float(np.abs(got - ref).max(initial=0.0)), float(np.abs(ref).max(initial=0.0))
 
 
-def onnxruntime_session(onnx_bytes: bytes, threads: int):
+def onnxruntime_session(onnx_model, threads: int):
+    """An onnxruntime CPU session (model: bytes or a path) with `threads` intra-op threads, all
+    graph optimizations, sequential execution: the peer every comparison uses."""
     try:
         import onnxruntime as ort
     except ImportError:
@@ -30,7 +46,7 @@ def onnxruntime_session(onnx_bytes: bytes, threads: int):
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.log_severity_level = 3
-    return ort.InferenceSession(onnx_bytes, so, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(onnx_model, so, providers=["CPUExecutionProvider"])
 
 
 def onnxruntime_run(onnx_bytes: bytes, feeds, threads: int, repeat: int):
@@ -45,57 +61,311 @@ def onnxruntime_run(onnx_bytes: bytes, feeds, threads: int, repeat: int):
     return dict(zip(names, outs)), statistics.median(times) if times else float("nan")
 
 
-def compare(tg, onnx_bytes: bytes | None, threads: int, repeat: int, name: str = "") -> dict:
-    """Median latency of coacto and onnxruntime, runs interleaved in blocks so both see the same
-    machine noise."""
-    from .runtime import Runtime
+def random_feeds(tg, seed: int = 0) -> dict[str, np.ndarray]:
+    """Inputs for a tile graph: noise for float inputs, valid ids for token inputs."""
+    return tg.example_feeds(seed)
 
-    feeds = tg.example_feeds(0)
-    row = {"model": name, "threads": threads, "tiles": tg.n_tiles}
-    with Runtime(tg, threads=threads) as rt:
-        outs = rt.run(feeds)  # warm-up
-        sess = None
+
+#: A block: warm-up runs (at least WARM_RUNS, and for at least WARM_S seconds: a small model
+#: needs more runs than a large one before its threads and cores are up to speed after a pause),
+#: then COUNTED_RUNS timed runs; PAUSE_S between blocks.
+WARM_RUNS, WARM_S, COUNTED_RUNS, PAUSE_S = 2, 0.04, 4, 0.1
+
+
+class Contest:
+    """coacto and onnxruntime on one tile graph at one thread count: both prepared once, then
+    measured block by block (run_block), so that several contests can take turns and a
+    disturbance of the machine spreads over all of them instead of ruining one."""
+
+    def __init__(self, tg, onnx_bytes: bytes | None, threads: int, name: str = "",
+                 feeds: dict | None = None):
+        from .runtime import Runtime
+
+        self.feeds = random_feeds(tg) if feeds is None else feeds
+        self.row = {"model": name, "threads": threads, "tiles": tg.n_tiles}
+        self.rt = Runtime(tg, threads=threads)
+        outs = self.rt.run(self.feeds)  # warm-up: packs the weights
+        self.sess = None
         if onnx_bytes is not None:
-            sess = onnxruntime_session(onnx_bytes, threads)
-            onames = [o.name for o in sess.get_outputs()]
-            ref = dict(zip(onames, sess.run(onames, feeds)))
+            self.sess = onnxruntime_session(onnx_bytes, threads)
+            self.onames = [o.name for o in self.sess.get_outputs()]
+            ref = dict(zip(self.onames, self.sess.run(self.onames, self.feeds)))
             errs = [max_error(outs[k], ref[k]) for k in outs]
-            row["max_rel_error"] = max(e / s if s else e for e, s in errs)
-            row["match"] = all(e <= 1e-4 * s for e, s in errs)
-        tc, to = [], []
-        # Alternate blocks of runs, pause between blocks and drop the first run of each block:
-        # both runtimes' idle threads spin for a while after a run (onnxruntime's for longer)
-        # and would otherwise slow the other one down.
-        block, pause_s = 5, 0.3
-        for _ in range(max(1, (repeat + block - 2) // (block - 1))):
-            for i in range(block):
-                t0 = time.perf_counter()
-                rt.run(feeds)
-                if i:
-                    tc.append(time.perf_counter() - t0)
-            time.sleep(pause_s)
-            if sess is not None:
-                for i in range(block):
-                    t0 = time.perf_counter()
-                    sess.run(onames, feeds)
-                    if i:
-                        to.append(time.perf_counter() - t0)
-                time.sleep(pause_s)
-        row["coacto_ms"] = statistics.median(tc) * 1e3
-        row["peak_activation_mb"] = rt.last_stats.get("peak_activation_bytes", 0) / 1e6
-    if to:
-        row["onnxruntime_ms"] = statistics.median(to) * 1e3
-        row["ratio"] = row["coacto_ms"] / row["onnxruntime_ms"]
-    return row
+            self.row["max_rel_error"] = max(e / s if s else e for e, s in errs)
+            self.row["match"] = all(e <= 1e-4 * s for e, s in errs)
+        self.tc: list[float] = []
+        self.to: list[float] = []
+
+    def run_block(self) -> None:
+        """One block of coacto runs, a pause, one block of onnxruntime runs, a pause. Pauses let
+        each runtime's idle threads stop spinning (onnxruntime's spin longer) before the other
+        runs; the warm-up runs of a block are not counted, as after a pause either runtime is
+        slower while its threads and idle cores wake up: what is compared is both steady states."""
+        _timed_block(lambda: self.rt.run(self.feeds), self.tc)
+        if self.sess is not None:
+            _timed_block(lambda: self.sess.run(self.onames, self.feeds), self.to)
+
+    def result(self) -> dict:
+        row = dict(self.row)
+        row["coacto_ms"] = statistics.median(self.tc) * 1e3
+        row["runs"] = len(self.tc)
+        row["peak_activation_mb"] = self.rt.last_stats.get("peak_activation_bytes", 0) / 1e6
+        if self.to:
+            row["onnxruntime_ms"] = statistics.median(self.to) * 1e3
+            row["ratio"] = row["coacto_ms"] / row["onnxruntime_ms"]
+        return row
+
+    def close(self) -> None:
+        self.rt.close()
+        self.sess = None
+
+
+def _timed_block(fn, out: list[float]) -> None:
+    start, runs = time.perf_counter(), 0
+    while runs < WARM_RUNS or time.perf_counter() - start < WARM_S:
+        fn()
+        runs += 1
+    for _ in range(COUNTED_RUNS):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    time.sleep(PAUSE_S)
+
+
+def blocks_for(repeat: int) -> int:
+    """Blocks that give at least `repeat` counted runs."""
+    return max(1, -(-repeat // COUNTED_RUNS))
+
+
+def compare(tg, onnx_bytes: bytes | None, threads: int, repeat: int, name: str = "",
+            feeds: dict | None = None) -> dict:
+    """Median latency of coacto and onnxruntime, runs interleaved in blocks so both see the same
+    machine noise; outputs checked against onnxruntime (max |error| <= 1e-4 max |reference|)."""
+    contest = Contest(tg, onnx_bytes, threads, name, feeds)
+    try:
+        for _ in range(blocks_for(repeat)):
+            contest.run_block()
+        return contest.result()
+    finally:
+        contest.close()
+
+
+# ------------------------------------------------------------------------------ many models
+
+@dataclass
+class BenchModel:
+    """One model of a benchmark: how to get its ONNX bytes and inputs, or why it cannot run."""
+
+    name: str
+    onnx_bytes: bytes | None = None
+    feeds: dict | None = None
+    status: str | None = None  # None: runnable; else the reason shown in the table
+    graphs: dict = field(default_factory=dict)  # threads -> TileGraph
+
+    def graphs_by_threads(self, threads: int):
+        return self.graphs[threads]
+
+
+def load_bench_model(spec: str, image_size: int | None = None) -> BenchModel:
+    """An .onnx file or a zoo name -> BenchModel (status set when it does not exist)."""
+    from . import zoo
+
+    path = Path(spec)
+    if path.suffix == ".onnx" or path.exists():
+        try:
+            return BenchModel(spec, onnx_bytes=path.read_bytes())
+        except OSError as e:
+            return BenchModel(spec, status=f"cannot read the file ({e.strerror})")
+    if spec not in zoo.MODELS:
+        return BenchModel(spec, status="not in the zoo")
+    # image models take the size; sequence models keep their default length
+    kw = {"image_size": image_size} if image_size and spec in zoo.DEFAULT_IMAGE_SIZE else {}
+    try:
+        model = zoo.build(spec, **kw)
+    except (KeyError, ValueError) as e:
+        return BenchModel(spec, status=f"cannot build it: {e}")
+    return BenchModel(spec, onnx_bytes=model.SerializeToString(), feeds=zoo.input_feeds(model))
+
+
+def _short(e: Exception) -> str:
+    """One line for a table cell: the first line of the message, or for unsupported operators
+    the nodes' own reasons (the first line only counts them)."""
+    lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
+    if isinstance(e, UnsupportedOperatorError):
+        reasons = [ln for ln in lines[1:] if not ln.startswith("Replace these")]
+        if reasons:
+            more = f" (+{len(reasons) - 2} more)" if len(reasons) > 2 else ""
+            return "; ".join(reasons[:2]) + more
+    return lines[0] if lines else type(e).__name__
+
+
+def compile_bench_model(bm: BenchModel, threads: int, tiles: int | None, use_tuned: bool):
+    """The TileGraph of `bm` for `threads` (a tuned profile's tile counts when one exists for
+    this machine and thread count and use_tuned), compiled once per distinct parameter set."""
+    import coacto
+
+    from . import tune
+
+    layer_tiles = None
+    if use_tuned and tiles is None:
+        layer_tiles = tune.tuned_layer_tiles(hashlib.sha256(bm.onnx_bytes).hexdigest(), threads)
+    key = tuple(sorted((layer_tiles or {}).items()))
+    for tg in bm.graphs.values():
+        if tuple(sorted((int(k), v) for k, v in tg.params.get("layer_tiles", {}).items())) == key:
+            break
+    else:
+        tg = coacto.compile(bm.onnx_bytes, tiles_per_layer=tiles, layer_tiles=layer_tiles)
+    bm.graphs[threads] = tg
+    return tg
+
+
+def bench_models(specs: list[str], threads_list: list[int], repeat: int, *,
+                 tiles: int | None = None, image_size: int | None = None, use_tuned: bool = True,
+                 memory: str = "ctg", memory_runs: int = 5, progress=None) -> list[dict]:
+    """One row per (model, thread count): latencies, ratio, 2-thread speedup, peak memory.
+    Rows of models that cannot run carry a `status` instead of numbers.
+
+    Every runnable (model, thread count) is prepared first; then all of them are measured in
+    rounds, one block each per round, so that a disturbance of a shared machine lasting a few
+    seconds touches every row a little instead of one row entirely."""
+    if memory not in MEMORY_MODES:
+        raise CoactoError(f"memory must be one of {MEMORY_MODES}, got {memory!r}")
+    say = progress or (lambda msg: None)
+    rows: dict[tuple[str, int], dict] = {}
+    contests: dict[tuple[str, int], Contest] = {}
+    models: dict[str, BenchModel] = {}
+    try:
+        for spec in specs:
+            say(f"{spec}: loading ...")
+            bm = models[spec] = load_bench_model(spec, image_size)
+            for threads in threads_list:
+                if bm.status is None:
+                    try:
+                        tg = compile_bench_model(bm, threads, tiles, use_tuned)
+                        contests[spec, threads] = Contest(tg, bm.onnx_bytes, threads, spec,
+                                                          bm.feeds or random_feeds(tg))
+                    except UnsupportedOperatorError as e:
+                        bm.status = f"unsupported: {_short(e)}"
+                    except CoactoError as e:
+                        bm.status = f"failed: {_short(e)}"
+                rows[spec, threads] = {"model": spec, "threads": threads}
+            if bm.status is not None:  # a later thread count failed: drop the earlier ones too
+                for threads in threads_list:
+                    c = contests.pop((spec, threads), None)
+                    if c is not None:
+                        c.close()
+        n_blocks = blocks_for(repeat)
+        for b in range(n_blocks):
+            if contests:
+                say(f"latency: round {b + 1}/{n_blocks} over {len(contests)} model and thread "
+                    f"count pairs ...")
+            for c in contests.values():
+                c.run_block()
+        for key, c in contests.items():
+            tg = c.rt.graph
+            rows[key].update(c.result())
+            rows[key]["tuned"] = "layer_tiles" in tg.params
+    finally:
+        for c in contests.values():
+            c.close()
+    for (spec, threads), row in rows.items():
+        bm = models[spec]
+        if bm.status is not None:
+            row["status"] = bm.status
+        elif memory != "off":
+            say(f"{spec}: {threads} thread(s), peak memory in fresh processes ...")
+            try:
+                row.update(_memory_row(bm, bm.graphs_by_threads(threads), threads, memory,
+                                       memory_runs))
+            except CoactoError as e:
+                row["memory_error"] = _short(e)
+    out = list(rows.values())
+    for spec in specs:
+        _add_speedups([r for r in out if r["model"] == spec])
+    return out
+
+
+def _memory_row(bm: BenchModel, tg, threads: int, mode: str, runs: int) -> dict:
+    from .memory import peak_memory
+
+    with tempfile.TemporaryDirectory(prefix="coacto-bench-") as tmp:
+        onnx_path = Path(tmp) / "model.onnx"
+        onnx_path.write_bytes(bm.onnx_bytes)
+        inputs = Path(tmp) / "inputs.npz"
+        np.savez(inputs, **(bm.feeds or random_feeds(tg)))
+        if mode == "ctg":
+            coacto_model = tg.save(Path(tmp) / "model.ctg")
+        else:
+            coacto_model = onnx_path
+        c = peak_memory("coacto", coacto_model, inputs, threads, runs)
+        o = peak_memory("onnxruntime", onnx_path, inputs, threads, runs)
+    out = {"coacto_mb": c["model_peak_bytes"] / 1e6, "onnxruntime_mb": o["model_peak_bytes"] / 1e6,
+           "memory_mode": mode}
+    if out["onnxruntime_mb"] > 0:
+        out["memory_ratio"] = out["coacto_mb"] / out["onnxruntime_mb"]
+    return out
+
+
+def _add_speedups(rows: list[dict]) -> None:
+    """coacto's (and onnxruntime's) speedup of each thread count over one thread, when the
+    one-thread row was measured in the same run."""
+    one = next((r for r in rows if r.get("threads") == 1 and "coacto_ms" in r), None)
+    if one is None:
+        return
+    for r in rows:
+        if "coacto_ms" in r:
+            r["speedup"] = one["coacto_ms"] / r["coacto_ms"]
+            if "onnxruntime_ms" in r and "onnxruntime_ms" in one:
+                r["onnxruntime_speedup"] = one["onnxruntime_ms"] / r["onnxruntime_ms"]
+
+
+# ------------------------------------------------------------------------------ table
+
+_COLUMNS = [  # header, width, row key, format
+    ("model", 14, "model", "s"), ("thr", 4, "threads", "d"), ("tiles", 7, "tiles", "d"),
+    ("coacto ms", 10, "coacto_ms", ".2f"), ("ort ms", 9, "onnxruntime_ms", ".2f"),
+    ("ratio", 6, "ratio", ".2f"), ("speedup", 8, "speedup", ".2f"),
+    ("ort speedup", 12, "onnxruntime_speedup", ".2f"), ("coacto MB", 10, "coacto_mb", ".1f"),
+    ("ort MB", 8, "onnxruntime_mb", ".1f"), ("mem ratio", 10, "memory_ratio", ".2f"),
+]
+
+
+def _cell(row: dict, key: str, fmt: str, width: int, left: bool) -> str:
+    v = row.get(key)
+    text = "-" if v is None else format(v, fmt)
+    if key == "tiles" and row.get("tuned"):
+        text += "*"
+    return f"{text:<{width}}" if left else f"{text:>{width}}"
 
 
 def format_table(rows: list[dict]) -> str:
-    head = f"{'model':<16}{'threads':>8}{'tiles':>8}{'coacto ms':>12}{'ort ms':>10}{'ratio':>8}  match"
+    """The rows of bench_models / compare as a text table with a legend."""
+    name_width = max([14] + [len(str(r.get("model", ""))) + 2 for r in rows])
+    columns = [(h, name_width if i == 0 else w, k, f) for i, (h, w, k, f) in enumerate(_COLUMNS)]
+    head = "".join(f"{h:<{w}}" if i == 0 else f"{h:>{w}}" for i, (h, w, _, _) in enumerate(columns))
+    head += "  check"
     lines = [head, "-" * len(head)]
     for r in rows:
-        lines.append(
-            f"{r['model']:<16}{r['threads']:>8}{r['tiles']:>8}{r['coacto_ms']:>12.2f}"
-            f"{r.get('onnxruntime_ms', float('nan')):>10.2f}{r.get('ratio', float('nan')):>8.2f}  "
-            f"{'-' if 'match' not in r else ('yes' if r['match'] else 'NO')}")
-    lines.append("ratio = coacto / onnxruntime latency (below 1: coacto is faster)")
+        line = "".join(_cell(r, k, f, w, i == 0) for i, (_, w, k, f) in enumerate(columns))
+        if r.get("status"):
+            check = r["status"]
+        elif "match" not in r:
+            check = "-"
+        else:
+            check = "matches" if r["match"] else f"MISMATCH ({r['max_rel_error']:.2g})"
+        if r.get("memory_error"):
+            check += f"; memory not measured: {r['memory_error']}"
+        lines.append(f"{line}  {check}")
+    lines.append("ratio = coacto / onnxruntime latency (median; below 1: coacto is faster); "
+                 "speedup = latency at 1 thread / latency at this thread count")
+    if any("coacto_mb" in r for r in rows):
+        mode = next(r["memory_mode"] for r in rows if "memory_mode" in r)
+        how = ("coacto runs the compiled .ctg" if mode == "ctg"
+               else "coacto compiles the .onnx in the measured process")
+        lines.append(f"MB = peak resident memory of a fresh process loading the model and running "
+                     f"it, minus its resident size after importing the libraries ({how}; "
+                     f"onnxruntime loads the .onnx)")
+    if any(r.get("tuned") for r in rows):
+        lines.append("* tile counts from a profile `coacto tune` wrote for this machine and "
+                     "thread count (--no-tuned ignores it)")
     return "\n".join(lines)

@@ -1,13 +1,15 @@
-"""The `coacto` command: compile, run, bench, demo.
+"""The `coacto` command: compile, run, bench, tune, demo.
 
 Exit codes: 0 success; 1 a coacto error (message on stderr); 2 bad usage; 3 outputs disagree
 with onnxruntime."""
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -27,7 +29,14 @@ examples:
   coacto run model.onnx --input data=img.npy --threads 2
   coacto run model.ctg --random --output out.npz --json
   coacto bench resnet50 --threads 2             coacto vs onnxruntime, same threads
+  coacto bench --models resnet50,vgg16,mobilenetv2 --threads 1,2
+  coacto tune model.onnx --threads 2            tile counts measured for this machine
 """
+
+
+def _para(text: str) -> str:
+    """Help text wrapped for the terminal (the raw formatters keep line breaks as written)."""
+    return textwrap.fill(text, 79)
 
 
 def _progress(msg: str) -> None:
@@ -36,32 +45,52 @@ def _progress(msg: str) -> None:
 
 # ------------------------------------------------------------------------------ model loading
 
-def resolve_model(spec: str, tiles_per_layer=None, input_shapes=None, image_size=None):
-    """A .ctg file, an .onnx file, or the name of a zoo model -> (TileGraph, onnx bytes or None)."""
+def resolve_model(spec: str, tiles_per_layer=None, input_shapes=None, image_size=None,
+                  threads: int | None = None, use_tuned: bool = True):
+    """A .ctg file, an .onnx file, or the name of a zoo model -> (TileGraph, onnx bytes or None).
+
+    An ONNX model is compiled with the tile counts of the profile `coacto tune` stored for it on
+    this machine and thread count, when there is one, use_tuned is set, and neither --tiles nor
+    --shape overrides the partition."""
     import coacto
 
     path = Path(spec)
     if path.suffix == ".ctg":
         return coacto.load(path), None
     if path.exists() or path.suffix == ".onnx":
-        t0 = time.perf_counter()
-        tg = coacto.compile(str(path), tiles_per_layer=tiles_per_layer, input_shapes=input_shapes)
-        _progress(f"compiled {path.name}: {tg.n_layers} layers, {tg.n_tiles} tiles "
-                  f"in {time.perf_counter() - t0:.2f} s")
-        return tg, path.read_bytes()
-    from . import zoo
+        if not path.exists():
+            raise CoactoError(f"{spec}: no such file")
+        data = path.read_bytes()
+        label = path.name
+    else:
+        from . import zoo
 
-    if spec in zoo.MODELS:
+        if spec not in zoo.MODELS:
+            raise CoactoError(f"{spec}: no such file, and not a zoo model "
+                              f"(zoo: {', '.join(zoo.MODELS)})")
         kw = {"image_size": image_size} if image_size else {}
         _progress(f"building zoo model {spec} ...")
-        model = zoo.build(spec, **kw)
-        data = model.SerializeToString()
-        t0 = time.perf_counter()
-        tg = coacto.compile(model, tiles_per_layer=tiles_per_layer, input_shapes=input_shapes)
-        _progress(f"compiled {spec}: {tg.n_layers} layers, {tg.n_tiles} tiles "
-                  f"in {time.perf_counter() - t0:.2f} s")
-        return tg, data
-    raise CoactoError(f"{spec}: no such file, and not a zoo model (zoo: {', '.join(zoo.MODELS)})")
+        data = zoo.build(spec, **kw).SerializeToString()
+        label = spec
+    layer_tiles = None
+    if use_tuned and tiles_per_layer is None and not input_shapes:
+        from . import tune
+        from .runtime import default_threads
+
+        t = threads or default_threads()
+        model_hash = hashlib.sha256(data).hexdigest()
+        layer_tiles = tune.tuned_layer_tiles(model_hash, t)
+        prof = tune.load_profile(model_hash, t) if layer_tiles else None
+        if prof:
+            _progress(f"using the tuned tile counts of {tune.profile_path(model_hash, t)} "
+                      f"(measured {prof['ratio']:.2f}x the default's latency at {t} threads; "
+                      f"--no-tuned ignores it)")
+    t0 = time.perf_counter()
+    tg = coacto.compile(data, tiles_per_layer=tiles_per_layer, input_shapes=input_shapes,
+                        layer_tiles=layer_tiles)
+    _progress(f"compiled {label}: {tg.n_layers} layers, {tg.n_tiles} tiles "
+              f"in {time.perf_counter() - t0:.2f} s")
+    return tg, data
 
 
 def parse_shapes(items) -> dict | None:
@@ -112,8 +141,29 @@ def load_inputs(items, graph, random: bool, seed: int = 0) -> dict[str, np.ndarr
 
 # ------------------------------------------------------------------------------ commands
 
+def format_layer_profile(layers: list[dict], runs: int, top: int = 20) -> str:
+    """The most expensive layers of a Runtime.profile, and the time per op."""
+    by_op: dict[str, float] = {}
+    for r in layers:
+        by_op[r["op"]] = by_op.get(r["op"], 0.0) + r["seconds"]
+    total = sum(by_op.values()) or 1.0
+    out = [f"per-layer busy time (mean of {runs} runs, summed over threads): "
+           f"{total * 1e3:.2f} ms",
+           "  " + ", ".join(f"{op} {t * 1e3:.2f} ms ({t / total:.0%})"
+                            for op, t in sorted(by_op.items(), key=lambda kv: -kv[1]))]
+    out.append(f"  {'layer':>5}  {'op':<12}{'output (NCHW)':<22}{'tiles':>6}{'ms':>9}{'share':>7}"
+               f"{'GFLOP/s':>9}  name")
+    for r in sorted(layers, key=lambda r: -r["seconds"])[:top]:
+        rate = r["flops"] / r["seconds"] / 1e9 if r["seconds"] > 0 else 0.0
+        out.append(f"  {r['layer']:>5}  {r['op']:<12}{'x'.join(map(str, r['shape'])):<22}"
+                   f"{r['tiles']:>6}{r['seconds'] * 1e3:>9.3f}{r['share']:>7.1%}{rate:>9.1f}  "
+                   f"{r['name']}")
+    return "\n".join(out)
+
+
 def cmd_compile(args) -> int:
-    tg, _ = resolve_model(args.model, args.tiles, parse_shapes(args.shape), args.image_size)
+    tg, _ = resolve_model(args.model, args.tiles, parse_shapes(args.shape), args.image_size,
+                          args.threads, not args.no_tuned)
     out = Path(args.output) if args.output else Path(Path(args.model).stem + ".ctg")
     tg.save(out)
     info = dict(tg.summary(), file=str(out), bytes=out.stat().st_size)
@@ -129,7 +179,8 @@ def cmd_compile(args) -> int:
 def cmd_run(args) -> int:
     from .runtime import Runtime
 
-    tg, _ = resolve_model(args.model, args.tiles, parse_shapes(args.shape), args.image_size)
+    tg, _ = resolve_model(args.model, args.tiles, parse_shapes(args.shape), args.image_size,
+                          args.threads, not args.no_tuned)
     feeds = load_inputs(args.input, tg, args.random, args.seed)
     with Runtime(tg, threads=args.threads) as rt:
         times = []
@@ -138,6 +189,7 @@ def cmd_run(args) -> int:
             outputs = rt.run(feeds, timeout=args.timeout)
             times.append(time.perf_counter() - t0)
         stats = rt.last_stats
+        layers = rt.profile(feeds, args.profile) if args.profile else None
     if args.output:
         np.savez(args.output, **outputs)
     result = {
@@ -145,6 +197,8 @@ def cmd_run(args) -> int:
         "tiles": tg.n_tiles, "outputs": {k: list(v.shape) for k, v in outputs.items()},
         "peak_activation_bytes": stats.get("peak_activation_bytes"),
     }
+    if layers is not None:
+        result["layers"] = layers
     if args.json:
         print(json.dumps(result))
     else:
@@ -152,26 +206,101 @@ def cmd_run(args) -> int:
             flat = value.reshape(-1)
             top = np.argsort(flat)[::-1][:5] if flat.size <= 100000 else []
             print(f"{name}: shape {tuple(value.shape)}, mean {flat.mean():.5g}, "
-                  f"max {flat.max():.5g} at {list(top)[:5]}")
+                  f"max {flat.max():.5g} at {[int(i) for i in top[:5]]}")
         print(f"latency {result['latency_s'] * 1e3:.2f} ms (median of {len(times)}), "
               f"{rt.threads} threads, {tg.n_tiles} tiles")
+        if layers is not None:
+            print(format_layer_profile(layers, args.profile))
         if args.output:
             print(f"outputs written to {args.output}")
     return 0
 
 
+def _int_list(text: str, what: str) -> list[int]:
+    try:
+        values = [int(t) for t in str(text).split(",") if t.strip()]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise InputError(f"{what} {text!r}: write positive integers separated by commas, e.g. 1,2")
+    return values
+
+
 def cmd_bench(args) -> int:
-    rows = []
-    for spec in args.models.split(",") if args.models else [args.model]:
-        tg, onnx_bytes = resolve_model(spec, args.tiles, parse_shapes(args.shape), args.image_size)
-        for threads in (int(t) for t in str(args.threads).split(",")):
-            _progress(f"benchmarking {spec} at {threads} thread(s), {args.repeat} interleaved runs ...")
-            rows.append(benchmark.compare(tg, onnx_bytes, threads, args.repeat, name=spec))
+    specs = [m.strip() for m in args.models.split(",") if m.strip()] if args.models else [args.model]
+    if not specs:
+        raise InputError("--models is empty: name models separated by commas, e.g. resnet50,vgg16")
+    threads = _int_list(args.threads, "--threads")
+    if args.repeat < 1:
+        raise InputError("--repeat must be at least 1")
+    if len(specs) == 1 and specs[0].endswith(".ctg"):
+        tg, _ = resolve_model(specs[0])
+        rows = []
+        for t in threads:
+            _progress(f"benchmarking {specs[0]} at {t} thread(s) (no ONNX model: coacto only) ...")
+            rows.append(benchmark.compare(tg, None, t, args.repeat, name=specs[0]))
+    else:
+        if args.shape:
+            raise InputError("--shape is not supported by bench: give the ONNX model static shapes")
+        rows = benchmark.bench_models(specs, threads, args.repeat, tiles=args.tiles,
+                                      image_size=args.image_size, use_tuned=not args.no_tuned,
+                                      memory=args.memory, memory_runs=args.memory_runs,
+                                      progress=_progress)
     if args.json:
         print(json.dumps(rows))
     else:
         print(benchmark.format_table(rows))
-    return EXIT_MISMATCH if any(r.get("match") is False for r in rows) else 0
+    if any(r.get("match") is False for r in rows):
+        return EXIT_MISMATCH
+    return 1 if all("status" in r for r in rows) else 0
+
+
+def cmd_tune(args) -> int:
+    from . import tune
+    from .runtime import default_threads
+
+    threads = args.threads or default_threads()
+    path = Path(args.model)
+    if path.exists() or path.suffix == ".onnx":
+        if not path.exists():
+            raise CoactoError(f"{args.model}: no such file")
+        data, feeds = path.read_bytes(), None
+    else:
+        from . import zoo
+
+        if args.model not in zoo.MODELS:
+            raise CoactoError(f"{args.model}: no such file, and not a zoo model "
+                              f"(zoo: {', '.join(zoo.MODELS)})")
+        model = zoo.build(args.model, **({"image_size": args.image_size} if args.image_size else {}))
+        data, feeds = model.SerializeToString(), zoo.input_feeds(model)
+    model_hash = hashlib.sha256(data).hexdigest()
+    existing = tune.load_profile(model_hash, threads)
+    if existing and not args.force:
+        msg = (f"{tune.profile_path(model_hash, threads)} already holds tile counts for this "
+               f"model at {threads} threads (tuned {existing['tuned_ms']:.2f} ms vs default "
+               f"{existing['default_ms']:.2f} ms, {existing['ratio']:.2f}x); --force tunes again")
+        print(json.dumps(existing) if args.json else msg)
+        return 0
+    result = tune.tune(data, threads, feeds=feeds, budget_s=args.budget, rounds=args.rounds,
+                       runs=args.runs, noise=args.noise, final_rounds=args.final_rounds,
+                       progress=_progress, save=not args.no_save)
+    if args.json:
+        print(json.dumps(dict(result.profile, path=str(result.path) if result.path else None)))
+        return 0
+    changed = len(result.layer_tiles)
+    print(f"tuned: {result.tuned_ms:.2f} ms, default: {result.default_ms:.2f} ms -> "
+          f"{result.ratio:.2f}x the default's latency ({threads} threads, measured interleaved, "
+          f"{args.final_rounds} rounds)")
+    if changed:
+        print(f"{changed} layer{'s' if changed != 1 else ''} changed from the default tile counts; "
+              f"{result.profile['tuned_tiles']} tiles (default {result.profile['default_tiles']})")
+    else:
+        print("the default tile counts are the best measured: no change beat them beyond the "
+              "noise")
+    if result.path:
+        print(f"profile written to {result.path}; coacto compile / run / bench use it "
+              f"(--no-tuned ignores it)")
+    return 0
 
 
 def cmd_demo(args) -> int:
@@ -276,20 +405,32 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--image-size", type=int, default=None,
                         help="image size when MODEL is a zoo name")
 
+    def tuned_arg(sp):
+        sp.add_argument("--no-tuned", action="store_true",
+                        help="ignore the tile counts `coacto tune` stored for this model, machine "
+                             "and thread count (they are used by default when present)")
+
     c = sub.add_parser("compile", help="ONNX -> tile graph file (.ctg)",
                        formatter_class=argparse.RawDescriptionHelpFormatter,
-                       epilog="example:\n  coacto compile resnet50.onnx -o resnet50.ctg --tiles 16")
+                       epilog="examples:\n  coacto compile resnet50.onnx -o resnet50.ctg --tiles 16\n"
+                              "  coacto compile resnet50.onnx --threads 2   # a tuned profile for 2 "
+                              "threads, if any")
     c.add_argument("model", help="an .onnx file or a zoo model name")
     c.add_argument("-o", "--output", help="output file (default: MODEL.ctg in this folder)")
+    c.add_argument("--threads", type=int, default=None,
+                   help="the thread count whose tuned profile to use (default: all CPUs)")
     c.add_argument("--json", action="store_true", help="print a JSON summary")
     model_args(c)
+    tuned_arg(c)
     c.set_defaults(func=cmd_compile)
 
     r = sub.add_parser("run", help="run a model on the tile runtime",
                        formatter_class=argparse.RawDescriptionHelpFormatter,
                        epilog="examples:\n  coacto run model.onnx --input data=img.npy --threads 2\n"
                               "  coacto run model.ctg --input inputs.npz --output out.npz --json\n"
-                              "  coacto run squeezenet --random --repeat 10")
+                              "  coacto run squeezenet --random --repeat 10\n"
+                              "  coacto run resnet50 --random --threads 1 --profile 20   # where "
+                              "the time goes")
     r.add_argument("model", help="an .onnx or .ctg file, or a zoo model name")
     r.add_argument("--input", action="append", metavar="NAME=FILE.npy|FILE.npz",
                    help="an input array (repeatable); a .npz holds several by name")
@@ -299,22 +440,82 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--repeat", type=int, default=1, help="run this many times, report the median")
     r.add_argument("--timeout", type=float, default=None, help="seconds before giving up")
     r.add_argument("--output", help="write the outputs (ONNX names) to this .npz")
+    r.add_argument("--profile", type=int, default=0, metavar="RUNS",
+                   help="then run RUNS more times timing every layer, and show where the time "
+                        "goes (the most expensive layers)")
     r.add_argument("--json", action="store_true", help="print a JSON result")
     model_args(r)
+    tuned_arg(r)
     r.set_defaults(func=cmd_run)
 
-    b = sub.add_parser("bench", help="coacto vs onnxruntime, same threads, interleaved runs",
-                       formatter_class=argparse.RawDescriptionHelpFormatter,
-                       epilog="examples:\n  coacto bench resnet50 --threads 1,2\n"
-                              "  coacto bench model.onnx --threads 2 --repeat 30 --json\n"
-                              "  coacto bench --models resnet50,mobilenetv2 --threads 2")
-    b.add_argument("model", nargs="?", default="resnet50", help="an .onnx file or zoo model name")
-    b.add_argument("--models", help="comma-separated list instead of MODEL")
-    b.add_argument("--threads", default="2", help="comma-separated thread counts")
-    b.add_argument("--repeat", type=int, default=20)
-    b.add_argument("--json", action="store_true")
+    b = sub.add_parser(
+        "bench", help="coacto vs onnxruntime: latency, speedup and peak memory, one table",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=_para("Benchmarks models against onnxruntime on this machine. Latency: both "
+                    "runtimes in this process, same inputs and thread count, runs interleaved "
+                    "in blocks, medians; outputs are checked against onnxruntime. Speedup: the "
+                    "latency at 1 thread over the latency at this thread count (needs 1 in "
+                    "--threads). Memory: the peak resident memory of a fresh process that loads "
+                    "the model and runs it, minus that process's size after importing the "
+                    "libraries (coacto's and onnxruntime's own). A model that cannot run (not in "
+                    "the zoo, an unsupported operator) becomes a row that says why."),
+        epilog="examples:\n"
+               "  coacto bench resnet50 --threads 1,2\n"
+               "  coacto bench --models resnet50,vgg16,mobilenetv2,bert,gpt2,vit --threads 1,2\n"
+               "  coacto bench model.onnx --threads 2 --repeat 30 --json\n"
+               "  coacto bench --models squeezenet --memory off        # latency only\n"
+               "  coacto bench --models resnet50 --memory onnx         # coacto compiles in the "
+               "measured process\n"
+               "exit codes: 0 done, 1 no model could run, 3 an output disagrees with onnxruntime")
+    b.add_argument("model", nargs="?", default="resnet50",
+                   help="an .onnx or .ctg file or a zoo model name (default resnet50)")
+    b.add_argument("--models", help="comma-separated models instead of MODEL (files or zoo names)")
+    b.add_argument("--threads", default="2", help="comma-separated thread counts (default 2)")
+    b.add_argument("--repeat", type=int, default=20,
+                   help="timed runs per runtime and thread count (default 20)")
+    b.add_argument("--memory", choices=benchmark.MEMORY_MODES, default="ctg",
+                   help="peak memory: coacto runs the compiled .ctg (ctg, default: what a device "
+                        "runs), or compiles the .onnx in the measured process (onnx), or skip (off)")
+    b.add_argument("--memory-runs", type=int, default=5,
+                   help="inferences the memory processes run (default 5)")
+    b.add_argument("--json", action="store_true", help="print the rows as JSON")
     model_args(b)
+    tuned_arg(b)
     b.set_defaults(func=cmd_bench)
+
+    t = sub.add_parser(
+        "tune", help="measure and store the best tile counts per layer group for this machine",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=_para("ASPEN's tuning loop: starting from the default tile counts, halve or double "
+                    "the tiles of one group of layers (one op at one feature-map size) at a time, "
+                    "measure it interleaved with the best so far, keep it when it is faster by "
+                    "more than the measured noise (at most --noise). At the end the tuned and the "
+                    "default configuration are measured against each other once more and that "
+                    "ratio is reported and stored. The profile (JSON) goes to "
+                    "$COACTO_PROFILE_DIR or ~/.cache/coacto/profiles, keyed by the model's hash, "
+                    "this machine and the thread count; compile, run and bench use it."),
+        epilog="examples:\n"
+               "  coacto tune model.onnx --threads 2\n"
+               "  coacto tune resnet50 --threads 1 --budget 60\n"
+               "  coacto tune model.onnx --force --json     # tune again, print the profile\n"
+               "  COACTO_PROFILE_DIR=./profiles coacto tune mobilenetv2")
+    t.add_argument("model", help="an .onnx file or a zoo model name")
+    t.add_argument("--threads", type=int, default=None, help="computing threads (default: all CPUs)")
+    t.add_argument("--budget", type=float, default=120.0,
+                   help="seconds for the search, before the final check (default 120)")
+    t.add_argument("--rounds", type=int, default=7,
+                   help="interleaved rounds per comparison (default 7, at least 3)")
+    t.add_argument("--runs", type=int, default=3, help="timed runs per round (default 3)")
+    t.add_argument("--final-rounds", type=int, default=15,
+                   help="rounds of the final tuned-vs-default check (default 15)")
+    t.add_argument("--noise", type=float, default=0.05,
+                   help="largest noise band: a change must win by more than the measured noise, "
+                        "capped at this fraction (default 0.05)")
+    t.add_argument("--force", action="store_true", help="tune again even if a profile exists")
+    t.add_argument("--no-save", action="store_true", help="report only; store no profile")
+    t.add_argument("--image-size", type=int, default=None, help="image size when MODEL is a zoo name")
+    t.add_argument("--json", action="store_true", help="print the profile as JSON")
+    t.set_defaults(func=cmd_tune)
 
     d = sub.add_parser("demo", help="a zoo ResNet-50: compile, run, check vs onnxruntime, then "
                                     "every offloading policy against a server on loopback",

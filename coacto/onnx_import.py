@@ -25,6 +25,7 @@ in coacto.onnx_fuse_seq) run afterwards on the layer list (coacto.onnx_fuse).
 """
 from __future__ import annotations
 
+import collections
 import hashlib
 import logging
 import os
@@ -149,6 +150,7 @@ def import_model(model, input_shapes: dict[str, tuple[int, ...]] | None = None) 
     digest = hashlib.sha256()
     hasher = threading.Thread(target=digest.update, args=(data,), daemon=True)
     hasher.start()
+    del data  # the hasher holds the bytes until it is done, not until the import is
     try:
         graph = _Importer(proto, dict(input_shapes or {})).run()
     finally:
@@ -199,6 +201,10 @@ class _Importer(ValueMixin):
                         *SUPPORTED_OPSETS)
         inputs = self._inputs()
         nodes, used = self._live_nodes()
+        # Initializer arrays are dropped after their last reader: the layers hold their own
+        # (re-laid, fused) copies, so the model's weights are not held twice more than needed.
+        self.init_uses = collections.Counter(n for node in nodes for n in node.input
+                                             if n in self.inits)
         for node in nodes:
             self._import_node(node, used)
         outputs = self._outputs()
@@ -351,6 +357,12 @@ class _Importer(ValueMixin):
                                  "(is the file truncated?)")
             if v is _UNKNOWN:
                 continue
+            elem = vo.type.tensor_type.elem_type
+            if elem not in (0, onnx.TensorProto.FLOAT):
+                self.failures.append((name, "Output", (
+                    f"output {name!r} is {onnx.helper.tensor_dtype_to_np_dtype(elem)}; coacto "
+                    f"computes and returns float32 tensors")))
+                continue
             if isinstance(v, np.ndarray):
                 raise ModelError(f"graph output {name!r} is a constant (it does not depend on "
                                  "any input); remove it from the model's outputs")
@@ -416,6 +428,11 @@ class _Importer(ValueMixin):
                 if isinstance(v, _View) and not v.name:
                     v.name = name
                 self.values[o] = v
+        for n in node.input:
+            if n in self.init_uses:
+                self.init_uses[n] -= 1
+                if self.init_uses[n] == 0 and n not in node.output:
+                    self.values.pop(n, None)  # _value reads it again should anything ask
 
     def _dispatch(self, node, op, ins):
         if op in _PASS_THROUGH:

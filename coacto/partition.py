@@ -23,27 +23,39 @@ from . import ir
 from .errors import CoactoError
 from .partition_seq import embed_parent_pairs, matmul_parent_pairs
 
-#: Default work per tile when tiles_per_layer is not given (FLOPs). Large enough that the per-tile
-#: runtime overhead (about a microsecond) stays under 1% of a tile's time, small enough that a
-#: ResNet-50 stage gives every thread several tiles to overlap across layers.
-DEFAULT_TILE_FLOPS = 2.0e6
+#: Default work per tile when tiles_per_layer is not given (FLOPs). Tiles are costly beyond their
+#: scheduling: every column tile streams the layer's weights again, every row tile re-reads (or
+#: re-im2cols) its input, and on a device the weights come from memory, not cache. Measured on a
+#: 2-core AVX-512 machine, a CNN layer of 0.1 to 0.2 GFLOP runs fastest in 2 to 4 tiles (cross-
+#: layer overlap keeps the threads busy); only the multi-GFLOP layers of VGG get more.
+DEFAULT_TILE_FLOPS = 100e6
 #: Most tiles a layer gets from the default heuristic.
-DEFAULT_MAX_TILES = 32
+DEFAULT_MAX_TILES = 16
 #: Fewest tiles a layer gets from the default heuristic when it has the columns or rows for
-#: them: even a cheap layer is then shared by two threads instead of serialising the network.
+#: them: even a cheap layer is then shared by two threads instead of serialising the network,
+#: and a chain of cheap layers at one resolution gets the same column blocks, so a thread runs
+#: a block depth-first through the chain while it is in cache.
 DEFAULT_MIN_TILES = 4
-#: Fewest column blocks a layer gets from the default heuristic when it has the columns for them
-#: (at MIN_TILE_COLUMNS each), however cheap it is: a coarse cheap layer (a max pooling) would make
-#: every later tile wait for a large part of the image, which stalls a server that receives the
-#: input row by row (ResNet-50: the last input tile gates 75% of the FLOPs with 4 pooling tiles,
-#: 60% with 16).
-DEFAULT_MIN_COLUMN_BLOCKS = 16
+#: Fewest column blocks of an image layer (CNN layout) in a graph meant for offloading
+#: (``min_column_blocks``, which clients use), where the columns allow (MIN_TILE_COLUMNS each),
+#: however cheap the layer is. A server receives the input row by row; a coarse cheap layer (a
+#: max pooling in 4 tiles) makes every later tile wait for a large part of the image. For
+#: ResNet-50 the share of the FLOPs that waits for the last input tile falls from 93% to 68%,
+#: at a cost of 1-4% in local speed (more column blocks re-read the weights more often), which
+#: is why local graphs do without.
+OFFLOAD_MIN_COLUMN_BLOCKS = 16
 #: Fewest columns a column block gets from the default heuristic (GEMM efficiency).
 MIN_TILE_COLUMNS = 48
 #: Column tiles of an input layer by default: inputs are completed at once by set_input, so
 #: tiles cost nothing locally; when offloading, finer input tiles let the server start on the
 #: first rows of the image while the rest is still on the way.
 DEFAULT_INPUT_TILES = 16
+#: Fewest output channels per row block of a convolution that needs im2col (a kernel larger than
+#: 1x1 or a stride, not depthwise), from the default heuristic: every row block redoes the
+#: im2col of its columns, which costs about as much as the GEMM of 20 channels, so narrow row
+#: blocks would waste most of their time. (A 1x1 convolution re-reads its input from cache, a
+#: depthwise one reads only its own channels: their row blocks cost nothing extra.)
+DEFAULT_MIN_CONV_ROWS = 128
 #: Row-split boundaries of CONV layers are multiples of this (a multiple of every GEMM kernel's
 #: panel width, so row tiles start on a packed panel).
 CONV_ROW_ALIGN = 32
@@ -124,22 +136,32 @@ def _streams_weights(layer: ir.Layer) -> bool:
         (a.get("kh"), a.get("kw"), a.get("group")) == (1, 1, 1)
 
 
+def _needs_im2col(layer: ir.Layer) -> bool:
+    a = layer.attrs
+    return (layer.op == "CONV" and a.get("group", 1) == 1
+            and (a["kh"] * a["kw"] > 1 or a["sh"] * a["sw"] > 1))
+
+
 def _row_align(layer: ir.Layer) -> int:
     return CONV_ROW_ALIGN if layer.op == "CONV" else OTHER_ROW_ALIGN
 
 
-def choose_splits(graph: ir.Graph, li: int, tiles_per_layer: int | None) -> tuple[np.ndarray, np.ndarray]:
+def choose_splits(graph: ir.Graph, li: int, tiles_per_layer: int | None,
+                  min_column_blocks: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Column and row block boundaries of one layer.
 
     The layer gets about T tiles: T = tiles_per_layer when given; otherwise FLOPs /
-    DEFAULT_TILE_FLOPS, clamped to [DEFAULT_MIN_TILES, DEFAULT_MAX_TILES], and at least
-    DEFAULT_MIN_COLUMN_BLOCKS column blocks where the columns allow. Columns are split first,
+    DEFAULT_TILE_FLOPS, clamped to [DEFAULT_MIN_TILES, DEFAULT_MAX_TILES], and for image layers at
+    least ``min_column_blocks`` column blocks where the columns allow (see
+    OFFLOAD_MIN_COLUMN_BLOCKS). Columns are split first,
     into blocks of at least MIN_TILE_COLUMNS columns (a GEMM over fewer rows wastes most of the
     micro-kernel, and every column block re-reads the layer's weights); when that gives fewer
     than T blocks — a layer with too few columns — rows are split to make up the rest, at
-    multiples of CONV_ROW_ALIGN for convolutions. Layers that read all rows of a column to write
-    any (SOFTMAX, LAYERNORM, ROW_REDUCE) and INPUT layers are never split by rows; an INPUT layer
-    gets DEFAULT_INPUT_TILES column tiles unless tiles_per_layer says otherwise.
+    multiples of CONV_ROW_ALIGN for convolutions (and, by default, in blocks of at least
+    DEFAULT_MIN_CONV_ROWS channels for convolutions that need im2col). Layers that read all rows
+    of a column to write any (SOFTMAX, LAYERNORM, ROW_REDUCE) and INPUT layers are never split
+    by rows; an INPUT layer gets DEFAULT_INPUT_TILES column tiles unless tiles_per_layer says
+    otherwise.
 
     Matrix products with weights over the rows of a sequence (1x1 CONV in the "last" layout: the
     linear layers of a transformer) have few columns (tokens) and large weights: every column
@@ -157,7 +179,7 @@ def choose_splits(graph: ir.Graph, li: int, tiles_per_layer: int | None) -> tupl
         want = max(1, int(tiles_per_layer))
     col_parts = min(want, max(1, cols // MIN_TILE_COLUMNS))
     if tiles_per_layer is None and layer.layout != ir.LAYOUT_LAST:
-        col_parts = max(col_parts, min(DEFAULT_MIN_COLUMN_BLOCKS, cols // MIN_TILE_COLUMNS))
+        col_parts = max(col_parts, min(int(min_column_blocks), cols // MIN_TILE_COLUMNS))
     if _streams_weights(layer):
         in_bytes = float(cols * graph.layers[layer.inputs[0]].rows)
         w_bytes = float(layer.weights["w"].size) if "w" in layer.weights else in_bytes
@@ -169,6 +191,8 @@ def choose_splits(graph: ir.Graph, li: int, tiles_per_layer: int | None) -> tupl
     row_parts = 1
     if layer.op not in WHOLE_ROWS and col_parts < want:
         row_parts = math.ceil(want / col_parts)
+        if tiles_per_layer is None and _needs_im2col(layer):
+            row_parts = min(row_parts, max(1, rows // DEFAULT_MIN_CONV_ROWS))
     align = _row_align(layer)
     if rows < 2 * align:
         row_parts = 1
@@ -335,14 +359,39 @@ def tile_output_flops(graph: ir.Graph, li: int, cols: np.ndarray, rows: np.ndarr
     return total * share
 
 
-def partition(graph: ir.Graph, tiles_per_layer: int | None = None) -> TilePlan:
-    """Cut every layer into tiles and compute their exact dependencies."""
+def _check_layer_tiles(layer_tiles, n_layers: int) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for k, v in (layer_tiles or {}).items():
+        try:
+            li, t = int(k), int(v)
+        except (TypeError, ValueError):
+            raise CoactoError(f"layer_tiles maps layer indices to tile counts, got "
+                              f"{k!r}: {v!r}") from None
+        if not 0 <= li < n_layers or t < 1 or t != v:
+            raise CoactoError(f"layer_tiles[{k!r}] = {v!r}: the layer must be in "
+                              f"0..{n_layers - 1} and the tile count a positive integer")
+        out[li] = t
+    return out
+
+
+def partition(graph: ir.Graph, tiles_per_layer: int | None = None,
+              layer_tiles: dict[int, int] | None = None, min_column_blocks: int = 0) -> TilePlan:
+    """Cut every layer into tiles and compute their exact dependencies.
+
+    ``layer_tiles`` overrides the tile count of single layers ({layer index: tiles}, as
+    ``tiles_per_layer`` does for all): the hook auto-tuning (coacto.tune) uses to give each layer
+    the count that measured fastest on a device. ``min_column_blocks``: see
+    OFFLOAD_MIN_COLUMN_BLOCKS (0: none)."""
+    if type(min_column_blocks) is not int or not 0 <= min_column_blocks <= 4096:
+        raise CoactoError(f"min_column_blocks must be an integer from 0 to 4096, got "
+                          f"{min_column_blocks!r}")
     if tiles_per_layer is not None and (int(tiles_per_layer) != tiles_per_layer or tiles_per_layer < 1):
         raise CoactoError(f"tiles_per_layer must be a positive integer, got {tiles_per_layer!r}")
     n_layers = len(graph.layers)
+    layer_tiles = _check_layer_tiles(layer_tiles, n_layers)
     plan_cols, plan_rows = [], []
     for li in range(n_layers):
-        cb, rb = choose_splits(graph, li, tiles_per_layer)
+        cb, rb = choose_splits(graph, li, layer_tiles.get(li, tiles_per_layer), min_column_blocks)
         plan_cols.append(cb)
         plan_rows.append(rb)
     counts = np.asarray([(len(plan_cols[i]) - 1) * (len(plan_rows[i]) - 1) for i in range(n_layers)])

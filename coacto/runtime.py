@@ -145,9 +145,24 @@ class NativeGraph:
         status = lib.coacto_graph_create(desc, out, err, 512)
         check(status, "loading the tile graph into the native runtime", ffi.string(err).decode())
         self.handle = out[0]
+        # The runtime packed its own copy of the weights: a file-mapped blob's pages can go.
+        tg.release_blob_pages()
         self.layer_floats = [int(np.prod(layer.shape)) for layer in g.layers]
         self._work_set = False
         self._finalizer = weakref.finalize(self, lib.coacto_graph_destroy, self.handle)
+
+    def set_profiling(self, enable: bool) -> None:
+        """Per-layer timing on the computing threads (two clock reads per tile); enabling
+        resets the totals."""
+        check(lib.coacto_graph_set_profiling(self.handle, 1 if enable else 0), "setting profiling")
+
+    def layer_seconds(self) -> np.ndarray:
+        """Seconds the computing threads spent in each layer's tiles since profiling was enabled."""
+        n = len(self.layer_floats)
+        out = np.zeros(n, dtype=np.float64)
+        check(lib.coacto_graph_layer_seconds(self.handle, ffi.from_buffer("double[]", out), n),
+              "reading the layer profile")
+        return out
 
     def ensure_work(self, work: np.ndarray) -> None:
         """Gives the runtime each tile's work (FLOPs from the inputs) for send decisions, once."""
@@ -269,6 +284,27 @@ class Runtime:
                                  f"with input_shapes={{{name!r}: {tuple(arr.shape)}}}")
             out[self.graph.graph.inputs[name]] = arr
         return out
+
+    def profile(self, feeds: dict, runs: int = 10) -> list[dict]:
+        """Runs `runs` inferences with per-layer timing and returns one row per layer: name, op,
+        output shape, tiles, FLOPs, mean busy seconds per inference (summed over threads) and
+        the layer's share of the total. Shows where the time goes."""
+        from .partition import layer_flops
+
+        self._native.set_profiling(True)
+        try:
+            for _ in range(max(1, runs)):
+                self.run(feeds)
+            secs = self._native.layer_seconds() / max(1, runs)
+        finally:
+            self._native.set_profiling(False)
+        g, plan = self.graph.graph, self.graph.plan
+        total = float(secs.sum()) or 1.0
+        return [{"layer": li, "name": layer.name, "op": layer.op, "shape": list(layer.shape),
+                 "tiles": int(plan.layer_first_tile[li + 1] - plan.layer_first_tile[li]),
+                 "flops": layer_flops(g, li), "seconds": float(secs[li]),
+                 "share": float(secs[li]) / total}
+                for li, layer in enumerate(g.layers)]
 
     def run(self, feeds: dict, timeout: float | None = None) -> dict[str, np.ndarray]:
         """One inference: {input name: array} -> {output name: array}, ONNX names and shapes."""

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import mmap
 import os
 import struct
 from dataclasses import dataclass, field
@@ -73,9 +75,10 @@ class TileGraph:
     plan: TilePlan
     params: dict
     graph_id: str
-    blob: bytes
+    blob: bytes | bytearray | memoryview  # every weight array, 64-byte aligned offsets
     arrays: list[list[ArraySpec]]  # per layer, in ARRAY_SLOTS order
     _native: object = field(default=None, repr=False, compare=False)
+    _mapping: object = field(default=None, repr=False, compare=False)  # mmap behind blob, if any
 
     # -------------------------------------------------------------- properties
 
@@ -139,8 +142,10 @@ class TileGraph:
 
     @classmethod
     def build(cls, graph: ir.Graph, plan: TilePlan, params: dict) -> "TileGraph":
-        """Lay the weights out in one aligned blob; layer weights become views of it."""
-        chunks: list[bytes] = []
+        """Lay the weights out in one aligned blob; layer weights become views of it.
+
+        Each array is copied once, straight into its place (the blob is allocated first): a
+        model's weights are never held three times over while the blob is built."""
         offset = 0
         arrays: list[list[ArraySpec]] = []
         for layer in graph.layers:
@@ -149,15 +154,19 @@ class TileGraph:
                 if key not in layer.weights:
                     specs.append(ArraySpec(key, "float32", (0,), 0, 0))
                     continue
-                dtype = np.int32 if key == "index" else np.float32
-                arr = np.ascontiguousarray(layer.weights[key], dtype=dtype)
-                raw = arr.tobytes()
-                specs.append(ArraySpec(key, np.dtype(dtype).name, tuple(arr.shape), offset, len(raw)))
-                pad = (-len(raw)) % _ALIGN
-                chunks.append(raw + b"\0" * pad)
-                offset += len(raw) + pad
+                dtype = np.dtype(np.int32 if key == "index" else np.float32)
+                shape = tuple(np.shape(layer.weights[key]))
+                size = math.prod(shape) * dtype.itemsize
+                specs.append(ArraySpec(key, dtype.name, shape, offset, size))
+                offset += size + (-size) % _ALIGN
             arrays.append(specs)
-        blob = b"".join(chunks)
+        blob = bytearray(offset)
+        for layer, specs in zip(graph.layers, arrays):
+            for s in specs:
+                if s.size:
+                    dst = np.frombuffer(blob, dtype=s.dtype, offset=s.offset,
+                                        count=s.size // np.dtype(s.dtype).itemsize)
+                    dst[...] = np.asarray(layer.weights[s.key]).reshape(-1)
         tg = cls(graph=graph, plan=plan, params=params,
                  graph_id=graph_identity(graph.model_hash, params), blob=blob, arrays=arrays)
         tg._attach_weights()
@@ -217,18 +226,43 @@ class TileGraph:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "TileGraph":
+        """Read a tile graph file. The file is mapped, not copied: once the native runtime has
+        packed the weights (NativeGraph), release_blob_pages() hands the mapped pages back, so a
+        running model holds its weights once (packed), and the blob is read again from the file
+        only if something asks for it (save, another native load). So the file must not be
+        rewritten in place while the graph is in use; coacto itself replaces files by renaming
+        (save), which leaves a mapped file intact."""
         path = Path(path)
         try:
-            data = path.read_bytes()
+            with open(path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                try:
+                    mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else None
+                    data = memoryview(mapping) if mapping is not None else b""
+                except (OSError, ValueError):  # a file system that cannot map: read it
+                    mapping, data = None, f.read()
         except FileNotFoundError:
             raise GraphFileError(f"{path}: no such tile graph file; create one with "
                                  f"`coacto compile MODEL.onnx -o {path.name}`") from None
         except OSError as e:
-            raise GraphFileError(f"{path}: cannot read it ({e.strerror})") from None
-        return cls.from_bytes(data, str(path))
+            raise GraphFileError(f"{path}: cannot read it ({e.strerror or e})") from None
+        tg = cls.from_bytes(data, str(path))
+        tg._mapping = mapping
+        return tg
+
+    def release_blob_pages(self) -> None:
+        """Drops the resident pages of a file-mapped blob (a no-op for blobs in memory): they
+        are reloaded from the file on the next access. Called once the weights are packed."""
+        if self._mapping is not None and hasattr(self._mapping, "madvise"):
+            try:
+                self._mapping.madvise(mmap.MADV_DONTNEED)
+            except (OSError, ValueError, AttributeError):
+                pass
 
     @classmethod
-    def from_bytes(cls, data: bytes, origin: str = "<bytes>") -> "TileGraph":
+    def from_bytes(cls, data, origin: str = "<bytes>") -> "TileGraph":
+        """A tile graph from the bytes of a .ctg file (bytes, bytearray or memoryview; the blob
+        stays a view of `data`, not a copy)."""
         redo = f"; compile the model again with `coacto compile` to replace {origin}"
         if len(data) < _PREFIX.size + 32 or data[:8] != MAGIC:
             raise GraphFileError(f"{origin} is not a coacto tile graph file (bad magic){redo}")
@@ -246,7 +280,7 @@ class TileGraph:
             raise GraphFileError(f"{origin} is corrupt (checksum mismatch){redo}")
         try:
             h = msgpack.unpackb(data[_PREFIX.size:body_start], raw=False, strict_map_key=False)
-            return cls._from_header(h, data[blob_start:end])
+            return cls._from_header(h, memoryview(data)[blob_start:end])
         except GraphFileError:
             raise
         except Exception as e:  # a header that passed the checksum but does not parse
@@ -278,7 +312,7 @@ class TileGraph:
                                 np.frombuffer(t["parents"], "<i4").astype(np.int32),
                                 np.frombuffer(t["flops"], "<f8").astype(np.float64))
         tg = cls(graph=graph, plan=plan, params=dict(h["params"]), graph_id=h["graph_id"],
-                 blob=bytes(blob), arrays=arrays)
+                 blob=blob, arrays=arrays)
         tg._attach_weights()
         return tg
 

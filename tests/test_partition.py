@@ -234,16 +234,17 @@ def test_row_splits_for_few_columns():
     check_plan(graph, plan)
 
 
-def test_default_tiles_keep_the_offloading_wavefront():
+def test_offloading_tiles_keep_the_wavefront():
     """A server receiving ResNet-50's input row by row can start on the first rows: with the
-    default tiles, the work that waits for the last input tile is little more than what the
+    tiles clients use, the work that waits for the last input tile is not far above what the
     architecture forces (stages 3 and 4 read nearly the whole image: about 55% of the FLOPs).
-    Coarse cheap layers (4 max-pooling tiles) made it 75%."""
+    Coarse cheap layers (4 max-pooling tiles) made it 93%."""
+    from coacto.partition import OFFLOAD_MIN_COLUMN_BLOCKS
     import coacto
     from coacto import zoo
     from coacto.mobile.policies import input_tiles
 
-    tg = coacto.compile(zoo.build("resnet50"))
+    tg = coacto.compile(zoo.build("resnet50"), min_column_blocks=OFFLOAD_MIN_COLUMN_BLOCKS)
     p = tg.plan
     off, par = p.parent_offsets, p.parents
     pool = next(i for i, layer in enumerate(tg.graph.layers) if layer.op == "POOL")
@@ -254,7 +255,7 @@ def test_default_tiles_keep_the_offloading_wavefront():
         if gated[par[off[t]:off[t + 1]]].any():
             gated[t] = True
     share = p.tile_flops[gated].sum() / p.tile_flops.sum()
-    assert 0.5 < share < 0.65, share
+    assert 0.5 < share < 0.72, share
 
 
 # ------------------------------------------------------------------------------ sequence ops

@@ -155,3 +155,71 @@ def test_external_data_model(tmp_path):
     with coacto.Runtime(coacto.compile(str(path), tiles_per_layer=7), threads=2) as rt:
         out = rt.run(feeds)
     assert_close(out, dict(zip([o.name for o in model.graph.output], ref)))
+
+
+def test_loaded_graph_releases_its_mapped_weights_and_stays_usable(tmp_path):
+    """A .ctg is mapped, not read: once the runtime packed the weights the mapped pages are
+    handed back; the graph still runs, and saving it again (which reads the weights back from
+    the file) gives the same bytes."""
+    feeds, ref = onnxruntime_outputs("squeezenet")
+    path = coacto.compile(zoo_model("squeezenet"), tiles_per_layer=3).save(tmp_path / "a.ctg")
+    loaded = coacto.load(path)
+    assert isinstance(loaded.blob, memoryview)
+    with coacto.Runtime(loaded, threads=2) as rt:  # packs, then releases the pages
+        assert_close(rt.run(feeds), ref)
+        assert_close(rt.run(feeds), ref)
+    loaded.save(tmp_path / "b.ctg")
+    assert (tmp_path / "b.ctg").read_bytes() == path.read_bytes()
+    w = next(layer.weights["w"] for layer in loaded.graph.layers if layer.op == "CONV")
+    assert np.isfinite(w).all()  # weight views read the file again
+
+
+def test_layer_profile_accounts_for_the_conv_layers():
+    feeds, _ = onnxruntime_outputs("squeezenet")
+    graph = coacto.compile(zoo_model("squeezenet"), tiles_per_layer=3)
+    with coacto.Runtime(graph, threads=2) as rt:
+        rows = rt.profile(feeds, runs=3)
+    assert [r["layer"] for r in rows] == list(range(graph.n_layers))
+    conv = [r for r in rows if r["op"] == "CONV"]
+    assert conv and all(r["seconds"] > 0 for r in conv)
+    assert all(r["seconds"] == 0 for r in rows if r["op"] == "INPUT")  # never executed
+    assert abs(sum(r["share"] for r in rows) - 1) < 1e-9
+    from coacto.runtime import lib, native_graph
+
+    ng = native_graph(graph)
+    assert lib.coacto_graph_layer_seconds(ng.handle, coacto.runtime.ffi.new("double[]", 1), 1) \
+        == lib.COACTO_ERR_INVALID_ARGUMENT  # wrong layer count
+    ng.set_profiling(True)  # enabling resets the totals
+    assert not ng.layer_seconds().any()
+
+
+def test_inputs_of_every_rank_are_laid_out_by_the_runtime():
+    """Inputs go to the runtime in ONNX order and are transposed there (rank 1..4)."""
+    import onnxruntime as ort
+
+    for shape in [(6,), (2, 6), (2, 3, 5), (2, 3, 4, 5)]:
+        x = helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))
+        y = helper.make_tensor_value_info("y", TensorProto.FLOAT, list(shape))
+        k = helper.make_tensor("k", TensorProto.FLOAT, [1], [0.5])
+        g = helper.make_graph([helper.make_node("Mul", ["x", "k"], ["m"]),
+                               helper.make_node("Relu", ["m"], ["y"])], "r", [x], [y], [k])
+        model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+        data = np.random.default_rng(2).standard_normal(shape).astype(np.float32)
+        ref = ort.InferenceSession(model.SerializeToString()).run(None, {"x": data})[0]
+        with coacto.Runtime(coacto.compile(model, tiles_per_layer=2), threads=2) as rt:
+            got = rt.run({"x": data})["y"]
+        np.testing.assert_allclose(got, ref, rtol=0, atol=1e-6, err_msg=str(shape))
+
+
+def test_model_whose_output_is_its_input():
+    """A graph of inputs only has no tile dependencies at all; it still loads and runs."""
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 4, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, 4, 4])
+    g = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "identity", [x], [y])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    feed = np.random.default_rng(0).standard_normal((1, 3, 4, 4)).astype(np.float32)
+    with coacto.Runtime(coacto.compile(m), threads=2) as rt:
+        out = rt.run({"x": feed})
+    np.testing.assert_array_equal(out["y"], feed)

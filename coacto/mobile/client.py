@@ -23,6 +23,7 @@ import numpy as np
 
 from ..errors import CoactoError, ModelError
 from ..inference import now
+from ..partition import OFFLOAD_MIN_COLUMN_BLOCKS
 from ..runtime import Runtime
 from ..tilegraph import MAGIC, TileGraph
 from . import policies
@@ -95,7 +96,10 @@ def resolve_model(model, tiles_per_layer=None, input_shapes=None, model_bytes=No
         data = onnx_bytes(model_bytes)
     else:
         _, data = load_model(model)
-        tg = compile_model(data, tiles_per_layer=tiles_per_layer, input_shapes=input_shapes)
+        # A graph for offloading: image layers keep enough column blocks for the server to start
+        # on the first rows of the input while the rest is on the way.
+        tg = compile_model(data, tiles_per_layer=tiles_per_layer, input_shapes=input_shapes,
+                           min_column_blocks=OFFLOAD_MIN_COLUMN_BLOCKS)
         return tg, data
     if data is not None:
         import hashlib

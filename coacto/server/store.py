@@ -26,7 +26,7 @@ from ..tilegraph import PARTITIONER_VERSION, TileGraph
 log = logging.getLogger(__name__)
 
 #: Partition parameters a device may ask for (the keys of TileGraph.params).
-PARAM_KEYS = frozenset({"tiles_per_layer", "input_shapes"})
+PARAM_KEYS = frozenset({"tiles_per_layer", "input_shapes", "min_column_blocks"})
 #: Bounds on what a device may ask the server to compile (a hostile request must not exhaust it).
 MAX_TILES_PER_LAYER = 4096
 MAX_INPUT_RANK = 8
@@ -49,11 +49,11 @@ def is_hash(value) -> bool:
     return isinstance(value, str) and _HASH_RE.match(value) is not None
 
 
-def check_params(params) -> tuple[int | None, dict | None]:
-    """Partition parameters from a device -> (tiles_per_layer, input_shapes) for coacto.compile."""
+def check_params(params) -> dict:
+    """Partition parameters from a device -> keyword arguments for coacto.compile."""
     if not isinstance(params, dict):
         raise StoreError(P.E_BAD_MESSAGE, "params must be a map like TileGraph.params "
-                                          "{tiles_per_layer, input_shapes}")
+                                          "{tiles_per_layer, input_shapes, min_column_blocks}")
     unknown = sorted(str(k) for k in params if k not in PARAM_KEYS)
     if unknown:
         raise StoreError(P.E_BAD_MESSAGE, f"unknown partition parameter(s) {unknown}; this server "
@@ -75,7 +75,11 @@ def check_params(params) -> tuple[int | None, dict | None]:
                                               f"{MAX_INPUT_RANK} positive integers with at most "
                                               f"{MAX_INPUT_ELEMENTS} elements in all")
         out[name] = tuple(dims)
-    return tiles, (out or None)
+    blocks = params.get("min_column_blocks", 0)
+    if type(blocks) is not int or not 0 <= blocks <= MAX_TILES_PER_LAYER:
+        raise StoreError(P.E_BAD_MESSAGE, f"min_column_blocks must be an integer from 0 to "
+                                          f"{MAX_TILES_PER_LAYER}, got {blocks!r}")
+    return {"tiles_per_layer": tiles, "input_shapes": out or None, "min_column_blocks": blocks}
 
 
 class GraphInfo:
@@ -260,7 +264,7 @@ class ModelStore:
         entry = self.graph(graph_id)
         if entry is not None:
             return entry
-        tiles, shapes = check_params(params)
+        kw = check_params(params)
         if data is not None:
             if len(data) > self.max_model_bytes:
                 raise StoreError(P.E_MODEL_TOO_LARGE, f"the model has {len(data)} bytes; the "
@@ -279,7 +283,7 @@ class ModelStore:
         from .. import compile as coacto_compile
 
         try:
-            tg = coacto_compile(data, tiles_per_layer=tiles, input_shapes=shapes)
+            tg = coacto_compile(data, **kw)
         except CoactoError as e:
             raise StoreError(P.E_MODEL_INVALID, f"the model does not compile: {e}") from None
         if tg.graph_id != graph_id:

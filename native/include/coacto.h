@@ -142,12 +142,21 @@ coacto_status coacto_graph_create(const coacto_graph_desc *desc, coacto_graph **
                                   size_t err_size);
 void coacto_graph_destroy(coacto_graph *graph);
 int32_t coacto_graph_tile_count(const coacto_graph *graph);
+/* Per-layer profile: while enabled, the computing threads add each tile's execution time to its
+ * layer's total (two clock reads per tile). Enabling resets the totals. layer_seconds receives
+ * n_layers totals (n_layers must be the graph's layer count). */
+coacto_status coacto_graph_set_profiling(coacto_graph *graph, int32_t enable);
+coacto_status coacto_graph_layer_seconds(const coacto_graph *graph, double *layer_seconds,
+                                         int32_t n_layers);
 
 coacto_status coacto_inference_create(coacto_runtime *rt, coacto_graph *graph,
                                       coacto_inference **out);
 /* Copies an input layer's NHWC data (exactly n*h*w*c floats) and completes its tiles. */
 coacto_status coacto_inference_set_input(coacto_inference *inf, int32_t layer, const float *data,
                                          int64_t n_floats);
+/* The same from data in ONNX order (NCHW): transposed into the runtime's layout while copied. */
+coacto_status coacto_inference_set_input_nchw(coacto_inference *inf, int32_t layer,
+                                              const float *data, int64_t n_floats);
 /* Completes a tile from outside (e.g. received from the network): copies its (col1 - col0) *
  * (row1 - row0) floats, column by column. Exactly once: returns COACTO_ERR_DUPLICATE when the tile
  * was already completed or is being computed. */

@@ -89,6 +89,7 @@ coacto_status op_prepare(layer *l, char *err, size_t err_size) {
     l->scratch_fixed = 0;
     l->variant = 0;
     l->block_cols = 0;
+    l->arrays_consumed = 0;
     if (err && err_size) err[0] = '\0';
 
     OPS_REQUIRE(l->op >= 0 && l->op < COACTO_OP_COUNT, "unknown op code %d", l->op);

@@ -69,8 +69,12 @@ typedef struct layer {
         in_w[COACTO_MAX_INPUTS];
     int32_t iparams[32];
     float fparams[8];
-    const void *arrays[4];    /* into the graph's own copy of the blob (64-byte aligned) */
+    const void *arrays[4];    /* the op's arrays (64-byte aligned); during op_prepare they may
+                                 point into the caller's description, afterwards into memory the
+                                 graph owns, or NULL for an array the op consumed */
     int64_t array_bytes[4];
+    uint32_t arrays_consumed; /* set by op_prepare: bit i when execute never reads array i (it
+                                 was packed into `packed`), so the graph need not keep a copy */
     /* Filled by op_prepare: */
     const gemm_kernel *kern;  /* CONV: gemm_select(), or the caller's if one of gemm_available() */
     float *packed;            /* CONV: packed weights, one block per group (depthwise: the

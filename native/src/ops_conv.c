@@ -6,18 +6,28 @@
  *   CONV_POINTWISE  1x1, stride 1, no padding: A is the NHWC input itself (lda = C_in);
  *   CONV_FC         the kernel covers the whole input, no padding: one A row per batch is that
  *                   batch's whole input block (lda = H_in*W_in*C_in);
- *   CONV_IM2COL     anything else: im2col of a block of the tile's positions into scratch.
- * Depthwise convolutions (group == C_in == C_out) use a direct loop over contiguous channels. */
+ *   CONV_IM2COL     anything else: im2col of a block of the tile's positions into scratch, one
+ *                   reduction slice (gemm_block_k values per row) at a time.
+ * Depthwise convolutions (group == C_in == C_out) use a direct loop over contiguous channels.
+ *
+ * Loop order of a GEMM tile: blocks of up to CONV_BLOCK_ROWS positions; per block, the whole
+ * reduction. The weights are streamed once per block (they are the cold operand: a layer's weights
+ * were last read one inference ago), so blocks are as large as the im2col slice that must stay in
+ * L2 allows, and im2col is built slice by slice right before the GEMM that consumes it, so it is
+ * still in cache when read. */
 #include <string.h>
 
 #include "ops_internal.h"
 
 enum { CONV_IM2COL = 0, CONV_POINTWISE = 1, CONV_FC = 2, CONV_DEPTHWISE = 3 };
 
-/* Target size of one im2col block: large enough to amortize streaming the packed weights once
- * per block, small enough to stay in L2 between im2col and GEMM. */
-#define CONV_BLOCK_FLOATS ((size_t)1 << 17)
-#define CONV_BLOCK_MAX_COLS 512
+/* Output positions per block: the weights stream once per block, and the im2col slice of a
+ * block (CONV_BLOCK_ROWS x gemm_block_k floats, 256 KiB) stays in L2 while every panel of the
+ * tile's channels reads it. */
+#define CONV_BLOCK_ROWS 256
+/* Positions per block of the variants that read A in place (no im2col scratch): the block only
+ * bounds the temporary of a tile that starts inside a panel. */
+#define CONV_BLOCK_ROWS_DIRECT 1024
 
 typedef struct conv_geometry {
     int64_t kh, kw, sh, sw, pt, pl, pb, pr, dh, dw, group, act;
@@ -44,6 +54,12 @@ static int64_t conv_extent(int64_t in, int64_t pad0, int64_t pad1, int64_t k, in
                            int64_t s) {
     int64_t span = in + pad0 + pad1 - d * (k - 1) - 1;
     return span < 0 ? -1 : span / s + 1;
+}
+
+/* Reduction values per im2col slice: one GEMM K block, or all of K when it is shorter. */
+static size_t conv_slice_k(const layer *l, const conv_geometry *g) {
+    size_t kb = gemm_block_k(l->kern);
+    return (size_t)g->k < kb ? (size_t)g->k : kb;
 }
 
 coacto_status conv_prepare(layer *l, char *err, size_t err_size) {
@@ -89,6 +105,7 @@ coacto_status conv_prepare(layer *l, char *err, size_t err_size) {
         if (!l->packed) return COACTO_ERR_OUT_OF_MEMORY;
         for (int64_t ch = 0; ch < c; ch++)
             for (int64_t t = 0; t < taps; t++) l->packed[t * c + ch] = w[ch * taps + t];
+        l->arrays_consumed = 1u << 0;
         return COACTO_OK;
     }
 
@@ -101,14 +118,14 @@ coacto_status conv_prepare(layer *l, char *err, size_t err_size) {
     else
         l->variant = CONV_IM2COL;
 
-    size_t block = CONV_BLOCK_FLOATS / (size_t)g.k;
-    if (block > CONV_BLOCK_MAX_COLS) block = CONV_BLOCK_MAX_COLS;
-    block = ops_round_up(block ? block : 1, kern->mr);
+    size_t block = l->variant == CONV_IM2COL ? CONV_BLOCK_ROWS : CONV_BLOCK_ROWS_DIRECT;
+    block = block / kern->mr * kern->mr;
     l->block_cols = (int32_t)block;
-    /* A block of im2col rows, then an mr-aligned block x nr temporary for a tile whose first
-     * channel is not at a panel boundary. */
+    /* An im2col slice of a block, then a block x nr temporary for a tile whose first channel is
+     * not at a panel boundary. */
     l->scratch_fixed = block * kern->nr;
-    if (l->variant == CONV_IM2COL) l->scratch_fixed += ops_round_up(block * (size_t)g.k, 16);
+    if (l->variant == CONV_IM2COL)
+        l->scratch_fixed += ops_round_up(block * conv_slice_k(l, &g), 16);
 
     size_t stride = ops_round_up(gemm_packed_size(kern, (size_t)g.k, (size_t)g.cout_g), 16);
     l->packed_group_stride = stride;
@@ -117,55 +134,93 @@ coacto_status conv_prepare(layer *l, char *err, size_t err_size) {
     for (int64_t gi = 0; gi < g.group; gi++)
         gemm_pack_b(kern, (size_t)g.k, (size_t)g.cout_g, w + gi * g.k * g.cout_g,
                     (size_t)g.cout_g, l->packed + (size_t)gi * stride);
+    l->arrays_consumed = 1u << 0;
     return COACTO_OK;
 }
 
-/* im2col of m output positions starting at column col, channels of group gi: row i of a holds
- * the k values of position col + i, zeros where the window leaves the input. */
+/* Copies n floats; runs of a few channels (a 3-channel image) are too short for a memcpy call. */
+static inline void copy_run(float *restrict dst, const float *restrict src, int64_t n) {
+    if (n <= 16) {
+        for (int64_t j = 0; j < n; j++) dst[j] = src[j];
+    } else {
+        memcpy(dst, src, (size_t)n * sizeof(float));
+    }
+}
+
+static inline void zero_run(float *dst, int64_t n) {
+    if (n <= 16) {
+        for (int64_t j = 0; j < n; j++) dst[j] = 0.0f;
+    } else {
+        memset(dst, 0, (size_t)n * sizeof(float));
+    }
+}
+
+/* im2col of reduction slice [k0, k1) for m output positions starting at column col, channels of
+ * group gi: row i of a (k1 - k0 values) holds A[col + i, k0:k1], zeros where the window leaves the
+ * input. The reduction index is (ky * kw + kx) * cin_g + ci; every row starts at the same
+ * (ky, kx, ci), found once, and walks on from there by runs: the rest of one tap's channels, or
+ * with dilation 1 and one group the rest of a window row inside the input (contiguous in NHWC),
+ * or the zeros of a tap or window row outside it. */
 static void conv_im2col(const layer *l, const conv_geometry *g, const float *x, int64_t col,
-                        int64_t m, int64_t gi, float *restrict a) {
+                        int64_t m, int64_t gi, int64_t k0, int64_t k1, float *restrict a) {
     ops_position p = ops_position_of(col, l->h, l->w);
-    size_t cin_g = (size_t)g->cin_g, kw = (size_t)g->kw;
-    int whole_rows = g->dw == 1 && g->cin_g == g->cin; /* a window row is one contiguous run */
+    const int64_t cin_g = g->cin_g, kw = g->kw, ks = k1 - k0;
+    const int64_t tap0 = k0 / cin_g, ci0 = k0 - tap0 * cin_g;
+    const int64_t ky0 = tap0 / kw, kx0 = tap0 - ky0 * kw;
+    const int whole_rows = g->dw == 1 && g->cin_g == g->cin; /* a window row is one run */
     for (int64_t i = 0; i < m; i++, ops_position_next(&p, l->h, l->w)) {
-        float *row = a + i * g->k;
+        float *dst = a + i * ks;
         const float *xb = x + p.n * g->hin * g->win * g->cin + gi * g->cin_g;
-        int64_t iy0 = p.y * g->sh - g->pt, ix0 = p.x * g->sw - g->pl;
-        int inside_x = ix0 >= 0 && ix0 + g->kw <= g->win;
-        for (int64_t ky = 0; ky < g->kh; ky++) {
-            int64_t iy = iy0 + ky * g->dh;
-            float *dst = row + ky * g->kw * g->cin_g;
+        const int64_t iy0 = p.y * g->sh - g->pt, ix0 = p.x * g->sw - g->pl;
+        int64_t ky = ky0, kx = kx0, ci = ci0, left = ks;
+        while (left > 0) {
+            const int64_t iy = iy0 + ky * g->dh, ix = ix0 + kx * g->dw;
+            int64_t run, taps; /* floats, and whole taps the run finishes */
             if (iy < 0 || iy >= g->hin) {
-                memset(dst, 0, kw * cin_g * sizeof(float));
-                continue;
+                run = (kw - kx) * cin_g - ci;
+                taps = kw - kx;
+            } else if (ix < 0 || ix >= g->win) {
+                run = cin_g - ci;
+                taps = 1;
+            } else {
+                taps = 1;
+                if (whole_rows) { /* on over the following taps still inside the input */
+                    int64_t kx_end = g->win - ix0;
+                    taps = (kx_end < kw ? kx_end : kw) - kx;
+                }
+                run = taps * cin_g - ci;
             }
-            const float *src = xb + iy * g->win * g->cin;
-            if (whole_rows && inside_x) {
-                memcpy(dst, src + ix0 * g->cin, kw * cin_g * sizeof(float));
-                continue;
-            }
-            for (int64_t kx = 0; kx < g->kw; kx++) {
-                int64_t ix = ix0 + kx * g->dw;
-                if (ix < 0 || ix >= g->win)
-                    memset(dst + kx * g->cin_g, 0, cin_g * sizeof(float));
-                else
-                    memcpy(dst + kx * g->cin_g, src + ix * g->cin, cin_g * sizeof(float));
+            if (run > left) run = left; /* the slice ends inside: nothing to advance */
+            if (iy < 0 || iy >= g->hin || ix < 0 || ix >= g->win)
+                zero_run(dst, run);
+            else
+                copy_run(dst, xb + (iy * g->win + ix) * g->cin + ci, run);
+            dst += run;
+            left -= run;
+            ci = 0;
+            kx += taps;
+            if (kx >= kw) {
+                kx = 0;
+                ky++;
             }
         }
     }
 }
 
-/* Output channels [jlo, jhi) of group gi (group-relative) for m positions: c and r point at the
- * group's channel 0 of the first position (row stride l->c). gemm_run wants a panel-aligned
- * first channel; when jlo is not, the channels before the next panel boundary are computed into
- * tmp (m x nr) and copied, so nothing outside the tile is written. */
-static void conv_gemm(const layer *l, const conv_geometry *g, size_t m, const float *a,
-                      size_t lda, int64_t gi, size_t jlo, size_t jhi, float *c, const float *r,
-                      float *tmp) {
+/* Reduction range [k0, k1) of output channels [jlo, jhi) of group gi for m positions: c and r
+ * point at the group's channel 0 of the first position (row stride l->c); a at A[0, k0]. The
+ * first range (k0 == 0) overwrites, the others accumulate, the last (k1 == K) applies bias,
+ * residual and clamp. gemm_run wants a panel-aligned first channel; when jlo is not, the
+ * channels before the next panel boundary are accumulated in tmp (m x nr, kept between ranges)
+ * and copied at the end, so nothing outside the tile is written. */
+static void conv_gemm(const layer *l, const conv_geometry *g, size_t m, size_t k0, size_t k1,
+                      const float *a, size_t lda, int64_t gi, size_t jlo, size_t jhi, float *c,
+                      const float *r, float *tmp) {
     const gemm_kernel *kern = l->kern;
     size_t nr = kern->nr, k = (size_t)g->k, ldc = (size_t)l->c;
     const float *packed = l->packed + (size_t)gi * l->packed_group_stride;
     const float *bias = l->arrays[1] ? (const float *)l->arrays[1] + gi * g->cout_g : NULL;
+    const int last = k1 == k;
     float lo, hi;
     ops_act_bounds((int32_t)g->act, l->fparams[0], l->fparams[1], &lo, &hi);
 
@@ -174,21 +229,25 @@ static void conv_gemm(const layer *l, const conv_geometry *g, size_t m, const fl
     if (jlo < jmid) {
         size_t base = jlo / nr * nr;
         gemm_epilogue ep = {bias ? bias + base : NULL, NULL, 0, -INFINITY, INFINITY};
-        gemm_run(kern, m, 0, jmid - base, k, a, lda, packed + base * k, tmp, nr, &ep);
-        for (size_t i = 0; i < m; i++) {
-            const float *t = tmp + i * nr;
-            float *ci = c + i * ldc;
-            const float *ri = r ? r + i * ldc : NULL;
-            for (size_t j = jlo; j < jmid; j++) {
-                float v = t[j - base] + (ri ? ri[j] : 0.0f);
-                v = v < lo ? lo : v;
-                ci[j] = v > hi ? hi : v;
+        gemm_run_k(kern, m, 0, jmid - base, k, k0, k1, a, lda, packed + base * k, tmp, nr,
+                   last ? &ep : NULL);
+        if (last) {
+            for (size_t i = 0; i < m; i++) {
+                const float *t = tmp + i * nr;
+                float *ci = c + i * ldc;
+                const float *ri = r ? r + i * ldc : NULL;
+                for (size_t j = jlo; j < jmid; j++) {
+                    float v = t[j - base] + (ri ? ri[j] : 0.0f);
+                    v = v < lo ? lo : v;
+                    ci[j] = v > hi ? hi : v;
+                }
             }
         }
     }
     if (jmid < jhi) {
         gemm_epilogue ep = {bias ? bias + jmid : NULL, r ? r + jmid : NULL, ldc, lo, hi};
-        gemm_run(kern, m, 0, jhi - jmid, k, a, lda, packed + jmid * k, c + jmid, ldc, &ep);
+        gemm_run_k(kern, m, 0, jhi - jmid, k, k0, k1, a, lda, packed + jmid * k, c + jmid, ldc,
+                   last ? &ep : NULL);
     }
 }
 
@@ -197,9 +256,10 @@ static void conv_execute_gemm(const layer *l, const float *const *in, float *out
     conv_geometry g = geometry(l);
     const float *x = in[0], *res = l->n_inputs > 1 ? in[1] : NULL;
     int64_t c = l->c, block = l->block_cols;
+    const int64_t slice = (int64_t)conv_slice_k(l, &g);
     float *acol = scratch;
     float *tmp = scratch;
-    if (l->variant == CONV_IM2COL) tmp += ops_round_up((size_t)(block * g.k), 16);
+    if (l->variant == CONV_IM2COL) tmp += ops_round_up((size_t)(block * slice), 16);
     int64_t g0 = row0 / g.cout_g, g1 = (row1 - 1) / g.cout_g;
 
     for (int64_t b0 = col0; b0 < col1; b0 += block) {
@@ -208,21 +268,28 @@ static void conv_execute_gemm(const layer *l, const float *const *in, float *out
             int64_t first = gi * g.cout_g;
             int64_t jlo = (row0 > first ? row0 : first) - first;
             int64_t jhi = (row1 < first + g.cout_g ? row1 : first + g.cout_g) - first;
-            const float *a;
-            size_t lda;
-            if (l->variant == CONV_POINTWISE) {
-                a = x + b0 * g.cin + gi * g.cin_g;
-                lda = (size_t)g.cin;
-            } else if (l->variant == CONV_FC) {
-                a = x + b0 * g.k; /* column b0 is batch b0 */
-                lda = (size_t)g.k;
+            float *cb = out + b0 * c + first;
+            const float *rb = res ? res + b0 * c + first : NULL;
+            if (l->variant == CONV_IM2COL) {
+                for (int64_t k0 = 0; k0 < g.k; k0 += slice) {
+                    int64_t k1 = g.k - k0 < slice ? g.k : k0 + slice;
+                    conv_im2col(l, &g, x, b0, m, gi, k0, k1, acol);
+                    conv_gemm(l, &g, (size_t)m, (size_t)k0, (size_t)k1, acol, (size_t)(k1 - k0),
+                              gi, (size_t)jlo, (size_t)jhi, cb, rb, tmp);
+                }
             } else {
-                conv_im2col(l, &g, x, b0, m, gi, acol);
-                a = acol;
-                lda = (size_t)g.k;
+                const float *a;
+                size_t lda;
+                if (l->variant == CONV_POINTWISE) {
+                    a = x + b0 * g.cin + gi * g.cin_g;
+                    lda = (size_t)g.cin;
+                } else { /* CONV_FC: column b0 is batch b0 */
+                    a = x + b0 * g.k;
+                    lda = (size_t)g.k;
+                }
+                conv_gemm(l, &g, (size_t)m, 0, (size_t)g.k, a, lda, gi, (size_t)jlo, (size_t)jhi,
+                          cb, rb, tmp);
             }
-            conv_gemm(l, &g, (size_t)m, a, lda, gi, (size_t)jlo, (size_t)jhi,
-                      out + b0 * c + first, res ? res + b0 * c + first : NULL, tmp);
         }
         if (!ops_act_is_clamp((int32_t)g.act))
             for (int64_t i = b0; i < b0 + m; i++)
@@ -244,7 +311,18 @@ static void conv_execute_gemm(const layer *l, const float *const *in, float *out
     }
 #define DW_INIT(V) ops_f32x8 acc##V = bias ? (ops_f32x8)OPS_F32X8(bias + c0 + 8 * V) : (ops_f32x8){0};
 #define DW_MAC(V) acc##V += OPS_F32X8(xs + 8 * V) * OPS_F32X8(ws + 8 * V);
-#define DW_STORE(V) OPS_F32X8(o + c0 + 8 * V) = r ? acc##V + OPS_F32X8(r + c0 + 8 * V) : acc##V;
+/* Stores max(lo, min(hi, acc + residual)) lane by lane, keeping NaN as ops_act_apply's clamps do:
+ * selects by comparison masks, the form the vector extension offers in C (a macro, not a
+ * function: a function returning a vector would change the baseline build's ABI). */
+#define DW_STORE(V)                                                                     \
+    {                                                                                   \
+        ops_f32x8 v = r ? acc##V + OPS_F32X8(r + c0 + 8 * V) : acc##V;                  \
+        dw_i32x8 below = v < lov, above = v > hiv, vi = (dw_i32x8)v;                    \
+        vi = (below & (dw_i32x8)lov) | (~below & vi);                                   \
+        vi = (above & (dw_i32x8)hiv) | (~above & vi);                                   \
+        OPS_F32X8(o + c0 + 8 * V) = (ops_f32x8)vi;                                      \
+    }
+typedef int32_t dw_i32x8 __attribute__((vector_size(32)));
 
 /* Direct depthwise convolution: per output position, blocks of channels accumulate every tap of
  * the window in registers (weights re-laid [ky][kx][c] so each tap is a contiguous vector). */
@@ -255,6 +333,11 @@ OPS_CLONES static void conv_execute_depthwise(const layer *l, const float *const
     const float *x = in[0], *res = l->n_inputs > 1 ? in[1] : NULL;
     const float *bias = l->arrays[1];
     int64_t c = l->c;
+    /* Clamp activations (none, ReLU, ReLU6) are applied in registers before the store; the
+     * others in a pass over the finished channels. */
+    float lo, hi;
+    ops_act_bounds((int32_t)g.act, l->fparams[0], l->fparams[1], &lo, &hi);
+    const ops_f32x8 lov = {lo, lo, lo, lo, lo, lo, lo, lo}, hiv = {hi, hi, hi, hi, hi, hi, hi, hi};
     ops_position p = ops_position_of(col0, l->h, l->w);
     for (int64_t col = col0; col < col1; col++, ops_position_next(&p, l->h, l->w)) {
         const float *xb = x + p.n * g.hin * g.win * c;
@@ -280,9 +363,11 @@ OPS_CLONES static void conv_execute_depthwise(const layer *l, const float *const
                 for (int64_t kx = kx0; kx < kx1; kx++)
                     acc += xb[((iy0 + ky * g.dh) * g.win + ix0 + kx * g.dw) * c + c0] *
                            l->packed[(ky * g.kw + kx) * c + c0];
-            o[c0] = acc + (r ? r[c0] : 0.0f);
+            float v = acc + (r ? r[c0] : 0.0f);
+            v = v < lo ? lo : v;
+            o[c0] = v > hi ? hi : v;
         }
-        if (g.act != COACTO_ACT_NONE)
+        if (!ops_act_is_clamp((int32_t)g.act))
             ops_act_apply(o + row0, (size_t)(row1 - row0), (int32_t)g.act, l->fparams[0],
                           l->fparams[1]);
     }

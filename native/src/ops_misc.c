@@ -43,6 +43,7 @@ coacto_status binary_prepare(layer *l, char *err, size_t err_size) {
             for (int64_t y = 0; y < kh; y++)
                 for (int64_t x = 0; x < kw; x++)
                     l->packed[((n * kh + y) * kw + x) * kc + c] = k[((n * kc + c) * kh + y) * kw + x];
+    l->arrays_consumed = 1u << 0;
     return COACTO_OK;
 }
 

@@ -28,9 +28,12 @@
 #define cpu_relax() ((void)0)
 #endif
 
-/* Spin this many polls of the pool before sleeping: a wake-up costs tens of microseconds, and
- * during an inference new tiles appear every few microseconds. */
-#define SPIN_POLLS 4000
+/* An idle worker polls the pool for this long before it sleeps. During an inference new tiles
+ * appear every few microseconds, and between two inferences of a loop the caller needs a few
+ * hundred: a wake-up costs tens of microseconds on bare metal, and far more on a virtual machine,
+ * whose idle virtual CPU the host deschedules. Measured in time, not polls: a pause instruction
+ * lasts 10 cycles on some CPUs and 140 on others. COACTO_SPIN_US overrides it (0: sleep at once). */
+#define SPIN_SECONDS_DEFAULT 1e-3
 
 static _Thread_local int32_t tls_worker = -1;
 
@@ -259,7 +262,16 @@ static void run_chain(worker *w, coacto_inference *inf, int32_t tile) {
         int expected = COACTO_TILE_READY;
         if (!atomic_compare_exchange_strong(&inf->state[tile], &expected, COACTO_TILE_RUNNING))
             break; /* completed from outside meanwhile */
-        coacto_status st = execute_tile(w, inf, tile);
+        coacto_status st;
+        if (atomic_load_explicit(&inf->g->profiling, memory_order_relaxed)) {
+            double t0 = coacto_now_seconds();
+            st = execute_tile(w, inf, tile);
+            int64_t ns = (int64_t)((coacto_now_seconds() - t0) * 1e9);
+            atomic_fetch_add_explicit(&inf->g->layer_ns[inf->g->tile_layer[tile]], ns,
+                                      memory_order_relaxed);
+        } else {
+            st = execute_tile(w, inf, tile);
+        }
         if (st != COACTO_OK) {
             inference_fail(inf, st);
             break;
@@ -279,11 +291,13 @@ static void *worker_main(void *arg) {
     atomic_store(&w->tid, (int)syscall(SYS_gettid));
     task t;
     for (;;) {
-        int got = 0;
-        for (int spin = 0; spin < SPIN_POLLS && !got; spin++) {
-            got = pool_pop(rt, w->index, &t);
-            if (!got) {
-                if (atomic_load_explicit(&rt->stop, memory_order_relaxed)) break;
+        int got = pool_pop(rt, w->index, &t);
+        if (!got && rt->spin_seconds > 0) {
+            double until = coacto_now_seconds() + rt->spin_seconds;
+            for (unsigned spin = 1; !got; spin++) {
+                got = pool_pop(rt, w->index, &t);
+                if (got || atomic_load_explicit(&rt->stop, memory_order_relaxed)) break;
+                if (spin % 32 == 0 && coacto_now_seconds() > until) break;
                 cpu_relax();
             }
         }
@@ -313,6 +327,13 @@ coacto_status coacto_runtime_create(int32_t n_threads, coacto_runtime **out) {
     coacto_runtime *rt = calloc(1, sizeof *rt);
     if (!rt) return COACTO_ERR_OUT_OF_MEMORY;
     rt->n_threads = n_threads;
+    rt->spin_seconds = SPIN_SECONDS_DEFAULT;
+    const char *spin_env = getenv("COACTO_SPIN_US");
+    if (spin_env && *spin_env) {
+        char *end;
+        double us = strtod(spin_env, &end);
+        if (*end == '\0' && us >= 0 && us <= 1e6) rt->spin_seconds = us * 1e-6;
+    }
     rt->rows = aligned_alloc(COACTO_CACHE_LINE, sizeof(pool_row) * (size_t)n_threads);
     rt->workers = aligned_alloc(COACTO_CACHE_LINE, sizeof(worker) * (size_t)n_threads);
     if (!rt->rows || !rt->workers) {
@@ -449,8 +470,22 @@ static int inference_usable(const coacto_inference *inf) {
     return !atomic_load(&inf->cancelled) && !atomic_load(&inf->error);
 }
 
-coacto_status coacto_inference_set_input(coacto_inference *inf, int32_t li, const float *data,
-                                         int64_t n_floats) {
+/* NCHW -> NHWC of one batch item (c planes of hw values), in blocks that stay in L1. */
+static void transpose_to_nhwc(const float *restrict src, float *restrict dst, int64_t c,
+                              int64_t hw) {
+    enum { BLOCK = 64 };
+    for (int64_t p0 = 0; p0 < hw; p0 += BLOCK) {
+        int64_t p1 = p0 + BLOCK < hw ? p0 + BLOCK : hw;
+        for (int64_t c0 = 0; c0 < c; c0 += BLOCK) {
+            int64_t c1 = c0 + BLOCK < c ? c0 + BLOCK : c;
+            for (int64_t p = p0; p < p1; p++)
+                for (int64_t ch = c0; ch < c1; ch++) dst[p * c + ch] = src[ch * hw + p];
+        }
+    }
+}
+
+static coacto_status set_input(coacto_inference *inf, int32_t li, const float *data,
+                               int64_t n_floats, int nchw) {
     if (!inf || !data || li < 0 || li >= inf->g->n_layers) return COACTO_ERR_INVALID_ARGUMENT;
     const coacto_graph *g = inf->g;
     if (g->layers[li].op != COACTO_OP_INPUT || n_floats != g->layer_floats[li])
@@ -462,13 +497,29 @@ coacto_status coacto_inference_set_input(coacto_inference *inf, int32_t li, cons
     int32_t first = g->layer_first_tile[li], end = g->layer_first_tile[li + 1];
     for (int32_t t = first; t < end; t++)
         if (atomic_load(&inf->state[t]) != COACTO_TILE_NOT_READY) return COACTO_ERR_STATE;
-    memcpy(buf, data, (size_t)n_floats * sizeof(float));
+    const layer *l = &g->layers[li];
+    int64_t hw = (int64_t)l->h * l->w, item = hw * l->c;
+    if (nchw && hw > 1 && l->c > 1)
+        for (int64_t ni = 0; ni < l->n; ni++)
+            transpose_to_nhwc(data + ni * item, buf + ni * item, l->c, hw);
+    else
+        memcpy(buf, data, (size_t)n_floats * sizeof(float));
     atomic_fetch_add(&inf->inflight, 1); /* pushes below happen on this thread's reference */
     for (int32_t t = first; t < end; t++) {
         if (claim_tile(inf, t)) complete_tile(inf, t, NULL, 1);
     }
     release_inflight(inf);
     return COACTO_OK;
+}
+
+coacto_status coacto_inference_set_input(coacto_inference *inf, int32_t li, const float *data,
+                                         int64_t n_floats) {
+    return set_input(inf, li, data, n_floats, 0);
+}
+
+coacto_status coacto_inference_set_input_nchw(coacto_inference *inf, int32_t li,
+                                              const float *data, int64_t n_floats) {
+    return set_input(inf, li, data, n_floats, 1);
 }
 
 coacto_status coacto_inference_put_tile(coacto_inference *inf, int32_t tile, const float *data,

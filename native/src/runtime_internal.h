@@ -34,13 +34,19 @@ struct coacto_graph {
     double *work_old;              /* the array a later set_work replaced (freed with the graph) */
     int32_t n_sources;             /* non-INPUT tiles without parents */
     int32_t *sources;
-    uint8_t *blob;                 /* 64-byte aligned copy */
+    uint8_t *blob;                 /* the arrays executors read (64-byte aligned copies); arrays
+                                      that prepare packed (weights) are not kept twice */
+    /* Per-layer busy time of computed tiles (coacto_graph_set_profiling), nanoseconds. */
+    atomic_int profiling;
+    _Atomic int64_t *layer_ns;     /* [n_layers] */
     /* Activation buffers freed by finished inferences, reused by the next ones: saves the page
-     * faults and page clearing of fresh allocations. Holds at most cache_limit bytes. */
+     * faults and page clearing of fresh allocations. Buffers handed out (live) plus cached stay
+     * within cache_limit (twice one inference's peak) where possible: a fresh allocation first
+     * frees cached buffers of other sizes rather than growing the footprint past it. */
     pthread_mutex_t cache_mu;
     struct cached_buffer *cache;
     int32_t cache_n, cache_cap;
-    int64_t cache_bytes, cache_limit;
+    int64_t cache_bytes, cache_limit, live_bytes;
 };
 
 struct cached_buffer {
@@ -96,6 +102,7 @@ typedef struct send_fifo {
 struct coacto_runtime {
     report_queue reports;
     int32_t n_threads;
+    double spin_seconds; /* how long an idle worker polls before it sleeps */
     pool_row *rows;
     worker *workers;
     _Alignas(COACTO_CACHE_LINE) atomic_long pending; /* tasks in the pool */

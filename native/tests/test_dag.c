@@ -249,7 +249,20 @@ static void run_case(int seed, int threads, int with_putter) {
             all_layer_values(&d, input, vals);
             pa = (putter_arg){inf, &d, (const float *const *)vals, rep, 2 + rep, 0, 0};
         }
-        CHECK(coacto_inference_set_input(inf, 0, input, (int64_t)n) == COACTO_OK, "set_input");
+        /* rep 1 times every layer; rep 2 gives the input in ONNX (NCHW) order, which the
+         * runtime transposes into its layout (the input layer is 1 x rows x 1 x cols). */
+        if (rep == 1) CHECK(coacto_graph_set_profiling(g, 1) == COACTO_OK, "set_profiling");
+        if (rep == 2) {
+            float *nchw = malloc(sizeof(float) * n);
+            for (int col = 0; col < d.cols; col++)
+                for (int r = 0; r < d.rows; r++)
+                    nchw[(size_t)r * d.cols + col] = input[(size_t)col * d.rows + r];
+            CHECK(coacto_inference_set_input_nchw(inf, 0, nchw, (int64_t)n) == COACTO_OK,
+                  "set_input_nchw");
+            free(nchw);
+        } else {
+            CHECK(coacto_inference_set_input(inf, 0, input, (int64_t)n) == COACTO_OK, "set_input");
+        }
         if (with_putter) pthread_create(&th, NULL, putter, &pa);
         st = coacto_inference_wait(inf, 30.0);
         CHECK(st == COACTO_OK, "seed %d: wait: %s", seed, coacto_status_string(st));
@@ -290,6 +303,22 @@ static void run_case(int seed, int threads, int with_putter) {
                   "duplicate put accepted");
         }
         coacto_inference_destroy(inf);
+        if (rep == 1) {
+            double *secs = malloc(sizeof(double) * (size_t)d.n_layers);
+            CHECK(coacto_graph_layer_seconds(g, secs, d.n_layers) == COACTO_OK, "layer_seconds");
+            CHECK(coacto_graph_layer_seconds(g, secs, d.n_layers + 1) ==
+                      COACTO_ERR_INVALID_ARGUMENT,
+                  "layer_seconds accepted a wrong layer count");
+            double total = 0;
+            for (int l = 0; l < d.n_layers; l++) {
+                CHECK(secs[l] >= 0, "layer %d: %g s", l, secs[l]);
+                total += secs[l];
+            }
+            CHECK(secs[0] == 0, "the input layer is never executed, timed %g s", secs[0]);
+            CHECK(with_putter || total > 0, "no layer time recorded");
+            CHECK(coacto_graph_set_profiling(g, 0) == COACTO_OK, "set_profiling off");
+            free(secs);
+        }
         if (vals) {
             for (int l = 0; l < d.n_layers; l++) free(vals[l]);
             free(vals);

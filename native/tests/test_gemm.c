@@ -177,8 +177,9 @@ static void test_ukernel(const gemm_kernel *kern)
                             tol[i * nr + j] = tolerance(kc, mag);
                         }
                     }
+                    /* The prefetch hint (here the panel itself) must not change results. */
                     kern->ukernel(mr, nr, kc, a, lda, panel, c, ldc, accumulate,
-                                  with_ep ? &ep : NULL);
+                                  with_ep ? &ep : NULL, accumulate ? panel : NULL);
                     char params[96];
                     snprintf(params, sizeof params, "ukernel mr=%zu nr=%zu kc=%zu acc=%d ep=%d", mr,
                              nr, kc, accumulate, with_ep);
@@ -309,6 +310,21 @@ static void run_one(const gemm_kernel *const *kernels, size_t j_align, const run
                  j0, j1, n_total, k, v);
         count(check_block("run", kern->name, params, cbuf, rows_total, row0, ldc, m, j0, j1, ref,
                           tol));
+        /* The same product by gemm_run_k over consecutive reduction ranges (as im2col slices
+         * feed it): the first overwrites, the rest accumulate, the last applies the epilogue. */
+        if (k > 0) {
+            for (size_t x = 0; x < rows_total * ldc; x++) cbuf[x] = GUARD;
+            const size_t step = 1 + (k * 7 + 3) / 11; /* ranges not aligned to the K block */
+            for (size_t k0 = 0; k0 < k; k0 += step) {
+                const size_t k1 = k - k0 < step ? k : k0 + step;
+                gemm_run_k(kern, m, j0, j1, k, k0, k1, a + k0, lda, packed, cbuf + row0 * ldc,
+                           ldc, ep);
+            }
+            snprintf(params, sizeof params, "run_k m=%zu j0=%zu j1=%zu n_total=%zu k=%zu step=%zu "
+                     "variant=%d", m, j0, j1, n_total, k, step, v);
+            count(check_block("run_k", kern->name, params, cbuf, rows_total, row0, ldc, m, j0, j1,
+                              ref, tol));
+        }
         free(packed);
     }
     free(cbuf);

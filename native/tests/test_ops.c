@@ -115,6 +115,10 @@ static void conv_cases(void) {
         {"depthwise sigmoid", 1, 17, 5, 5, 17, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 17, 4, 0, 1, 0, 0},
         {"conv many columns", 1, 64, 30, 30, 40, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0},
         {"conv deep k", 1, 160, 5, 6, 35, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 0, 0},
+        /* im2col slices that start and end inside taps, with groups, dilation and borders */
+        {"conv taps across slices", 1, 300, 7, 6, 40, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0},
+        {"conv grouped deep k dilated", 1, 200, 8, 8, 36, 3, 3, 2, 1, 2, 1, 0, 2, 2, 1, 2, 0, 0, 1, 0, 0},
+        {"conv 1x1 s2 several blocks", 1, 24, 44, 40, 40, 1, 1, 2, 2, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 0, 0},
         {"pointwise many columns", 2, 16, 25, 25, 24, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 1, 0, 0},
         {"conv 1x1 output", 1, 4, 3, 3, 5, 3, 3, 1, 1, 0, 0, 0, 0, 1, 1, 1, 0, 0, 1, 0, 0},
         {"conv single channel", 1, 1, 6, 6, 1, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 1, 0, 0},

@@ -103,23 +103,38 @@ void gemm_pack_b(const gemm_kernel *kern, size_t k, size_t n, const float *b, si
 void gemm_run(const gemm_kernel *kern, size_t m, size_t j0, size_t j1, size_t k, const float *a,
               size_t lda, const float *packed, float *c, size_t ldc, const gemm_epilogue *ep)
 {
+    gemm_run_k(kern, m, j0, j1, k, 0, k, a, lda, packed, c, ldc, ep);
+}
+
+void gemm_run_k(const gemm_kernel *kern, size_t m, size_t j0, size_t j1, size_t k, size_t k0,
+                size_t k1, const float *a, size_t lda, const float *packed, float *c, size_t ldc,
+                const gemm_epilogue *ep)
+{
     const size_t mr_max = kern->mr, nr_max = kern->nr;
     const size_t kc_max = gemm_block_k(kern);
     const size_t mc_max = BLOCK_M / mr_max * mr_max;
     assert(j0 % nr_max == 0);
+    assert(k0 <= k1 && k1 <= k && (k0 < k1 || k == 0));
     if (m == 0 || j1 <= j0) return;
-    size_t kb = 0;
+    size_t kb = k0;
     /* Loop order (BLIS): K blocks, then row chunks of BLOCK_M, then panels, then MR row blocks.
      * Later K blocks accumulate into C; only the last applies the epilogue. k == 0 still runs
-     * once, so C = epilogue(0). */
+     * once, so C = epilogue(0). The first row block of each panel prefetches the slice the loop
+     * reads next (the next panel, or the first panel of the next K block), so that cold weights
+     * stream in while the current slice is being used. */
     do {
-        const size_t kc = k - kb < kc_max ? k - kb : kc_max;
+        const size_t kc = k1 - kb < kc_max ? k1 - kb : kc_max;
         const int last = kb + kc == k;
         for (size_t ib = 0; ib < m; ib += mc_max) {
             const size_t i_end = m - ib < mc_max ? m : ib + mc_max;
             for (size_t j = j0; j < j1; j += nr_max) {
                 const size_t nr = j1 - j < nr_max ? j1 - j : nr_max;
                 const float *panel = packed + j * k + kb * nr_max;
+                const float *next = NULL;
+                if (j + nr_max < j1)
+                    next = packed + (j + nr_max) * k + kb * nr_max;
+                else if (kb + kc < k)
+                    next = packed + j0 * k + (kb + kc) * nr_max;
                 for (size_t i = ib; i < i_end; i += mr_max) {
                     const size_t mr = i_end - i < mr_max ? i_end - i : mr_max;
                     gemm_epilogue block_ep;
@@ -131,13 +146,13 @@ void gemm_run(const gemm_kernel *kern, size_t m, size_t j0, size_t j1, size_t k,
                             block_ep.residual = ep->residual + i * ep->ld_residual + j;
                         bep = &block_ep;
                     }
-                    kern->ukernel(mr, nr, kc, a + i * lda + kb, lda, panel, c + i * ldc + j,
-                                  ldc, kb > 0, bep);
+                    kern->ukernel(mr, nr, kc, a + i * lda + (kb - k0), lda, panel,
+                                  c + i * ldc + j, ldc, kb > 0, bep, i == ib ? next : NULL);
                 }
             }
         }
         kb += kc;
-    } while (kb < k);
+    } while (kb < k1);
 }
 
 static double now_seconds(void)

@@ -23,10 +23,13 @@ typedef struct gemm_epilogue {
 /* Micro-kernel: the mr x nr block (mr <= MR, nr <= NR) of C at c (row stride ldc) from a (row
  * stride lda, kc values per row) and one packed panel (kc x NR). accumulate != 0 adds to C
  * instead of overwriting; ep != NULL applies the epilogue after accumulating (bias/residual
- * pointers already offset to the block's first row/channel). */
+ * pointers already offset to the block's first row/channel). b_next, when not NULL, is the
+ * panel slice (kc x NR floats) the driver uses next: the kernel prefetches it towards L2 while it
+ * computes, so weights that come from memory (a layer's weights are read once per tile and are
+ * cold) arrive while the current slice is in use. It is a hint; it is never dereferenced. */
 typedef void (*gemm_ukernel_fn)(size_t mr, size_t nr, size_t kc, const float *a, size_t lda,
                                 const float *b_panel, float *c, size_t ldc, int accumulate,
-                                const gemm_epilogue *ep);
+                                const gemm_epilogue *ep, const float *b_next);
 
 typedef struct gemm_kernel {
     const char *name;
@@ -53,6 +56,13 @@ void gemm_pack_b(const gemm_kernel *kern, size_t k, size_t n, const float *b, si
  * Blocks over k internally so panels stay in cache. */
 void gemm_run(const gemm_kernel *kern, size_t m, size_t j0, size_t j1, size_t k, const float *a,
               size_t lda, const float *packed, float *c, size_t ldc, const gemm_epilogue *ep);
+/* The share of gemm_run over reduction indices [k0, k1) of the k in total (k0 < k1 <= k, or
+ * k0 == k1 == k == 0): a points at A[0, k0]; C is overwritten when k0 == 0 and accumulated into
+ * otherwise; the epilogue is applied when k1 == k. Calling it for consecutive ranges equals one
+ * gemm_run: callers that build A piece by piece (im2col) keep only one piece at a time. */
+void gemm_run_k(const gemm_kernel *kern, size_t m, size_t j0, size_t j1, size_t k, size_t k0,
+                size_t k1, const float *a, size_t lda, const float *packed, float *c, size_t ldc,
+                const gemm_epilogue *ep);
 
 /* Notes for callers (additions to the contract above):
  * - packed must be 64-byte aligned (the SIMD kernels use aligned loads on it); so is then every
@@ -60,7 +70,10 @@ void gemm_run(const gemm_kernel *kern, size_t m, size_t j0, size_t j1, size_t k,
  *   residual need only float alignment. ep may be NULL in gemm_run (plain product).
  * - Clamping propagates NaN (max(lo, v), min(hi, v) with v returned when unordered).
  * - The block the ukernel writes is exactly mr x nr: neighbouring parts of C may be written by
- *   other threads at the same time. */
+ *   other threads at the same time.
+ * - With a residual, the SIMD kernels prefetch the residual rows of the next row block (MR rows
+ *   further, same stride), which the driver reads next; a prefetch never faults, so rows past the
+ *   matrix's end are harmless. */
 
 /* Reduction depth gemm_run hands to one ukernel call (tests sweep k around it). */
 size_t gemm_block_k(const gemm_kernel *kern);
@@ -68,15 +81,15 @@ size_t gemm_block_k(const gemm_kernel *kern);
 /* The micro-kernels (each compiled in only where its instruction set exists). */
 void gemm_f32_4x8__scalar(size_t mr, size_t nr, size_t kc, const float *a, size_t lda,
                           const float *b_panel, float *c, size_t ldc, int accumulate,
-                          const gemm_epilogue *ep);
+                          const gemm_epilogue *ep, const float *b_next);
 void gemm_f32_6x16__avx2(size_t mr, size_t nr, size_t kc, const float *a, size_t lda,
                          const float *b_panel, float *c, size_t ldc, int accumulate,
-                         const gemm_epilogue *ep);
+                         const gemm_epilogue *ep, const float *b_next);
 void gemm_f32_14x32__avx512f(size_t mr, size_t nr, size_t kc, const float *a, size_t lda,
                              const float *b_panel, float *c, size_t ldc, int accumulate,
-                             const gemm_epilogue *ep);
+                             const gemm_epilogue *ep, const float *b_next);
 void gemm_f32_6x16__neon(size_t mr, size_t nr, size_t kc, const float *a, size_t lda,
                          const float *b_panel, float *c, size_t ldc, int accumulate,
-                         const gemm_epilogue *ep);
+                         const gemm_epilogue *ep, const float *b_next);
 
 #endif

@@ -37,7 +37,8 @@ static TARGET_AVX2 ALWAYS_INLINE __m256i lanes_below(long n)
 static TARGET_AVX2 ALWAYS_INLINE void ukernel_rows(const size_t rows, size_t nr, size_t kc,
                                                    const float *a, size_t lda, const float *b,
                                                    float *c, size_t ldc, int accumulate,
-                                                   const gemm_epilogue *ep)
+                                                   const gemm_epilogue *ep,
+                                                   const float *b_next)
 {
     __m256 acc0[MR], acc1[MR];
     UNROLL for (size_t i = 0; i < rows; i++)
@@ -45,7 +46,22 @@ static TARGET_AVX2 ALWAYS_INLINE void ukernel_rows(const size_t rows, size_t nr,
         acc0[i] = _mm256_setzero_ps();
         acc1[i] = _mm256_setzero_ps();
     }
+    if (ep && ep->residual) {
+        /* The next row block's residual rows, read by the driver's next call: see the AVX-512
+         * kernel. */
+        UNROLL for (size_t i = 0; i < rows; i++)
+        {
+            const float *r = ep->residual + (i + MR) * ep->ld_residual;
+            _mm_prefetch((const char *)r, _MM_HINT_T0);
+            _mm_prefetch((const char *)(r + NR - 1), _MM_HINT_T0);
+        }
+    }
+    const char *pf = (const char *)b_next; /* one 64-byte line of the next slice per step */
     for (size_t p = 0; p < kc; p++) {
+        if (pf) {
+            _mm_prefetch(pf, _MM_HINT_T1);
+            pf += NR * sizeof(float);
+        }
         const __m256 b0 = _mm256_load_ps(b);
         const __m256 b1 = _mm256_load_ps(b + 8);
         b += NR;
@@ -113,12 +129,12 @@ static TARGET_AVX2 ALWAYS_INLINE void ukernel_rows(const size_t rows, size_t nr,
 
 #define ROWS_CASE(r)                                                                  \
     case r:                                                                           \
-        ukernel_rows(r, nr, kc, a, lda, b_panel, c, ldc, accumulate, ep);             \
+        ukernel_rows(r, nr, kc, a, lda, b_panel, c, ldc, accumulate, ep, b_next);             \
         break;
 
 TARGET_AVX2 void gemm_f32_6x16__avx2(size_t mr, size_t nr, size_t kc, const float *a, size_t lda,
                                      const float *b_panel, float *c, size_t ldc, int accumulate,
-                                     const gemm_epilogue *ep)
+                                     const gemm_epilogue *ep, const float *b_next)
 {
     assert(mr <= MR && nr <= NR);
     switch (mr) {

@@ -55,7 +55,8 @@ static ALWAYS_INLINE const float *row_at(size_t i, const char *a0, const char *a
 static TARGET_AVX512 ALWAYS_INLINE void ukernel_rows(const size_t rows, size_t nr, size_t kc,
                                                      const float *a, size_t lda, const float *b,
                                                      float *c, size_t ldc, int accumulate,
-                                                     const gemm_epilogue *ep)
+                                                     const gemm_epilogue *ep,
+                                                     const float *b_next)
 {
     __m512 acc0[MR], acc1[MR];
     UNROLL for (size_t i = 0; i < rows; i++)
@@ -66,7 +67,24 @@ static TARGET_AVX512 ALWAYS_INLINE void ukernel_rows(const size_t rows, size_t n
     const size_t s1 = lda * sizeof(float), s3 = 3 * s1, s5 = 5 * s1;
     const char *a0 = (const char *)a;
     const char *a5 = rows > 5 ? a0 + s5 : a0;
+    if (ep && ep->residual) {
+        /* The residual is cold (written layers ago) and read only at the end, where nothing
+         * hides its latency: fetch the rows of the next row block, which the driver's next call
+         * reads, now (prefetches never fault, past the matrix's end included). */
+        UNROLL for (size_t i = 0; i < rows; i++)
+        {
+            const char *r = (const char *)(ep->residual + (i + MR) * ep->ld_residual);
+            _mm_prefetch(r, _MM_HINT_T0);
+            _mm_prefetch(r + 64, _MM_HINT_T0);
+        }
+    }
+    const char *pf = (const char *)b_next; /* the next slice's two 64-byte lines per step */
     for (size_t p = 0; p < kc; p++) {
+        if (pf) {
+            _mm_prefetch(pf, _MM_HINT_T1);
+            _mm_prefetch(pf + 64, _MM_HINT_T1);
+            pf += NR * sizeof(float);
+        }
         const __m512 b0 = _mm512_load_ps(b);
         const __m512 b1 = _mm512_load_ps(b + 16);
         b += NR;
@@ -127,12 +145,13 @@ static TARGET_AVX512 ALWAYS_INLINE void ukernel_rows(const size_t rows, size_t n
 
 #define ROWS_CASE(r)                                                                  \
     case r:                                                                           \
-        ukernel_rows(r, nr, kc, a, lda, b_panel, c, ldc, accumulate, ep);             \
+        ukernel_rows(r, nr, kc, a, lda, b_panel, c, ldc, accumulate, ep, b_next);             \
         break;
 
 TARGET_AVX512 void gemm_f32_14x32__avx512f(size_t mr, size_t nr, size_t kc, const float *a,
                                            size_t lda, const float *b_panel, float *c,
-                                           size_t ldc, int accumulate, const gemm_epilogue *ep)
+                                           size_t ldc, int accumulate, const gemm_epilogue *ep,
+                                           const float *b_next)
 {
     assert(mr <= MR && nr <= NR);
     switch (mr) {

@@ -20,14 +20,29 @@
 
 static ALWAYS_INLINE void ukernel_rows(const size_t rows, size_t kc, const float *a, size_t lda,
                                        const float *b, float *c, size_t ldc, int accumulate,
-                                       const gemm_epilogue *ep)
+                                       const gemm_epilogue *ep, const float *b_next)
 {
     float32x4_t acc[MR][4];
     UNROLL for (size_t i = 0; i < rows; i++)
     {
         acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = vdupq_n_f32(0.0f);
     }
+    if (ep && ep->residual) {
+        /* The next row block's residual rows, read by the driver's next call: see the AVX-512
+         * kernel. */
+        UNROLL for (size_t i = 0; i < rows; i++)
+        {
+            const float *r = ep->residual + (i + MR) * ep->ld_residual;
+            __builtin_prefetch(r, 0, 3);
+            __builtin_prefetch(r + NR - 1, 0, 3);
+        }
+    }
+    const char *pf = (const char *)b_next; /* one 64-byte line of the next slice per step */
     for (size_t p = 0; p < kc; p++) {
+        if (pf) {
+            __builtin_prefetch(pf, 0, 2);
+            pf += NR * sizeof(float);
+        }
         const float32x4_t b0 = vld1q_f32(b), b1 = vld1q_f32(b + 4);
         const float32x4_t b2 = vld1q_f32(b + 8), b3 = vld1q_f32(b + 12);
         b += NR;
@@ -79,26 +94,26 @@ static ALWAYS_INLINE void ukernel_rows(const size_t rows, size_t kc, const float
 
 static ALWAYS_INLINE void ukernel_any_rows(size_t mr, size_t kc, const float *a, size_t lda,
                                            const float *b, float *c, size_t ldc, int accumulate,
-                                           const gemm_epilogue *ep)
+                                           const gemm_epilogue *ep, const float *b_next)
 {
     switch (mr) {
-    case 1: ukernel_rows(1, kc, a, lda, b, c, ldc, accumulate, ep); break;
-    case 2: ukernel_rows(2, kc, a, lda, b, c, ldc, accumulate, ep); break;
-    case 3: ukernel_rows(3, kc, a, lda, b, c, ldc, accumulate, ep); break;
-    case 4: ukernel_rows(4, kc, a, lda, b, c, ldc, accumulate, ep); break;
-    case 5: ukernel_rows(5, kc, a, lda, b, c, ldc, accumulate, ep); break;
-    case 6: ukernel_rows(6, kc, a, lda, b, c, ldc, accumulate, ep); break;
+    case 1: ukernel_rows(1, kc, a, lda, b, c, ldc, accumulate, ep, b_next); break;
+    case 2: ukernel_rows(2, kc, a, lda, b, c, ldc, accumulate, ep, b_next); break;
+    case 3: ukernel_rows(3, kc, a, lda, b, c, ldc, accumulate, ep, b_next); break;
+    case 4: ukernel_rows(4, kc, a, lda, b, c, ldc, accumulate, ep, b_next); break;
+    case 5: ukernel_rows(5, kc, a, lda, b, c, ldc, accumulate, ep, b_next); break;
+    case 6: ukernel_rows(6, kc, a, lda, b, c, ldc, accumulate, ep, b_next); break;
     default: break;
     }
 }
 
 void gemm_f32_6x16__neon(size_t mr, size_t nr, size_t kc, const float *a, size_t lda,
                          const float *b_panel, float *c, size_t ldc, int accumulate,
-                         const gemm_epilogue *ep)
+                         const gemm_epilogue *ep, const float *b_next)
 {
     assert(mr <= MR && nr <= NR);
     if (nr == NR) {
-        ukernel_any_rows(mr, kc, a, lda, b_panel, c, ldc, accumulate, ep);
+        ukernel_any_rows(mr, kc, a, lda, b_panel, c, ldc, accumulate, ep, b_next);
         return;
     }
     float tmp_c[MR * NR], tmp_bias[NR], tmp_res[MR * NR];
@@ -121,7 +136,8 @@ void gemm_f32_6x16__neon(size_t mr, size_t nr, size_t kc, const float *a, size_t
             tmp_ep.ld_residual = NR;
         }
     }
-    ukernel_any_rows(mr, kc, a, lda, b_panel, tmp_c, NR, accumulate, ep ? &tmp_ep : NULL);
+    ukernel_any_rows(mr, kc, a, lda, b_panel, tmp_c, NR, accumulate, ep ? &tmp_ep : NULL,
+                     b_next);
     for (size_t i = 0; i < mr; i++) memcpy(c + i * ldc, tmp_c + i * NR, nr * sizeof(float));
 }
 
