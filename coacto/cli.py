@@ -46,12 +46,13 @@ def _progress(msg: str) -> None:
 # ------------------------------------------------------------------------------ model loading
 
 def resolve_model(spec: str, tiles_per_layer=None, input_shapes=None, image_size=None,
-                  threads: int | None = None, use_tuned: bool = True):
+                  threads: int | None = None, use_tuned: bool = True, min_column_blocks: int = 0):
     """A .ctg file, an .onnx file, or the name of a zoo model -> (TileGraph, onnx bytes or None).
 
     An ONNX model is compiled with the tile counts of the profile `coacto tune` stored for it on
     this machine and thread count, when there is one, use_tuned is set, and neither --tiles nor
-    --shape overrides the partition."""
+    --shape overrides the partition. ``min_column_blocks``: see coacto.compile (graphs for
+    offloading)."""
     import coacto
 
     path = Path(spec)
@@ -87,7 +88,7 @@ def resolve_model(spec: str, tiles_per_layer=None, input_shapes=None, image_size
                       f"--no-tuned ignores it)")
     t0 = time.perf_counter()
     tg = coacto.compile(data, tiles_per_layer=tiles_per_layer, input_shapes=input_shapes,
-                        layer_tiles=layer_tiles)
+                        layer_tiles=layer_tiles, min_column_blocks=min_column_blocks)
     _progress(f"compiled {label}: {tg.n_layers} layers, {tg.n_tiles} tiles "
               f"in {time.perf_counter() - t0:.2f} s")
     return tg, data

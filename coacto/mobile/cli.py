@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import CoactoError, InputError
+from ..partition import OFFLOAD_MIN_COLUMN_BLOCKS
 from .policies import POLICIES
 
 log = logging.getLogger("coacto.mobile.cli")
@@ -114,7 +115,10 @@ def run(args) -> int:
                          "(or use --policy local)")
     if args.model_bytes is not None and not Path(args.model_bytes).is_file():
         raise InputError(f"--model-bytes {args.model_bytes}: no such file")
-    tg, onnx_bytes = resolve_model(args.model, args.tiles, None, args.image_size)
+    # The graph the server compiles too: the offloading partition, no device-local tuned profile
+    # (tuned tile counts are for local runs; a server compiles only the parameters it knows).
+    tg, onnx_bytes = resolve_model(args.model, args.tiles, None, args.image_size, use_tuned=False,
+                                   min_column_blocks=OFFLOAD_MIN_COLUMN_BLOCKS)
     feeds = load_inputs(args.input, tg, args.random)
     with Client(args.server, tg, threads=args.threads, policy=args.policy,
                 bandwidth=args.bandwidth, timeout=args.timeout,

@@ -59,6 +59,10 @@ WINDOW_S = 0.05
 #: worth their link time and CPU. Every EXPLORE_EVERY-th such inference offloads anyway, so the
 #: estimates stay fresh.
 EXPLORE_EVERY = 8
+#: ... and unless offloading is predicted to be at least this much faster: the predictions carry
+#: errors of a few percent, and offloading costs what they leave out (the device's CPU for the
+#: link, a fallback when the server goes away). A tie stays on the device.
+OFFLOAD_MIN_GAIN = 0.05
 #: Longest poll (the loop also wakes on every event).
 MAX_POLL_S = 0.5
 
@@ -314,7 +318,7 @@ class Engine:
             return False
         local, offloaded = policies.local_and_best_offload(
             self.tg, e.device_flops, e.server_flops, e.bandwidth, e.rtt.value, e.alpha)
-        if local >= offloaded:
+        if offloaded < local * (1.0 - OFFLOAD_MIN_GAIN):
             self._gated = 0
             return False
         self._gated += 1

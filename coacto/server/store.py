@@ -26,9 +26,10 @@ from ..tilegraph import PARTITIONER_VERSION, TileGraph
 log = logging.getLogger(__name__)
 
 #: Partition parameters a device may ask for (the keys of TileGraph.params).
-PARAM_KEYS = frozenset({"tiles_per_layer", "input_shapes", "min_column_blocks"})
+PARAM_KEYS = frozenset({"tiles_per_layer", "input_shapes", "min_column_blocks", "layer_tiles"})
 #: Bounds on what a device may ask the server to compile (a hostile request must not exhaust it).
 MAX_TILES_PER_LAYER = 4096
+MAX_LAYER_TILES_ENTRIES = 1 << 16
 MAX_INPUT_RANK = 8
 MAX_INPUT_ELEMENTS = 1 << 26   # 256 MiB of float32 per input
 MAX_GRAPH_TILES = 1 << 20
@@ -53,7 +54,7 @@ def check_params(params) -> dict:
     """Partition parameters from a device -> keyword arguments for coacto.compile."""
     if not isinstance(params, dict):
         raise StoreError(P.E_BAD_MESSAGE, "params must be a map like TileGraph.params "
-                                          "{tiles_per_layer, input_shapes, min_column_blocks}")
+                                          "{tiles_per_layer, input_shapes, min_column_blocks, layer_tiles}")
     unknown = sorted(str(k) for k in params if k not in PARAM_KEYS)
     if unknown:
         raise StoreError(P.E_BAD_MESSAGE, f"unknown partition parameter(s) {unknown}; this server "
@@ -79,7 +80,15 @@ def check_params(params) -> dict:
     if type(blocks) is not int or not 0 <= blocks <= MAX_TILES_PER_LAYER:
         raise StoreError(P.E_BAD_MESSAGE, f"min_column_blocks must be an integer from 0 to "
                                           f"{MAX_TILES_PER_LAYER}, got {blocks!r}")
-    return {"tiles_per_layer": tiles, "input_shapes": out or None, "min_column_blocks": blocks}
+    layer_tiles = params.get("layer_tiles") or {}
+    if not isinstance(layer_tiles, dict) or len(layer_tiles) > MAX_LAYER_TILES_ENTRIES or any(
+            not isinstance(k, str) or not k.isdigit() or len(k) > 6 or type(v) is not int
+            or not 1 <= v <= MAX_TILES_PER_LAYER for k, v in layer_tiles.items()):
+        raise StoreError(P.E_BAD_MESSAGE, f"layer_tiles must be a map {{layer index (decimal "
+                                          f"string): tiles from 1 to {MAX_TILES_PER_LAYER}}} "
+                                          f"with at most {MAX_LAYER_TILES_ENTRIES} entries")
+    return {"tiles_per_layer": tiles, "input_shapes": out or None, "min_column_blocks": blocks,
+            "layer_tiles": {int(k): v for k, v in layer_tiles.items()} or None}
 
 
 class GraphInfo:
