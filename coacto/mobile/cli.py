@@ -115,10 +115,12 @@ def run(args) -> int:
                          "(or use --policy local)")
     if args.model_bytes is not None and not Path(args.model_bytes).is_file():
         raise InputError(f"--model-bytes {args.model_bytes}: no such file")
-    # The graph the server compiles too: the offloading partition, no device-local tuned profile
-    # (tuned tile counts are for local runs; a server compiles only the parameters it knows).
-    tg, onnx_bytes = resolve_model(args.model, args.tiles, None, args.image_size, use_tuned=False,
-                                   min_column_blocks=OFFLOAD_MIN_COLUMN_BLOCKS)
+    # With a server, the graph it compiles too: the offloading partition (without this device's
+    # tuned profile). On the device alone, the partition (and tuned profile) for local speed.
+    alone = args.policy == "local"
+    tg, onnx_bytes = resolve_model(args.model, args.tiles, None, args.image_size,
+                                   threads=args.threads, use_tuned=alone,
+                                   min_column_blocks=0 if alone else OFFLOAD_MIN_COLUMN_BLOCKS)
     feeds = load_inputs(args.input, tg, args.random)
     with Client(args.server, tg, threads=args.threads, policy=args.policy,
                 bandwidth=args.bandwidth, timeout=args.timeout,

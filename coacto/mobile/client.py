@@ -79,7 +79,8 @@ def normalize_address(server: str) -> str:
     return f"tcp://{host}:{port}"
 
 
-def resolve_model(model, tiles_per_layer=None, input_shapes=None, model_bytes=None):
+def resolve_model(model, tiles_per_layer=None, input_shapes=None, model_bytes=None,
+                  min_column_blocks: int = OFFLOAD_MIN_COLUMN_BLOCKS):
     """(TileGraph, ONNX bytes or None) from an ONNX path/bytes/ModelProto, a TileGraph or a .ctg."""
     from .. import compile as compile_model
     from ..onnx_import import load_model
@@ -99,7 +100,7 @@ def resolve_model(model, tiles_per_layer=None, input_shapes=None, model_bytes=No
         # A graph for offloading: image layers keep enough column blocks for the server to start
         # on the first rows of the input while the rest is on the way.
         tg = compile_model(data, tiles_per_layer=tiles_per_layer, input_shapes=input_shapes,
-                           min_column_blocks=OFFLOAD_MIN_COLUMN_BLOCKS)
+                           min_column_blocks=min_column_blocks)
         return tg, data
     if data is not None:
         import hashlib
@@ -146,8 +147,10 @@ class Client:
             raise CoactoError(f"policy {self.policy!r} needs a server address; pass server=None "
                               "only with policy='local'")
         self.server = address
-        self.graph, self.model_bytes = resolve_model(model, tiles_per_layer, input_shapes,
-                                                     model_bytes)
+        # without a server, the partition for local speed
+        self.graph, self.model_bytes = resolve_model(
+            model, tiles_per_layer, input_shapes, model_bytes,
+            OFFLOAD_MIN_COLUMN_BLOCKS if address is not None else 0)
         before = _thread_ids()
         self._runtime = Runtime(self.graph, threads)
         # Computing never delays the communication engine: on a device whose CPU is the
