@@ -211,8 +211,10 @@ class Client:
         self._engine.submit(job)
         return job.future
 
-    def calibrate(self, repeats: int = 2) -> float:
-        """Measures this device's FLOP/s on the model (local runs on zeros; the first warms up)."""
+    def calibrate(self, repeats: int = 4) -> float:
+        """Measures this device's FLOP/s on the model: the best of local runs on zeros (the first
+        packs the weights and warms up; on a busy or throttled device single runs vary by tens of
+        percent, and a slow estimate would send work away that the device does faster)."""
         with self._calibrate_lock:
             if self._estimates.device_flops is not None:
                 return self._estimates.device_flops
