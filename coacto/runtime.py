@@ -140,6 +140,7 @@ class NativeGraph:
         blob = tg.blob if tg.blob else b"\0"
         desc.blob = ffi.from_buffer("uint8_t[]", blob)
         desc.blob_size = len(tg.blob)
+        desc.blob_reclaimable = 1 if tg.blob_is_mapped else 0
         out = ffi.new("coacto_graph **")
         err = ffi.new("char[512]")
         status = lib.coacto_graph_create(desc, out, err, 512)

@@ -248,7 +248,13 @@ class TileGraph:
             raise GraphFileError(f"{path}: cannot read it ({e.strerror or e})") from None
         tg = cls.from_bytes(data, str(path))
         tg._mapping = mapping
+        tg.release_blob_pages()  # the checksum read every page; packing reads them again
         return tg
+
+    @property
+    def blob_is_mapped(self) -> bool:
+        """The blob is a read-only file mapping (load), not memory of this process."""
+        return self._mapping is not None
 
     def release_blob_pages(self) -> None:
         """Drops the resident pages of a file-mapped blob (a no-op for blobs in memory): they

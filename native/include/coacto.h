@@ -104,6 +104,10 @@ typedef struct coacto_graph_desc {
     const int32_t *parents;        /* [parent_offsets[n_tiles]] */
     const uint8_t *blob;
     int64_t blob_size;
+    /* 1: the blob is a read-only file mapping; the pages of weights the runtime packs into its
+     * own copy are dropped (madvise MADV_DONTNEED, re-read from the file if touched again) as
+     * each layer is packed, so loading never holds the weights twice. 0 for any other memory. */
+    int32_t blob_reclaimable;
 } coacto_graph_desc;
 
 typedef struct coacto_inference_stats {

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "ops_internal.h"
 #include "runtime_internal.h"
@@ -193,6 +194,17 @@ coacto_status coacto_graph_layer_seconds(const coacto_graph *g, double *seconds,
     return COACTO_OK;
 }
 
+/* The whole pages inside [p, p + n) of a read-only file mapping go back to the page cache
+ * (they are read from the file again if touched). */
+static void drop_mapped_pages(const uint8_t *p, size_t n) {
+    static long page;
+    if (!page) page = sysconf(_SC_PAGESIZE);
+    if (page <= 0) return;
+    uintptr_t lo = ((uintptr_t)p + (uintptr_t)page - 1) & ~((uintptr_t)page - 1);
+    uintptr_t hi = ((uintptr_t)p + n) & ~((uintptr_t)page - 1);
+    if (hi > lo) (void)madvise((void *)lo, hi - lo, MADV_DONTNEED);
+}
+
 static coacto_status load_layers(coacto_graph *g, const coacto_graph_desc *d, char *err,
                                  size_t es) {
     for (int32_t li = 0; li < d->n_layers; li++) {
@@ -249,13 +261,17 @@ static coacto_status load_layers(coacto_graph *g, const coacto_graph_desc *d, ch
             if (st == COACTO_ERR_OUT_OF_MEMORY) return st;
             return ops_fail(err, es, "layer %d: %s", li, op_err[0] ? op_err : "invalid parameters");
         }
+        if (d->blob_reclaimable)
+            for (int a = 0; a < 4; a++)
+                if (l->arrays[a] && (l->arrays_consumed & (1u << a)))
+                    drop_mapped_pages(l->arrays[a], (size_t)l->array_bytes[a]);
     }
     return COACTO_OK;
 }
 
 /* Copies the arrays the executors read into one allocation the graph owns; arrays op_prepare
  * consumed (packed weights) are dropped, so a graph holds its weights once, packed. */
-static coacto_status keep_arrays(coacto_graph *g) {
+static coacto_status keep_arrays(coacto_graph *g, int reclaimable) {
     size_t total = 0;
     for (int32_t li = 0; li < g->n_layers; li++) {
         const layer *l = &g->layers[li];
@@ -275,6 +291,7 @@ static coacto_status keep_arrays(coacto_graph *g) {
                 continue;
             }
             memcpy(g->blob + off, l->arrays[a], (size_t)l->array_bytes[a]);
+            if (reclaimable) drop_mapped_pages(l->arrays[a], (size_t)l->array_bytes[a]);
             l->arrays[a] = g->blob + off;
             off += ops_round_up((size_t)l->array_bytes[a], COACTO_CACHE_LINE);
         }
@@ -459,7 +476,7 @@ coacto_status coacto_graph_create(const coacto_graph_desc *d, coacto_graph **out
         !g->layer_floats || !g->layer_ns || !g->tile_layer || !g->tile_bounds || !g->parent_off)
         st = COACTO_ERR_OUT_OF_MEMORY;
     if (st == COACTO_OK) st = load_layers(g, d, err, es);
-    if (st == COACTO_OK) st = keep_arrays(g);
+    if (st == COACTO_OK) st = keep_arrays(g, d->blob_reclaimable);
     if (st == COACTO_OK) st = load_tiles(g, d, err, es);
     if (st == COACTO_OK) {
         for (int32_t li = 0; li < g->n_layers; li++)
