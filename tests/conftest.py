@@ -39,6 +39,22 @@ def assert_close(got: dict, ref: dict, rel: float = 1e-4) -> None:
         assert err <= rel * scale, f"{k}: max |error| {err:.3g} > {rel} * max |ref| {scale:.3g}"
 
 
+def assert_native_matches(model, feeds: dict, ref: dict, tiles, threads, label: str = "",
+                          timeout: float = 120) -> None:
+    """The model compiled at every tile count and run at every thread count equals ``ref``."""
+    import coacto
+
+    for t in tiles:
+        tg = coacto.compile(model, tiles_per_layer=t)
+        for th in threads:
+            with coacto.Runtime(tg, threads=th) as rt:
+                got = rt.run(feeds, timeout=timeout)
+            try:
+                assert_close(got, ref)
+            except AssertionError as e:
+                raise AssertionError(f"{label} tiles={t} threads={th}: {e}") from None
+
+
 @pytest.fixture(scope="session")
 def squeezenet():
     return zoo_model("squeezenet")

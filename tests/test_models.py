@@ -7,7 +7,7 @@ import pytest
 import coacto
 from coacto import zoo
 
-from conftest import assert_close, onnxruntime_outputs, zoo_model
+from conftest import assert_close, assert_native_matches, onnxruntime_outputs, zoo_model
 
 TILES = (1, 7, 64)
 THREADS = (1, 2, 4)
@@ -16,15 +16,7 @@ THREADS = (1, 2, 4)
 @pytest.mark.parametrize("name", [n for n in zoo.MODELS if n not in zoo.TRANSFORMERS])
 def test_zoo_model_matches_onnxruntime(name):
     feeds, ref = onnxruntime_outputs(name)
-    for tiles in TILES:
-        graph = coacto.compile(zoo_model(name), tiles_per_layer=tiles)
-        for threads in THREADS:
-            with coacto.Runtime(graph, threads=threads) as rt:
-                got = rt.run(feeds, timeout=120)
-            try:
-                assert_close(got, ref)
-            except AssertionError as e:
-                raise AssertionError(f"{name} tiles={tiles} threads={threads}: {e}") from None
+    assert_native_matches(zoo_model(name), feeds, ref, TILES, THREADS, name)
 
 
 @pytest.mark.parametrize("name", ["resnet50", "mobilenetv2"])

@@ -17,7 +17,7 @@ from coacto.errors import InputError, UnsupportedOperatorError
 from coacto.onnx_import import import_model
 from coacto.reference import run_reference
 
-from conftest import assert_close
+from conftest import assert_close, assert_native_matches
 
 F, I64 = TensorProto.FLOAT, TensorProto.INT64
 TILES = (1, 7, 64, None)
@@ -62,15 +62,7 @@ def check(model, feeds, tiles=(1, 7, None), threads=(1, 2)):
     ref = ort_run(model, feeds)
     graph = import_model(model)
     assert_close(run_reference(graph, feeds), ref)
-    for t in tiles:
-        tg = coacto.compile(model, tiles_per_layer=t)
-        for th in threads:
-            with coacto.Runtime(tg, threads=th) as rt:
-                got = rt.run(feeds, timeout=60)
-            try:
-                assert_close(got, ref)
-            except AssertionError as e:
-                raise AssertionError(f"tiles={t} threads={th}: {e}") from None
+    assert_native_matches(model, feeds, ref, tiles, threads, timeout=60)
     return graph
 
 
@@ -456,16 +448,7 @@ def test_zoo_transformer_matches_onnxruntime(name, style):
     assert ops(graph).count("MATMUL") == 2 * n_layers  # scores and context
     assert ops(graph).count("LAYERNORM") >= 2 * n_layers
     assert ops(graph).count("SOFTMAX") == n_layers
-    for tiles in TILES:
-        tg = coacto.compile(model, tiles_per_layer=tiles)
-        for threads in THREADS:
-            with coacto.Runtime(tg, threads=threads) as rt:
-                got = rt.run(feeds, timeout=120)
-            try:
-                assert_close(got, ref)
-            except AssertionError as e:
-                raise AssertionError(f"{name}/{style} tiles={tiles} threads={threads}: {e}") \
-                    from None
+    assert_native_matches(model, feeds, ref, TILES, THREADS, f"{name}/{style}")
 
 
 @pytest.mark.parametrize("name,opset", [("bert", 11), ("bert", 13), ("gpt2", 17), ("vit", 18)])
