@@ -61,11 +61,6 @@ def onnxruntime_run(onnx_bytes: bytes, feeds, threads: int, repeat: int):
     return dict(zip(names, outs)), statistics.median(times) if times else float("nan")
 
 
-def random_feeds(tg, seed: int = 0) -> dict[str, np.ndarray]:
-    """Inputs for a tile graph: noise for float inputs, valid ids for token inputs."""
-    return tg.example_feeds(seed)
-
-
 #: A block: warm-up runs (at least WARM_RUNS, and for at least WARM_S seconds: a small model
 #: needs more runs than a large one before its threads and cores are up to speed after a pause),
 #: then COUNTED_RUNS timed runs; PAUSE_S between blocks.
@@ -81,7 +76,7 @@ class Contest:
                  feeds: dict | None = None):
         from .runtime import Runtime
 
-        self.feeds = random_feeds(tg) if feeds is None else feeds
+        self.feeds = tg.example_feeds(0) if feeds is None else feeds
         self.row = {"model": name, "threads": threads, "tiles": tg.n_tiles}
         self.rt = Runtime(tg, threads=threads)
         outs = self.rt.run(self.feeds)  # warm-up: packs the weights
@@ -243,7 +238,7 @@ def bench_models(specs: list[str], threads_list: list[int], repeat: int, *,
                     try:
                         tg = compile_bench_model(bm, threads, tiles, use_tuned)
                         contests[spec, threads] = Contest(tg, bm.onnx_bytes, threads, spec,
-                                                          bm.feeds or random_feeds(tg))
+                                                          bm.feeds or tg.example_feeds(0))
                     except UnsupportedOperatorError as e:
                         bm.status = f"unsupported: {_short(e)}"
                     except CoactoError as e:
@@ -292,7 +287,7 @@ def _memory_row(bm: BenchModel, tg, threads: int, mode: str, runs: int) -> dict:
         onnx_path = Path(tmp) / "model.onnx"
         onnx_path.write_bytes(bm.onnx_bytes)
         inputs = Path(tmp) / "inputs.npz"
-        np.savez(inputs, **(bm.feeds or random_feeds(tg)))
+        np.savez(inputs, **(bm.feeds or tg.example_feeds(0)))
         if mode == "ctg":
             coacto_model = tg.save(Path(tmp) / "model.ctg")
         else:

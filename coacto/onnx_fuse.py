@@ -67,8 +67,15 @@ def fuse_layers(layers: list[ir.Layer], inputs: dict[str, int], outputs: dict[st
                     alive[c] = False
                     break
 
-    # Keep what reaches an output (and every input).
     outputs = {name: resolve(i) for name, i in outputs.items()}
+    return prune_layers(layers, inputs, outputs, alive)
+
+
+def prune_layers(layers, inputs, outputs, alive=None):
+    """Keeps the layers an output reaches (and every input), except those marked not ``alive``
+    (fused away), renumbering them and the input / output maps."""
+    n = len(layers)
+    alive = [True] * n if alive is None else alive
     needed = [False] * n
     for i in list(outputs.values()) + list(inputs.values()):
         needed[i] = True

@@ -28,7 +28,7 @@ import heapq
 import numpy as np
 
 from . import ir
-from .onnx_fuse import fuse_layers
+from .onnx_fuse import fuse_layers, prune_layers
 
 #: A constant added to scores counts as a causal mask when its masked value is at most this: x + c
 #: then rounds to c for every |x| below 1e22, so filling with c is exact for any real score.
@@ -64,21 +64,7 @@ def _consumers(layers, outputs):
 
 def _prune(layers, inputs, outputs):
     """Drops layers that no output reaches (inputs stay), renumbering the rest."""
-    needed = [False] * len(layers)
-    for i in list(outputs.values()) + list(inputs.values()):
-        needed[i] = True
-    for j in range(len(layers) - 1, -1, -1):
-        if needed[j]:
-            for p in layers[j].inputs:
-                needed[p] = True
-    keep = [j for j in range(len(layers)) if needed[j]]
-    new = {old: k for k, old in enumerate(keep)}
-    out = []
-    for old in keep:
-        layer = layers[old]
-        layer.inputs = [new[p] for p in layer.inputs]
-        out.append(layer)
-    return out, {k: new[v] for k, v in inputs.items()}, {k: new[v] for k, v in outputs.items()}
+    return prune_layers(layers, inputs, outputs)
 
 
 def _replace(layers, j, layer: ir.Layer) -> None:

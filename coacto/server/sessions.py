@@ -164,11 +164,12 @@ def calibrate_flops(threads: int, repeats: int = 5, min_seconds: float = 0.25) -
     from ..runtime import default_threads, lib
 
     m, n, k = CALIBRATION_GEMM
-    start = time.perf_counter()
-    best = lib.coacto_gemm_benchmark(m, n, k, repeats)
-    while time.perf_counter() - start < min_seconds:
+    start, best = time.perf_counter(), 0.0
+    while True:
         b = lib.coacto_gemm_benchmark(m, n, k, repeats)
-        if b > 0 and (best <= 0 or b < best):
+        if b > 0 and (best == 0 or b < best):
             best = b
+        if time.perf_counter() - start >= min_seconds:
+            break
     per_thread = 2.0 * m * n * k / best if best > 0 else 1e9
     return per_thread * max(1, min(int(threads), default_threads())) * CALIBRATION_EFFICIENCY
