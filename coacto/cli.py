@@ -177,6 +177,19 @@ def cmd_compile(args) -> int:
     return 0
 
 
+def format_trace_summary(trace: dict, path: str, top: int = 8) -> str:
+    """How busy each computing thread was in the fastest traced inference, and where they waited."""
+    wall = trace["wall_us"]
+    busy = ", ".join(f"{b / wall:.0%}" for b in trace["busy_us"])
+    lines = [f"trace of the fastest of 5 inferences: {wall / 1e3:.2f} ms, threads busy {busy}; "
+             f"written to {path} (open in chrome://tracing or ui.perfetto.dev)"]
+    waits = [w for w in trace["waits"] if w["idle_us"] > 0][:top]
+    if waits:
+        lines.append("idle time, by the layer whose tile ended the wait:")
+        lines += [f"  {w['idle_us'] / 1e3:8.3f} ms  {w['op']:<10} {w['layer']}" for w in waits]
+    return "\n".join(lines)
+
+
 def cmd_run(args) -> int:
     from .runtime import Runtime
 
@@ -191,6 +204,11 @@ def cmd_run(args) -> int:
             times.append(time.perf_counter() - t0)
         stats = rt.last_stats
         layers = rt.profile(feeds, args.profile) if args.profile else None
+        trace = rt.trace(feeds) if args.trace else None
+    if trace is not None:
+        from .runtime import chrome_trace
+
+        Path(args.trace).write_text(json.dumps(chrome_trace(trace)))
     if args.output:
         np.savez(args.output, **outputs)
     result = {
@@ -200,6 +218,10 @@ def cmd_run(args) -> int:
     }
     if layers is not None:
         result["layers"] = layers
+    if trace is not None:
+        result["trace"] = {"file": args.trace, "wall_s": trace["wall_us"] * 1e-6,
+                           "busy_s": [b * 1e-6 for b in trace["busy_us"]],
+                           "waits": trace["waits"][:10]}
     if args.json:
         print(json.dumps(result))
     else:
@@ -212,6 +234,8 @@ def cmd_run(args) -> int:
               f"{rt.threads} threads, {tg.n_tiles} tiles")
         if layers is not None:
             print(format_layer_profile(layers, args.profile))
+        if trace is not None:
+            print(format_trace_summary(trace, args.trace))
         if args.output:
             print(f"outputs written to {args.output}")
     return 0
@@ -431,7 +455,9 @@ def build_parser() -> argparse.ArgumentParser:
                               "  coacto run model.ctg --input inputs.npz --output out.npz --json\n"
                               "  coacto run squeezenet --random --repeat 10\n"
                               "  coacto run resnet50 --random --threads 1 --profile 20   # where "
-                              "the time goes")
+                              "the time goes\n"
+                              "  coacto run bert --random --threads 2 --trace bert.json   # idle "
+                              "threads, tile by tile")
     r.add_argument("model", help="an .onnx or .ctg file, or a zoo model name")
     r.add_argument("--input", action="append", metavar="NAME=FILE.npy|FILE.npz",
                    help="an input array (repeatable); a .npz holds several by name")
@@ -444,6 +470,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--profile", type=int, default=0, metavar="RUNS",
                    help="then run RUNS more times timing every layer, and show where the time "
                         "goes (the most expensive layers)")
+    r.add_argument("--trace", metavar="FILE.json",
+                   help="then trace 5 inferences and write the fastest's timeline (every tile: "
+                        "thread, start, duration) as a Chrome trace; prints how busy the threads "
+                        "were and which layers they waited for")
     r.add_argument("--json", action="store_true", help="print a JSON result")
     model_args(r)
     tuned_arg(r)

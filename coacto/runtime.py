@@ -165,6 +165,18 @@ class NativeGraph:
               "reading the layer profile")
         return out
 
+    def tile_trace(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(start, end, worker) of every tile in the last profiled inference; worker -1 for tiles
+        not computed here. Times are seconds of a monotonic clock."""
+        n = int(lib.coacto_graph_tile_count(self.handle))
+        t0, t1 = np.zeros(n), np.zeros(n)
+        worker = np.full(n, -1, dtype=np.int32)
+        check(lib.coacto_graph_tile_trace(self.handle, ffi.from_buffer("double[]", t0),
+                                          ffi.from_buffer("double[]", t1),
+                                          ffi.from_buffer("int32_t[]", worker), n),
+              "reading the tile trace")
+        return t0, t1, worker
+
     def ensure_work(self, work: np.ndarray) -> None:
         """Gives the runtime each tile's work (FLOPs from the inputs) for send decisions, once."""
         if not self._work_set:
@@ -307,6 +319,59 @@ class Runtime:
                  "share": float(secs[li]) / total}
                 for li, layer in enumerate(g.layers)]
 
+    def trace(self, feeds: dict, runs: int = 5) -> dict:
+        """Runs `runs` inferences with tile timing and returns the timeline of the fastest:
+        `events` (one per computed tile: worker, start and duration in microseconds from the
+        inference's first tile, layer, op, tile bounds), `wall_us`, `busy_us` per worker, and
+        `waits`: where idle workers waited longest, per layer whose tile ended the wait. The
+        events load into chrome://tracing or Perfetto via `chrome_trace`."""
+        self._native.set_profiling(True)
+        best = None
+        try:
+            for _ in range(max(1, runs)):
+                self.run(feeds)
+                t0, t1, worker = self._native.tile_trace()
+                done = worker >= 0
+                if not done.any():
+                    continue
+                wall = float(t1[done].max() - t0[done].min())
+                if best is None or wall < best[0]:
+                    best = (wall, t0.copy(), t1.copy(), worker.copy())
+        finally:
+            self._native.set_profiling(False)
+        if best is None:
+            raise CoactoError("no tile was computed on this runtime; nothing to trace")
+        wall, t0, t1, worker = best
+        g, plan = self.graph.graph, self.graph.plan
+        tile_layer = plan.tile_layer
+        base = float(t0[worker >= 0].min())
+        events, busy, waits = [], [0.0] * self.threads, {}
+        for w in range(self.threads):
+            tiles = np.flatnonzero(worker == w)
+            tiles = tiles[np.argsort(t0[tiles])]
+            prev_end = base
+            for t in tiles:
+                li = int(tile_layer[t])
+                start, dur = (t0[t] - base) * 1e6, (t1[t] - t0[t]) * 1e6
+                gap = (t0[t] - prev_end) * 1e6
+                if gap > 0:
+                    waits[li] = waits.get(li, 0.0) + gap
+                prev_end = t1[t]
+                busy[w] += dur
+                layer = g.layers[li]
+                events.append({"worker": w, "start_us": start, "dur_us": dur, "layer": layer.name,
+                               "op": layer.op, "tile": int(t),
+                               "bounds": [int(v) for v in plan.tile_bounds[t]]})
+            end_gap = (base + wall - prev_end) * 1e6
+            if end_gap > 0:
+                waits[-1] = waits.get(-1, 0.0) + end_gap
+        events.sort(key=lambda e: e["start_us"])
+        wait_rows = sorted(({"layer": g.layers[li].name if li >= 0 else "(end of inference)",
+                             "op": g.layers[li].op if li >= 0 else "", "idle_us": us}
+                            for li, us in waits.items()), key=lambda r: -r["idle_us"])
+        return {"wall_us": wall * 1e6, "threads": self.threads, "busy_us": busy,
+                "events": events, "waits": wait_rows}
+
     def run(self, feeds: dict, timeout: float | None = None) -> dict[str, np.ndarray]:
         """One inference: {input name: array} -> {output name: array}, ONNX names and shapes."""
         if self._closed:
@@ -323,6 +388,16 @@ class Runtime:
             outputs = inf.outputs()
             self.last_stats = inf.stats()
         return outputs
+
+
+def chrome_trace(trace: dict) -> dict:
+    """A Runtime.trace timeline in the Trace Event format (chrome://tracing, Perfetto)."""
+    events = [{"name": e["layer"], "cat": e["op"], "ph": "X", "pid": 0, "tid": e["worker"],
+               "ts": e["start_us"], "dur": e["dur_us"],
+               "args": {"tile": e["tile"], "bounds": e["bounds"]}} for e in trace["events"]]
+    events += [{"name": "thread_name", "ph": "M", "pid": 0, "tid": w,
+                "args": {"name": f"worker {w}"}} for w in range(trace["threads"])]
+    return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 
 def _describe(shapes: dict) -> str:

@@ -143,6 +143,16 @@ def test_run_profile_shows_where_the_time_goes():
     assert r.returncode == 0 and "per-layer busy time" in r.stdout and "GFLOP/s" in r.stdout
 
 
+def test_run_trace_writes_a_chrome_trace(tmp_path):
+    out = tmp_path / "t.json"
+    r = coacto("run", "squeezenet", "--image-size", 32, "--random", "--threads", 2, "--trace", out)
+    assert r.returncode == 0, r.stderr
+    assert "threads busy" in r.stdout and str(out) in r.stdout
+    events = json.loads(out.read_text())["traceEvents"]
+    assert {e["tid"] for e in events if e["ph"] == "X"} <= {0, 1}
+    assert any(e["cat"] == "CONV" and e["dur"] > 0 for e in events if e["ph"] == "X")
+
+
 def test_memory_child_usage_and_report(tmp_path):
     r = subprocess.run([sys.executable, "-m", "coacto.memory", "bogus"], capture_output=True,
                        text=True, timeout=60)

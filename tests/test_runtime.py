@@ -189,8 +189,38 @@ def test_layer_profile_accounts_for_the_conv_layers():
     ng = native_graph(graph)
     assert lib.coacto_graph_layer_seconds(ng.handle, coacto.runtime.ffi.new("double[]", 1), 1) \
         == lib.COACTO_ERR_INVALID_ARGUMENT  # wrong layer count
-    ng.set_profiling(True)  # enabling resets the totals
+    ng.set_profiling(True)  # enabling resets the totals and the trace
     assert not ng.layer_seconds().any()
+    assert (ng.tile_trace()[2] == -1).all()
+    d = coacto.runtime.ffi.new("double[]", 1)
+    w = coacto.runtime.ffi.new("int32_t[]", 1)
+    assert lib.coacto_graph_tile_trace(ng.handle, d, d, w, 1) == lib.COACTO_ERR_INVALID_ARGUMENT
+
+
+def test_trace_orders_every_tile_after_its_parents():
+    """The timeline of a traced inference: every computed tile once, on a real worker, started
+    after all its parents ended (the runtime never runs a tile early), busy time within the wall."""
+    feeds, _ = onnxruntime_outputs("squeezenet")
+    graph = coacto.compile(zoo_model("squeezenet"), tiles_per_layer=3)
+    with coacto.Runtime(graph, threads=2) as rt:
+        tr = rt.trace(feeds, runs=2)
+    plan, g = graph.plan, graph.graph
+    computed = [t for t in range(graph.n_tiles) if g.layers[plan.tile_layer[t]].op != "INPUT"]
+    events = {e["tile"]: e for e in tr["events"]}
+    assert sorted(events) == computed
+    assert all(e["worker"] in (0, 1) and e["dur_us"] >= 0 for e in events.values())
+    for t, e in events.items():
+        for p in plan.dependencies(t):
+            if int(p) in events:
+                parent = events[int(p)]
+                assert parent["start_us"] + parent["dur_us"] <= e["start_us"] + 1e-3, (p, t)
+    assert all(0 <= b <= tr["wall_us"] * 1.0001 for b in tr["busy_us"]) and sum(tr["busy_us"]) > 0
+    assert sum(w["idle_us"] for w in tr["waits"]) == pytest.approx(
+        2 * tr["wall_us"] - sum(tr["busy_us"]), rel=1e-6, abs=1e-3)
+    from coacto.runtime import chrome_trace
+
+    ct = chrome_trace(tr)
+    assert sum(1 for e in ct["traceEvents"] if e["ph"] == "X") == len(computed)
 
 
 def test_inputs_of_every_rank_are_laid_out_by_the_runtime():

@@ -152,6 +152,11 @@ int32_t coacto_graph_tile_count(const coacto_graph *graph);
 coacto_status coacto_graph_set_profiling(coacto_graph *graph, int32_t enable);
 coacto_status coacto_graph_layer_seconds(const coacto_graph *graph, double *layer_seconds,
                                          int32_t n_layers);
+/* While profiling, each computed tile's start and end (seconds of a monotonic clock) and worker
+ * index are recorded (the last inference's); a tile not computed here since profiling was
+ * enabled has worker -1. Each array holds n_tiles (the graph's tile count). */
+coacto_status coacto_graph_tile_trace(const coacto_graph *graph, double *t0, double *t1,
+                                      int32_t *worker, int32_t n_tiles);
 
 coacto_status coacto_inference_create(coacto_runtime *rt, coacto_graph *graph,
                                       coacto_inference **out);

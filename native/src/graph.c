@@ -169,6 +169,9 @@ static void graph_free(coacto_graph *g) {
     free(g->work_old);
     free(g->blob);
     free(g->layer_ns);
+    free(g->trace_t0);
+    free(g->trace_t1);
+    free(g->trace_worker);
     free(g);
 }
 
@@ -182,8 +185,13 @@ int32_t coacto_graph_tile_count(const coacto_graph *g) { return g ? g->n_tiles :
 
 coacto_status coacto_graph_set_profiling(coacto_graph *g, int32_t enable) {
     if (!g) return COACTO_ERR_INVALID_ARGUMENT;
-    if (enable)
+    if (enable) {
         for (int32_t li = 0; li < g->n_layers; li++) atomic_store(&g->layer_ns[li], 0);
+        for (int32_t t = 0; t < g->n_tiles; t++) {
+            g->trace_t0[t] = g->trace_t1[t] = 0.0;
+            g->trace_worker[t] = -1;
+        }
+    }
     atomic_store(&g->profiling, enable ? 1 : 0);
     return COACTO_OK;
 }
@@ -191,6 +199,15 @@ coacto_status coacto_graph_set_profiling(coacto_graph *g, int32_t enable) {
 coacto_status coacto_graph_layer_seconds(const coacto_graph *g, double *seconds, int32_t n) {
     if (!g || !seconds || n != g->n_layers) return COACTO_ERR_INVALID_ARGUMENT;
     for (int32_t li = 0; li < n; li++) seconds[li] = 1e-9 * (double)atomic_load(&g->layer_ns[li]);
+    return COACTO_OK;
+}
+
+coacto_status coacto_graph_tile_trace(const coacto_graph *g, double *t0, double *t1,
+                                      int32_t *worker, int32_t n) {
+    if (!g || !t0 || !t1 || !worker || n != g->n_tiles) return COACTO_ERR_INVALID_ARGUMENT;
+    memcpy(t0, g->trace_t0, (size_t)n * sizeof(double));
+    memcpy(t1, g->trace_t1, (size_t)n * sizeof(double));
+    memcpy(worker, g->trace_worker, (size_t)n * sizeof(int32_t));
     return COACTO_OK;
 }
 
@@ -468,12 +485,18 @@ coacto_status coacto_graph_create(const coacto_graph_desc *d, coacto_graph **out
     g->layer_uses = calloc(nl, sizeof(int32_t));
     g->layer_floats = calloc(nl, sizeof(int64_t));
     g->layer_ns = calloc(nl, sizeof *g->layer_ns);
+    g->trace_t0 = calloc(nt ? nt : 1, sizeof(double));
+    g->trace_t1 = calloc(nt ? nt : 1, sizeof(double));
+    g->trace_worker = malloc((nt ? nt : 1) * sizeof(int32_t));
     g->tile_layer = malloc(nt * sizeof(int32_t));
     g->tile_bounds = malloc(nt * 4 * sizeof(int32_t));
     g->parent_off = malloc((nt + 1) * sizeof(int32_t));
+    if (g->trace_worker)
+        for (size_t t = 0; t < nt; t++) g->trace_worker[t] = -1;
     coacto_status st = COACTO_OK;
     if (!g->layers || !g->layer_flags || !g->layer_first_tile || !g->layer_uses ||
-        !g->layer_floats || !g->layer_ns || !g->tile_layer || !g->tile_bounds || !g->parent_off)
+        !g->layer_floats || !g->layer_ns || !g->tile_layer ||
+        !g->trace_t0 || !g->trace_t1 || !g->trace_worker || !g->tile_bounds || !g->parent_off)
         st = COACTO_ERR_OUT_OF_MEMORY;
     if (st == COACTO_OK) st = load_layers(g, d, err, es);
     if (st == COACTO_OK) st = keep_arrays(g, d->blob_reclaimable);

@@ -266,9 +266,15 @@ static void run_chain(worker *w, coacto_inference *inf, int32_t tile) {
         if (atomic_load_explicit(&inf->g->profiling, memory_order_relaxed)) {
             double t0 = coacto_now_seconds();
             st = execute_tile(w, inf, tile);
-            int64_t ns = (int64_t)((coacto_now_seconds() - t0) * 1e9);
-            atomic_fetch_add_explicit(&inf->g->layer_ns[inf->g->tile_layer[tile]], ns,
+            double t1 = coacto_now_seconds();
+            coacto_graph *g = inf->g;
+            atomic_fetch_add_explicit(&g->layer_ns[g->tile_layer[tile]], (int64_t)((t1 - t0) * 1e9),
                                       memory_order_relaxed);
+            /* Each tile runs once per inference; concurrent inferences of one graph only blur
+             * the trace (plain stores of distinct slots per tile). */
+            g->trace_t0[tile] = t0;
+            g->trace_t1[tile] = t1;
+            g->trace_worker[tile] = w->index;
         } else {
             st = execute_tile(w, inf, tile);
         }

@@ -39,6 +39,9 @@ struct coacto_graph {
     /* Per-layer busy time of computed tiles (coacto_graph_set_profiling), nanoseconds. */
     atomic_int profiling;
     _Atomic int64_t *layer_ns;     /* [n_layers] */
+    /* While profiling: when and on which worker each tile last ran (coacto_graph_tile_trace). */
+    double *trace_t0, *trace_t1;   /* [n_tiles], coacto_now_seconds */
+    int32_t *trace_worker;         /* [n_tiles], -1: not computed since profiling was enabled */
     /* Activation buffers freed by finished inferences, reused by the next ones: saves the page
      * faults and page clearing of fresh allocations. Buffers handed out (live) plus cached stay
      * within cache_limit (twice one inference's peak) where possible: a fresh allocation first
