@@ -130,7 +130,7 @@ def _even_bounds(total: int, parts: int, align: int = 1) -> np.ndarray:
 
 
 def _balanced_parts(units: int, target: int) -> int:
-    """The tile count within a quarter of `target` whose tiles (of `units` panels, cut as evenly
+    """The tile count near `target` (a quarter, at least 1 fewer or 2 more) whose tiles (of `units` panels, cut as evenly
     as the panels allow) leave 2 and 4 threads the least idle time; the closer count on ties.
 
     A transformer's linear layer is split by output features only, so the next layer waits for
@@ -150,7 +150,7 @@ def _balanced_parts(units: int, target: int) -> int:
             waste += threads * max(free) - units
         return waste / units
 
-    lo, hi = max(2, target - target // 4), min(units, target + target // 4)
+    lo, hi = max(2, target - max(1, target // 4)), min(units, target + max(2, target // 4))
     candidates = range(lo, hi + 1) or [target]
     return min(candidates, key=lambda p: (round(idle(p), 2), abs(p - target)))  # 1% steps
 

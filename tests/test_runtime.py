@@ -223,6 +223,28 @@ def test_trace_orders_every_tile_after_its_parents():
     assert sum(1 for e in ct["traceEvents"] if e["ph"] == "X") == len(computed)
 
 
+def test_masked_softmax_gives_exact_zeros_and_subnormals_flush():
+    """Scores far below the row's maximum (a padding mask) get probability 0, not a subnormal
+    that would slow every later product; computing threads treat subnormal inputs as zero."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 6])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 6])
+    z = helper.make_tensor_value_info("z", TensorProto.FLOAT, [2, 6])
+    two = helper.make_tensor("two", TensorProto.FLOAT, [], [2.0])
+    g = helper.make_graph([helper.make_node("Softmax", ["x"], ["y"], axis=1),
+                           helper.make_node("Mul", ["x", "two"], ["z"])], "m", [x], [y, z], [two])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    data = np.array([[0, -1e4, -87.5, -20, -88.5, 1],
+                     [3e-39, -3e-39, 1e-45, 1.0, 0, 2e-38]], np.float32)
+    with coacto.Runtime(coacto.compile(model), threads=1) as rt:
+        out = rt.run({"x": data})
+    p, doubled = out["y"], out["z"]
+    assert (p[0, [1, 2, 4]] == 0).all()
+    e = np.exp(data[0].astype(np.float64) - 1)
+    np.testing.assert_allclose(p[0], np.where(data[0] < -87, 0, e / e.sum()), rtol=1e-6, atol=0)
+    assert (doubled[1, :3] == 0).all()  # subnormal inputs count as zero
+    assert doubled[1, 3] == 2 and doubled[1, 5] == np.float32(4e-38)
+
+
 def test_inputs_of_every_rank_are_laid_out_by_the_runtime():
     """Inputs go to the runtime in ONNX order and are transposed there (rank 1..4)."""
     import onnxruntime as ort

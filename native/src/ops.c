@@ -160,10 +160,14 @@ void op_execute(const layer *l, const float *const *in, float *out, int32_t col0
     }
 }
 
-/* e^x, relative error below 1e-7, for x already clamped to [-87, 88] (so 2^n stays a normal
- * float): round n = x / ln 2, reduce r = x - n ln 2 (two-part constant), Cephes' polynomial for
- * e^r, and 2^n built from its bits. The clamp lives in a separate loop on purpose: inside, the
- * compiler branches to the saturated constants and stops vectorizing. */
+/* e^x, relative error below 1e-7, for x already clamped to [-88, 88]: round n = x / ln 2, reduce
+ * r = x - n ln 2 (two-part constant), Cephes' polynomial for e^r, and 2^n built from its bits.
+ * At -88, n = -127 and 2^n's bits are those of +0, so e^x is exactly 0 below float's normal range
+ * (from about -87.3 on, a computing thread, which flushes subnormals, gets 0 too): a softmax over
+ * masked scores gives masked keys a probability of 0, not a subnormal that slows every later
+ * multiplication by it (BERT with padding: its attention products took 7x longer). The clamp
+ * lives in a separate loop on purpose: inside, the compiler branches to the saturated constants
+ * and stops vectorizing. */
 static inline float exp_clamped(float x) {
     const float round_magic = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
     float t = x * 1.44269504088896341f + round_magic;
@@ -186,7 +190,7 @@ static inline float exp_clamped(float x) {
 
 OPS_CLONES void ops_exp(float *restrict x, size_t n) {
     for (size_t i = 0; i < n; i++) {
-        float v = x[i] < -87.0f ? -87.0f : x[i];
+        float v = x[i] < -88.0f ? -88.0f : x[i];
         x[i] = v > 88.0f ? 88.0f : v;
     }
     for (size_t i = 0; i < n; i++) x[i] = exp_clamped(x[i]);
