@@ -120,6 +120,8 @@ static inline void ops_act_bounds(int32_t act, float alpha, float beta, float *l
 void ops_act_apply(float *x, size_t n, int32_t act, float alpha, float beta);
 /* x[i] = e^x[i] in place, relative error below 1e-7 (arguments clamped to [-87, 88]); vectorizes. */
 void ops_exp(float *x, size_t n);
+float ops_softmax_exp(const float *x, float *e, size_t n, float *max_out);
+void ops_scale(const float *x, float *o, size_t n, float s);
 /* Sum of x[0:n] (n >= 0) in eight lanes; maximum of x[0:n] (n >= 1), NaN if any is NaN. */
 float ops_sum(const float *x, size_t n);
 float ops_max(const float *x, size_t n);

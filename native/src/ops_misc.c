@@ -377,16 +377,13 @@ void softmax_execute(const layer *l, const float *const *in, float *out, int32_t
     for (int64_t col = col0; col < col1; col++) {
         const float *restrict x = in[0] + col * c;
         float *restrict o = out + col * c;
-        float max = ops_max(x, (size_t)c);
-        for (int64_t j = 0; j < c; j++) e[j] = x[j] - max;
-        ops_exp(e, (size_t)c);
-        float sum = ops_sum(e, (size_t)c);
+        float max;
+        float sum = ops_softmax_exp(x, e, (size_t)c, &max);
         if (l->iparams[0]) {
             float shift = max + logf(sum);
             for (int64_t r = row0; r < row1; r++) o[r] = x[r] - shift;
         } else {
-            float inv = 1.0f / sum;
-            for (int64_t r = row0; r < row1; r++) o[r] = e[r] * inv;
+            ops_scale(e + row0, o + row0, (size_t)(row1 - row0), 1.0f / sum);
         }
     }
 }
