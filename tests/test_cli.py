@@ -91,8 +91,12 @@ def test_bench_many_models_one_table_with_unsupported_rows(tmp_path):
         assert row["match"] is True and row["coacto_ms"] > 0 and row["onnxruntime_ms"] > 0
         assert row["coacto_mb"] > 0 and row["onnxruntime_mb"] > 0
         assert row["memory_ratio"] == row["coacto_mb"] / row["onnxruntime_mb"]
+        assert 0 < row["coacto_best_ms"] <= row["coacto_ms"]
+        assert 0 < row["onnxruntime_best_ms"] <= row["onnxruntime_ms"]
+        assert row["best_ratio"] == row["coacto_best_ms"] / row["onnxruntime_best_ms"]
     for one, two in (rows[0:2], rows[2:4]):
         assert one["speedup"] == 1.0 and two["speedup"] == one["coacto_ms"] / two["coacto_ms"]
+        assert two["best_speedup"] == one["coacto_best_ms"] / two["coacto_best_ms"]
     for row in rows[4:]:
         assert row["status"] == "not in the zoo" and "coacto_ms" not in row
     # the text table: same rows, reasons instead of numbers
