@@ -181,7 +181,7 @@ def format_trace_summary(trace: dict, path: str, top: int = 8) -> str:
     """How busy each computing thread was in the fastest traced inference, and where they waited."""
     wall = trace["wall_us"]
     busy = ", ".join(f"{b / wall:.0%}" for b in trace["busy_us"])
-    lines = [f"trace of the fastest of 5 inferences: {wall / 1e3:.2f} ms, threads busy {busy}; "
+    lines = [f"trace of the fastest of {trace['runs']} inferences: {wall / 1e3:.2f} ms, threads busy {busy}; "
              f"written to {path} (open in chrome://tracing or ui.perfetto.dev)"]
     waits = [w for w in trace["waits"] if w["idle_us"] > 0][:top]
     if waits:

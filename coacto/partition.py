@@ -130,8 +130,9 @@ def _even_bounds(total: int, parts: int, align: int = 1) -> np.ndarray:
 
 
 def _balanced_parts(units: int, target: int) -> int:
-    """The tile count near `target` (a quarter, at least 1 fewer or 2 more) whose tiles (of `units` panels, cut as evenly
-    as the panels allow) leave 2 and 4 threads the least idle time; the closer count on ties.
+    """The tile count near `target` (a quarter, at least 1 fewer or 2 more) whose tiles (of
+    `units` panels, cut as evenly as the panels allow) leave 2 and 4 threads the least idle time;
+    the closer count on ties.
 
     A transformer's linear layer is split by output features only, so the next layer waits for
     all its tiles: an odd or uneven set leaves threads idle while the last tiles run (ViT's 3072-
@@ -142,7 +143,7 @@ def _balanced_parts(units: int, target: int) -> int:
 
     def idle(parts: int) -> float:
         sizes = np.diff(_even_bounds(units, parts))
-        waste = 0.0
+        waste = 0
         for threads in (2, 4):
             free = [0] * threads
             for size in sizes:  # the runtime hands each tile to the first thread that is free

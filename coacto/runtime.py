@@ -343,7 +343,6 @@ class Runtime:
             raise CoactoError("no tile was computed on this runtime; nothing to trace")
         wall, t0, t1, worker = best
         g, plan = self.graph.graph, self.graph.plan
-        tile_layer = plan.tile_layer
         base = float(t0[worker >= 0].min())
         events, busy, waits = [], [0.0] * self.threads, {}
         for w in range(self.threads):
@@ -351,7 +350,7 @@ class Runtime:
             tiles = tiles[np.argsort(t0[tiles])]
             prev_end = base
             for t in tiles:
-                li = int(tile_layer[t])
+                li = int(plan.tile_layer[t])
                 start, dur = (t0[t] - base) * 1e6, (t1[t] - t0[t]) * 1e6
                 gap = (t0[t] - prev_end) * 1e6
                 if gap > 0:
@@ -369,8 +368,8 @@ class Runtime:
         wait_rows = sorted(({"layer": g.layers[li].name if li >= 0 else "(end of inference)",
                              "op": g.layers[li].op if li >= 0 else "", "idle_us": us}
                             for li, us in waits.items()), key=lambda r: -r["idle_us"])
-        return {"wall_us": wall * 1e6, "threads": self.threads, "busy_us": busy,
-                "events": events, "waits": wait_rows}
+        return {"wall_us": wall * 1e6, "threads": self.threads, "runs": max(1, runs),
+                "busy_us": busy, "events": events, "waits": wait_rows}
 
     def run(self, feeds: dict, timeout: float | None = None) -> dict[str, np.ndarray]:
         """One inference: {input name: array} -> {output name: array}, ONNX names and shapes."""

@@ -160,7 +160,7 @@ void op_execute(const layer *l, const float *const *in, float *out, int32_t col0
     }
 }
 
-/* e^x, relative error below 1e-7, for x clamped to [-88, 88]: round n = x / ln 2, reduce
+/* e^x, relative error below 1e-7, for x clamped to [-88, 88] (exp8 clamps): round n = x / ln 2, reduce
  * r = x - n ln 2 (two-part constant), Cephes' polynomial for e^r, and 2^n built from its bits.
  * At -88, n = -127 and 2^n's bits are those of +0, so e^x is exactly 0 below float's normal range
  * (from about -87.3 on, a computing thread, which flushes subnormals, gets 0 too): a softmax over
@@ -171,8 +171,16 @@ void op_execute(const layer *l, const float *const *in, float *out, int32_t col0
  * float bit copy of 2^n stops them), and a scalar e^x made softmax 4x slower than onnxruntime's. */
 typedef int32_t ops_i32x8 __attribute__((vector_size(32)));
 
-static inline ops_f32x8 exp8_clamped(ops_f32x8 x) {
+static inline ops_f32x8 clamp8(ops_f32x8 x, float lo, float hi) {
+    ops_f32x8 vlo = {lo, lo, lo, lo, lo, lo, lo, lo}, vhi = {hi, hi, hi, hi, hi, hi, hi, hi};
+    ops_i32x8 below = x < vlo, above = x > vhi;
+    x = (ops_f32x8)(((ops_i32x8)vlo & below) | ((ops_i32x8)x & ~below));
+    return (ops_f32x8)(((ops_i32x8)vhi & above) | ((ops_i32x8)x & ~above));
+}
+
+static inline ops_f32x8 exp8(ops_f32x8 x) {
     const float round_magic = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
+    x = clamp8(x, -88.0f, 88.0f);
     ops_f32x8 t = x * 1.44269504088896341f + round_magic;
     ops_f32x8 n = t - round_magic;
     ops_f32x8 r = x - n * 0.693359375f;
@@ -187,23 +195,21 @@ static inline ops_f32x8 exp8_clamped(ops_f32x8 x) {
     return p * (ops_f32x8)bits;
 }
 
-static inline ops_f32x8 clamp8(ops_f32x8 x, float lo, float hi) {
-    ops_f32x8 vlo = {lo, lo, lo, lo, lo, lo, lo, lo}, vhi = {hi, hi, hi, hi, hi, hi, hi, hi};
-    ops_i32x8 below = x < vlo, above = x > vhi;
-    x = (ops_f32x8)(((ops_i32x8)vlo & below) | ((ops_i32x8)x & ~below));
-    return (ops_f32x8)(((ops_i32x8)vhi & above) | ((ops_i32x8)x & ~above));
+/* The n < 8 floats at x as one vector (zeros after them), and back. */
+static inline ops_f32x8 load_tail8(const float *x, size_t n) {
+    ops_f32x8 v = {0};
+    for (size_t j = 0; j < n; j++) v[j] = x[j];
+    return v;
+}
+
+static inline void store_tail8(float *x, ops_f32x8 v, size_t n) {
+    for (size_t j = 0; j < n; j++) x[j] = v[j];
 }
 
 OPS_CLONES void ops_exp(float *restrict x, size_t n) {
     size_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        OPS_F32X8(x + i) = exp8_clamped(clamp8(OPS_F32X8(x + i), -88.0f, 88.0f));
-    if (i < n) { /* the tail through a padded vector */
-        ops_f32x8 v = {0};
-        for (size_t j = i; j < n; j++) v[j - i] = x[j];
-        v = exp8_clamped(clamp8(v, -88.0f, 88.0f));
-        for (size_t j = i; j < n; j++) x[j] = v[j - i];
-    }
+    for (; i + 8 <= n; i += 8) OPS_F32X8(x + i) = exp8(OPS_F32X8(x + i));
+    if (i < n) store_tail8(x + i, exp8(load_tail8(x + i, n - i)), n - i);
 }
 
 /* One softmax row: e = e^(x - max x) (x and e may not overlap); returns the sum of e and stores
@@ -216,21 +222,15 @@ OPS_CLONES float ops_softmax_exp(const float *restrict x, float *restrict e, siz
     ops_f32x8 acc = {0};
     size_t i = 0;
     for (; i + 8 <= n; i += 8) {
-        ops_f32x8 v = exp8_clamped(clamp8(OPS_F32X8(x + i) - m, -88.0f, 88.0f));
+        ops_f32x8 v = exp8(OPS_F32X8(x + i) - m);
         OPS_F32X8(e + i) = v;
         acc += v;
     }
-    float tail = 0.0f;
     if (i < n) {
-        ops_f32x8 v = {0};
-        for (size_t j = i; j < n; j++) v[j - i] = x[j] - m;
-        v = exp8_clamped(clamp8(v, -88.0f, 88.0f));
-        for (size_t j = i; j < n; j++) {
-            e[j] = v[j - i];
-            tail += v[j - i];
-        }
+        store_tail8(e + i, exp8(load_tail8(x + i, n - i) - m), n - i);
+        acc[0] += ops_sum(e + i, n - i);
     }
-    return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail;
+    return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
 }
 
 /* o[i] = x[i] * s. */
