@@ -578,6 +578,11 @@ def main(argv=None) -> int:
     except CoactoError as e:
         print(f"coacto: error: {e}", file=sys.stderr)
         return 1
+    except OSError as e:  # a file the command writes (--output, --trace, -o): say which and why
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"coacto: error: {where}{e.strerror or e}; check the path and its permissions",
+              file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
 

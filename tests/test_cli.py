@@ -155,6 +155,10 @@ def test_run_trace_writes_a_chrome_trace(tmp_path):
     events = json.loads(out.read_text())["traceEvents"]
     assert {e["tid"] for e in events if e["ph"] == "X"} <= {0, 1}
     assert any(e["cat"] == "CONV" and e["dur"] > 0 for e in events if e["ph"] == "X")
+    bad = tmp_path / "no" / "such" / "dir" / "t.json"
+    r = coacto("run", "squeezenet", "--image-size", 32, "--random", "--trace", bad)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert str(bad) in r.stderr and "No such file or directory" in r.stderr
 
 
 def test_memory_child_usage_and_report(tmp_path):
