@@ -34,6 +34,12 @@
  * whose idle virtual CPU the host deschedules. Measured in time, not polls: a pause instruction
  * lasts 10 cycles on some CPUs and 140 on others. COACTO_SPIN_US overrides it (0: sleep at once). */
 #define SPIN_SECONDS_DEFAULT 1e-3
+/* A spinning worker yields its CPU this often. When every CPU runs a worker, the thread that
+ * waits for the inference (woken when it ends) or feeds the next one would otherwise wait for a
+ * spinner to give up: on Linux's EEVDF scheduler a woken thread does not always preempt, and a
+ * 2-thread run on 2 CPUs then ended up to the whole spin time (1 ms) late in one run in ten. A
+ * yield returns at once when nothing else is runnable on that CPU. */
+#define SPIN_YIELD_SECONDS 20e-6
 
 static _Thread_local int32_t tls_worker = -1;
 
@@ -314,11 +320,19 @@ static void *worker_main(void *arg) {
     for (;;) {
         int got = pool_pop(rt, w->index, &t);
         if (!got && rt->spin_seconds > 0) {
-            double until = coacto_now_seconds() + rt->spin_seconds;
+            double now = coacto_now_seconds(), until = now + rt->spin_seconds;
+            double next_yield = now + SPIN_YIELD_SECONDS;
             for (unsigned spin = 1; !got; spin++) {
                 got = pool_pop(rt, w->index, &t);
                 if (got || atomic_load_explicit(&rt->stop, memory_order_relaxed)) break;
-                if (spin % 32 == 0 && coacto_now_seconds() > until) break;
+                if (spin % 32 == 0) {
+                    now = coacto_now_seconds();
+                    if (now > until) break;
+                    if (now > next_yield) {
+                        sched_yield();
+                        next_yield = now + SPIN_YIELD_SECONDS;
+                    }
+                }
                 cpu_relax();
             }
         }
@@ -491,20 +505,50 @@ static int inference_usable(const coacto_inference *inf) {
     return !atomic_load(&inf->cancelled) && !atomic_load(&inf->error);
 }
 
-/* NCHW -> NHWC of one batch item (c planes of hw values), in blocks that stay in L1. */
+/* NCHW -> NHWC of positions [p0, p1) of one batch item (c planes of hw values at src), in blocks
+ * that stay in L1; dst points at the item's first position. Three or fewer channels (images) get
+ * a loop per position that the compiler unrolls over the channels. */
 static void transpose_to_nhwc(const float *restrict src, float *restrict dst, int64_t c,
-                              int64_t hw) {
+                              int64_t hw, int64_t p0, int64_t p1) {
     enum { BLOCK = 64 };
-    for (int64_t p0 = 0; p0 < hw; p0 += BLOCK) {
-        int64_t p1 = p0 + BLOCK < hw ? p0 + BLOCK : hw;
+    if (c == 3) {
+        for (int64_t p = p0; p < p1; p++) {
+            dst[3 * p] = src[p];
+            dst[3 * p + 1] = src[hw + p];
+            dst[3 * p + 2] = src[2 * hw + p];
+        }
+        return;
+    }
+    for (int64_t b0 = p0; b0 < p1; b0 += BLOCK) {
+        int64_t b1 = b0 + BLOCK < p1 ? b0 + BLOCK : p1;
         for (int64_t c0 = 0; c0 < c; c0 += BLOCK) {
             int64_t c1 = c0 + BLOCK < c ? c0 + BLOCK : c;
-            for (int64_t p = p0; p < p1; p++)
+            for (int64_t p = b0; p < b1; p++)
                 for (int64_t ch = c0; ch < c1; ch++) dst[p * c + ch] = src[ch * hw + p];
         }
     }
 }
 
+/* Columns [col0, col1) of an input layer (storage: c floats per column, columns position-major
+ * over n, h, w) from the caller's data (NCHW when nchw, else the storage order). */
+static void copy_input_columns(const layer *l, const float *data, float *buf, int64_t col0,
+                               int64_t col1, int nchw) {
+    const int64_t c = l->c, hw = (int64_t)l->h * l->w, item = hw * c;
+    if (!nchw || hw == 1 || c == 1) {
+        memcpy(buf + col0 * c, data + col0 * c, (size_t)((col1 - col0) * c) * sizeof(float));
+        return;
+    }
+    for (int64_t p = col0; p < col1;) { /* batch item by batch item */
+        const int64_t ni = p / hw, q0 = p - ni * hw;
+        const int64_t q1 = col1 - ni * hw < hw ? col1 - ni * hw : hw;
+        transpose_to_nhwc(data + ni * item, buf + ni * item, c, hw, q0, q1);
+        p = ni * hw + q1;
+    }
+}
+
+/* Copies the input tile by tile and completes each tile as soon as its columns are in place, so
+ * the computing threads start on the first layer while the rest of the input is still being
+ * copied (a 224x224 image takes this thread tens of microseconds). */
 static coacto_status set_input(coacto_inference *inf, int32_t li, const float *data,
                                int64_t n_floats, int nchw) {
     if (!inf || !data || li < 0 || li >= inf->g->n_layers) return COACTO_ERR_INVALID_ARGUMENT;
@@ -519,14 +563,18 @@ static coacto_status set_input(coacto_inference *inf, int32_t li, const float *d
     for (int32_t t = first; t < end; t++)
         if (atomic_load(&inf->state[t]) != COACTO_TILE_NOT_READY) return COACTO_ERR_STATE;
     const layer *l = &g->layers[li];
-    int64_t hw = (int64_t)l->h * l->w, item = hw * l->c;
-    if (nchw && hw > 1 && l->c > 1)
-        for (int64_t ni = 0; ni < l->n; ni++)
-            transpose_to_nhwc(data + ni * item, buf + ni * item, l->c, hw);
-    else
-        memcpy(buf, data, (size_t)n_floats * sizeof(float));
+    /* Tiles of whole columns (the partitioner never splits an input's rows) are copied one by
+     * one; any other tiling is copied at once first. */
+    int by_tile = 1;
+    for (int32_t t = first; t < end && by_tile; t++) {
+        const int32_t *b = &g->tile_bounds[4 * (size_t)t];
+        by_tile = b[2] == 0 && b[3] == l->c;
+    }
+    if (!by_tile) copy_input_columns(l, data, buf, 0, (int64_t)l->n * l->h * l->w, nchw);
     atomic_fetch_add(&inf->inflight, 1); /* pushes below happen on this thread's reference */
     for (int32_t t = first; t < end; t++) {
+        const int32_t *b = &g->tile_bounds[4 * (size_t)t];
+        if (by_tile) copy_input_columns(l, data, buf, b[0], b[1], nchw);
         if (claim_tile(inf, t)) complete_tile(inf, t, NULL, 1);
     }
     release_inflight(inf);
