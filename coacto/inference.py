@@ -85,9 +85,16 @@ class NativeInference:
         out = ffi.new("coacto_inference **")
         check(lib.coacto_inference_create(rt.handle, self.native.handle, out), "creating an inference")
         self.handle = out[0]
-        self._bounds = tg.plan.tile_bounds
-        self._sizes = ((self._bounds[:, 1] - self._bounds[:, 0]).astype(np.int64)
-                       * (self._bounds[:, 3] - self._bounds[:, 2]))
+
+    @property
+    def _sizes(self) -> np.ndarray:
+        """Floats per tile (computed once per tile graph: local runs never need it)."""
+        sizes = getattr(self.tg, "_tile_floats", None)
+        if sizes is None:
+            b = self.tg.plan.tile_bounds
+            sizes = (b[:, 1] - b[:, 0]).astype(np.int64) * (b[:, 3] - b[:, 2])
+            self.tg._tile_floats = sizes
+        return sizes
 
     # -------------------------------------------------------------- lifecycle
 
