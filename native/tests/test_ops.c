@@ -99,6 +99,11 @@ static void conv_cases(void) {
         {"conv channel multiplier", 1, 8, 9, 9, 16, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 8, 0, 0, 1, 0, 0},
         {"depthwise 3x3 relu6", 2, 37, 9, 10, 37, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 37, 2, 0, 1, 0, 6},
         {"depthwise 3x3 s2", 1, 48, 11, 11, 48, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, 48, 1, 0, 1, 0, 0},
+        /* 3x3 runs inside the input: four-output groups, leftovers, channel blocks and tails */
+        {"depthwise 3x3 wide residual relu6", 1, 29, 6, 23, 29, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 29, 2, 1, 1, 0, 6},
+        {"depthwise 3x3 s2 unpadded", 2, 16, 9, 14, 16, 3, 3, 2, 2, 0, 0, 0, 0, 1, 1, 16, 0, 0, 1, 0, 0},
+        {"depthwise 3x3 s2 pad after", 1, 8, 12, 13, 8, 3, 3, 2, 2, 0, 0, 1, 1, 1, 1, 8, 1, 1, 0, 0, 0},
+        {"depthwise 3x3 stride 1x2 hardswish", 1, 21, 7, 17, 21, 3, 3, 1, 2, 1, 1, 1, 1, 1, 1, 21, 6, 1, 1, 0, 0},
         {"depthwise 5x5 residual hardswish", 1, 20, 8, 9, 20, 5, 5, 1, 1, 2, 2, 2, 2, 1, 1, 20, 6, 1, 1, 0, 0},
         {"depthwise dilation 2 no bias", 1, 33, 10, 10, 33, 3, 3, 1, 1, 2, 2, 2, 2, 2, 2, 33, 0, 0, 0, 0, 0},
         {"fc whole input", 3, 7, 4, 5, 70, 4, 5, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 1, 0, 0},
