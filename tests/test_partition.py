@@ -257,6 +257,39 @@ def test_linear_layers_of_a_sequence_get_equal_even_tiles():
     assert _balanced_parts(8, 1) == 1
 
 
+def test_small_weight_layers_on_small_maps_split_by_columns():
+    """A 1x1 convolution on a 7x7 map (49 columns) gets two column blocks when its weights are
+    small (MobileNetV2's 160 -> 960), so a chain of them runs as two independent halves; with
+    large weights (ResNet-50's 512 -> 2048) it keeps one column block and splits its rows."""
+    from coacto.partition import SMALL_WEIGHT_BYTES, choose_splits
+
+    def pointwise_chain(cin, cmid):
+        conv = dict(kh=1, kw=1, sh=1, sw=1, pt=0, pl=0, pb=0, pr=0, group=1)
+        w1 = np.zeros((cmid, cin, 1, 1), np.float32)
+        w2 = np.zeros((cin, cmid, 1, 1), np.float32)
+        layers = [ir.Layer("x", "INPUT", [], (1, cin, 7, 7)),
+                  ir.Layer("expand", "CONV", [0], (1, cmid, 7, 7), conv, weights={"w": w1}),
+                  ir.Layer("project", "CONV", [1], (1, cin, 7, 7), conv, weights={"w": w2})]
+        return ir.Graph(layers, {"x": 0}, {"y": 2})
+
+    small = pointwise_chain(160, 960)
+    assert small.layers[1].weights["w"].nbytes <= SMALL_WEIGHT_BYTES
+    cols, rows = choose_splits(small, 1, None)
+    assert list(cols) == [0, 24, 49] and len(rows) == 3
+    tiny = pointwise_chain(8, 24)  # the element-by-element oracle, on a size it can afford
+    check_plan(tiny, partition(tiny))
+    plan = partition(small)
+    first, last = plan.layer_first_tile[2], plan.layer_first_tile[3]
+    for t in range(first, last):  # a projection tile reads only its own columns of the expansion
+        c0, c1 = plan.tile_bounds[t][:2]
+        parents = plan.dependencies(t)
+        assert all(plan.tile_bounds[p][0] == c0 and plan.tile_bounds[p][1] == c1 for p in parents)
+    large = pointwise_chain(512, 2048)
+    assert large.layers[1].weights["w"].nbytes > SMALL_WEIGHT_BYTES
+    cols, rows = choose_splits(large, 1, None)
+    assert list(cols) == [0, 49] and len(rows) == 5
+
+
 def test_offloading_tiles_keep_the_wavefront():
     """A server receiving ResNet-50's input row by row can start on the first rows: with the
     tiles clients use, the work that waits for the last input tile is not far above what the
