@@ -164,6 +164,7 @@ static void graph_free(coacto_graph *g) {
     free(g->child_off);
     free(g->children);
     free(g->tile_bucket);
+    free(g->main_parent);
     free(g->sources);
     free(g->work);
     free(g->work_old);
@@ -400,6 +401,66 @@ static coacto_status load_edges(coacto_graph *g, const coacto_graph_desc *d, cha
     return COACTO_OK;
 }
 
+static int64_t overlap(int32_t a0, int32_t a1, int32_t b0, int32_t b1) {
+    int32_t lo = a0 > b0 ? a0 : b0, hi = a1 < b1 ? a1 : b1;
+    return hi > lo ? (int64_t)hi - lo : 0;
+}
+
+/* A tile's main parent: among its parents in the layer's first input, the one whose block covers
+ * the most of the tile's own block (the same columns, and the same rows for ops whose row block
+ * reads the same rows: depthwise convolutions, pooling, element-wise ops), when exactly one
+ * covers the most; otherwise -1. Comparable only between layers of as many columns, and not
+ * for index maps (gather, concat, matmul, embedding): a convolution's column block mostly reads
+ * the same block of the layer before (the rest is its window's halo), a depthwise row block the
+ * same channels. The runtime prefers to run a tile on the worker that computed its main parent,
+ * whose cache holds that input. */
+static coacto_status derive_main_parents(coacto_graph *g) {
+    int32_t nt = g->n_tiles;
+    g->main_parent = malloc(sizeof(int32_t) * (size_t)nt);
+    if (!g->main_parent) return COACTO_ERR_OUT_OF_MEMORY;
+    for (int32_t t = 0; t < nt; t++) {
+        g->main_parent[t] = -1;
+        const layer *l = &g->layers[g->tile_layer[t]];
+        if (l->n_inputs < 1) continue;
+        const int32_t src = l->inputs[0];
+        const layer *s = &g->layers[src];
+        if ((int64_t)s->n * s->h * s->w != (int64_t)l->n * l->h * l->w) continue;
+        int rows_match = 0; /* a row block reads the same rows of the input */
+        switch (l->op) {
+        case COACTO_OP_GATHER: case COACTO_OP_CONCAT: case COACTO_OP_MATMUL: case COACTO_OP_EMBED:
+            continue; /* index maps: a column or row is not the input's column or row */
+        case COACTO_OP_CONV: /* depthwise; any other convolution reads every input row */
+            rows_match = l->iparams[10] > 1 && l->iparams[10] == l->c && s->c == l->c;
+            break;
+        case COACTO_OP_POOL: case COACTO_OP_BINARY: case COACTO_OP_AFFINE: case COACTO_OP_WHERE:
+            rows_match = s->c == l->c;
+            break;
+        default:
+            break;
+        }
+        const int32_t *b = &g->tile_bounds[4 * (size_t)t];
+        int64_t best = 0;
+        int ties = 0;
+        int32_t arg = -1;
+        for (int32_t e = g->parent_off[t]; e < g->parent_off[t + 1]; e++) {
+            int32_t p = g->parents[e];
+            if (g->tile_layer[p] != src) continue;
+            const int32_t *pb = &g->tile_bounds[4 * (size_t)p];
+            int64_t score = overlap(b[0], b[1], pb[0], pb[1]);
+            if (rows_match) score *= overlap(b[2], b[3], pb[2], pb[3]);
+            if (score > best) {
+                best = score;
+                arg = p;
+                ties = 0;
+            } else if (score == best && score > 0) {
+                ties++;
+            }
+        }
+        if (!ties) g->main_parent[t] = arg;
+    }
+    return COACTO_OK;
+}
+
 /* Depth (longest path from a source) decides the pool column: shallower tiles first. */
 static coacto_status derive_schedule(coacto_graph *g) {
     int32_t nt = g->n_tiles;
@@ -425,7 +486,7 @@ static coacto_status derive_schedule(coacto_graph *g) {
     for (int32_t t = 0; t < nt; t++)
         g->tile_bucket[t] = (uint8_t)((int64_t)depth[t] * POOL_DEPTH_BUCKETS / (max_depth + 1));
     free(depth);
-    return COACTO_OK;
+    return derive_main_parents(g);
 }
 
 /* A layer's buffer is freed when its own tiles and every tile of every layer reading it are

@@ -112,10 +112,13 @@ static void wake_one(coacto_runtime *rt) {
 
 static void inference_fail(coacto_inference *inf, coacto_status st);
 
-/* The caller holds one inflight reference for the task, which the pool takes over. */
-static void pool_push(coacto_runtime *rt, coacto_inference *inf, int32_t tile) {
-    int32_t r = tls_worker >= 0 ? tls_worker
-                                : (int32_t)(atomic_fetch_add(&rt->push_cursor, 1) % rt->n_threads);
+/* The caller holds one inflight reference for the task, which the pool takes over. The task goes
+ * to row `home` when that is a worker (the one whose cache holds the tile's input), else to this
+ * worker's row, else round robin. */
+static void pool_push(coacto_runtime *rt, coacto_inference *inf, int32_t tile, int32_t home) {
+    int32_t r = home >= 0 && home < rt->n_threads ? home
+                : tls_worker >= 0 ? tls_worker
+                                  : (int32_t)(atomic_fetch_add(&rt->push_cursor, 1) % rt->n_threads);
     pool_row *row = &rt->rows[r];
     task t = {inf, tile};
     pthread_mutex_lock(&row->mu);
@@ -140,7 +143,13 @@ static void wake_all(coacto_runtime *rt) {
 
 void runtime_schedule(coacto_inference *inf, int32_t tile) {
     atomic_fetch_add(&inf->inflight, 1);
-    pool_push(inf->rt, inf, tile);
+    pool_push(inf->rt, inf, tile, -1);
+}
+
+/* The worker that computed the tile's main parent, or -1 (none, or it came from outside). */
+static int32_t tile_home(const coacto_inference *inf, int32_t tile) {
+    int32_t mp = inf->g->main_parent[tile];
+    return mp >= 0 ? inf->tile_worker[mp] : -1;
 }
 
 /* ---------------------------------------------------------------- inference state */
@@ -230,10 +239,15 @@ static void complete_tile(coacto_inference *inf, int32_t tile, int32_t *next, in
             atomic_fetch_add_explicit(&inf->tiles_parked, 1, memory_order_relaxed);
             continue; /* parked: arrives from outside, or compute_all schedules it */
         }
-        if (next && *next < 0) {
+        /* Depth first with a child whose main input this worker computed (or that has none);
+         * a child whose main input another worker computed goes to that worker's row, which it
+         * pops before stealing: the halo of a window is read across cores, the bulk is not. */
+        int32_t home = tile_home(inf, child);
+        if (next && *next < 0 && (home < 0 || home == tls_worker)) {
             *next = child;
         } else {
-            runtime_schedule(inf, child);
+            atomic_fetch_add(&inf->inflight, 1);
+            pool_push(inf->rt, inf, child, home);
         }
     }
     atomic_fetch_add(&inf->completed, 1);
@@ -302,6 +316,8 @@ static void run_chain(worker *w, coacto_inference *inf, int32_t tile) {
             break;
         }
         atomic_fetch_add_explicit(&inf->tiles_computed, 1, memory_order_relaxed);
+        /* Read by whoever readies a child, after the release of complete_tile below. */
+        inf->tile_worker[tile] = (int8_t)(w->index < 128 ? w->index : -1);
         int32_t next = -1;
         complete_tile(inf, tile, &next, 1);
         tile = next;
@@ -461,16 +477,20 @@ coacto_status coacto_inference_create(coacto_runtime *rt, coacto_graph *g,
     size_t nt = (size_t)g->n_tiles, nl = (size_t)g->n_layers;
     inf->state = malloc(nt * sizeof(atomic_int));
     inf->parents_left = malloc(nt * sizeof(atomic_int));
+    inf->tile_worker = malloc(nt);
     inf->buffers = calloc(nl, sizeof(*inf->buffers));
     inf->uses_left = malloc(nl * sizeof(atomic_int));
-    if (!inf->state || !inf->parents_left || !inf->buffers || !inf->uses_left) {
+    if (!inf->state || !inf->parents_left || !inf->tile_worker || !inf->buffers ||
+        !inf->uses_left) {
         free(inf->state);
         free(inf->parents_left);
+        free(inf->tile_worker);
         free(inf->buffers);
         free(inf->uses_left);
         free(inf);
         return COACTO_ERR_OUT_OF_MEMORY;
     }
+    memset(inf->tile_worker, 0xff, nt); /* -1: computed by no worker (yet) */
     for (size_t t = 0; t < nt; t++) {
         atomic_init(&inf->state[t], COACTO_TILE_NOT_READY);
         atomic_init(&inf->parents_left[t], g->parent_off[t + 1] - g->parent_off[t]);
@@ -775,6 +795,7 @@ void coacto_inference_destroy(coacto_inference *inf) {
     graph_release(inf->g);
     free(inf->state);
     free(inf->parents_left);
+    free(inf->tile_worker);
     free(inf->buffers);
     free(inf->uses_left);
     free(inf);

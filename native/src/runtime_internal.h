@@ -29,6 +29,7 @@ struct coacto_graph {
     int32_t *parent_off, *parents;
     int32_t *child_off, *children;
     uint8_t *tile_bucket;          /* depth bucket of the ready pool */
+    int32_t *main_parent;          /* the parent holding most of a tile's input, or -1 */
     int32_t n_output_tiles;        /* tiles of KEEP layers: their completion ends an inference */
     double *work;                  /* coacto_graph_set_work, or NULL */
     double *work_old;              /* the array a later set_work replaced (freed with the graph) */
@@ -121,6 +122,7 @@ struct coacto_inference {
     coacto_graph *g;
     atomic_int *state;           /* [n_tiles] COACTO_TILE_* */
     atomic_int *parents_left;    /* [n_tiles] */
+    int8_t *tile_worker;         /* [n_tiles] the worker that computed a tile, -1: none */
     _Atomic(float *) *buffers;   /* [n_layers] */
     atomic_int *uses_left;       /* [n_layers] */
     _Alignas(COACTO_CACHE_LINE) atomic_long completed;

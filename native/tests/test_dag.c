@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "coacto.h"
+#include "runtime_internal.h" /* main_parent: the scheduler's affinity hint */
 
 static int failures, checks;
 #define CHECK(cond, ...)                                                                         \
@@ -220,6 +221,36 @@ static void dag_reference(const dag *d, const float *input, float *out) {
     free(v);
 }
 
+static int64_t span_overlap(int32_t a0, int32_t a1, int32_t b0, int32_t b1) {
+    int32_t lo = a0 > b0 ? a0 : b0, hi = a1 < b1 ? a1 : b1;
+    return hi > lo ? hi - lo : 0;
+}
+
+/* Every layer here is element-wise over the same columns and rows: a tile's main parent is the
+ * tile of its first input's layer that shares the most elements with it, when only one does. */
+static void check_main_parents(const dag *d, const coacto_graph *g, int seed) {
+    for (int t = 0; t < d->n_tiles; t++) {
+        const coacto_layer_desc *ld = &d->layers[d->tile_layer[t]];
+        int32_t want = -1;
+        if (ld->n_inputs > 0) {
+            int64_t best = 0;
+            int ties = 0;
+            const int32_t *b = &d->bounds[4 * t];
+            for (int p = 0; p < d->n_tiles; p++) {
+                if (d->tile_layer[p] != ld->inputs[0]) continue;
+                const int32_t *pb = &d->bounds[4 * p];
+                int64_t sc = span_overlap(b[0], b[1], pb[0], pb[1]) *
+                             span_overlap(b[2], b[3], pb[2], pb[3]);
+                if (sc > best) best = sc, want = p, ties = 0;
+                else if (sc == best && sc > 0) ties++;
+            }
+            if (ties) want = -1;
+        }
+        CHECK(g->main_parent[t] == want, "seed %d tile %d: main parent %d, want %d", seed, t,
+              g->main_parent[t], want);
+    }
+}
+
 static void run_case(int seed, int threads, int with_putter) {
     rng_state = 0x9E3779B97F4A7C15ull * (uint64_t)(seed + 1);
     dag d;
@@ -236,6 +267,7 @@ static void run_case(int seed, int threads, int with_putter) {
     coacto_status st = coacto_graph_create(&gd, &g, err, sizeof err);
     CHECK(st == COACTO_OK, "seed %d: graph_create: %s", seed, err);
     if (st != COACTO_OK) goto out;
+    check_main_parents(&d, g, seed);
     coacto_runtime *rt = NULL;
     CHECK(coacto_runtime_create(threads, &rt) == COACTO_OK, "runtime_create");
     for (int rep = 0; rep < 3; rep++) {
