@@ -77,6 +77,10 @@ size_t gemm_block_k(const gemm_kernel *kern)
 /* Rows per pass over the panels: their A block (256 x kc floats, 256 KiB for the AVX-512 kernel)
  * stays in L2 while every panel of the channel range reuses it. */
 #define BLOCK_M 256
+/* The row-outer loop order below: reductions this short (a panel of 16 KiB at most, read from
+ * L2 by every row block), whose packed weights fit in this many bytes. */
+#define SMALL_K 128
+#define SMALL_B_BYTES (256 * 1024)
 
 size_t gemm_packed_size(const gemm_kernel *kern, size_t k, size_t n)
 {
@@ -122,6 +126,30 @@ void gemm_run_k(const gemm_kernel *kern, size_t m, size_t j0, size_t j1, size_t 
      * once, so C = epilogue(0). The first row block of each panel prefetches the slice the loop
      * reads next (the next panel, or the first panel of the next K block), so that cold weights
      * stream in while the current slice is being used. */
+    /* A short reduction (SMALL_K at most) over few panels: rows outer, panels inner. Each row block
+     * then writes its rows of C (and reads its residual rows) whole, line after line, while the
+     * panels (at most SMALL_B_BYTES) and the row block of A stay in cache; panel by panel, the
+     * rows of C were visited a few lines at a time, MR rows apart. */
+    if (k0 == 0 && k1 == k && k <= SMALL_K &&
+        (j1 - j0 + nr_max - 1) / nr_max * nr_max * k * sizeof(float) <= SMALL_B_BYTES) {
+        for (size_t i = 0; i < m; i += mr_max) {
+            const size_t mr = m - i < mr_max ? m - i : mr_max;
+            for (size_t j = j0; j < j1; j += nr_max) {
+                const size_t nr = j1 - j < nr_max ? j1 - j : nr_max;
+                gemm_epilogue block_ep;
+                const gemm_epilogue *bep = NULL;
+                if (ep) {
+                    block_ep = *ep;
+                    if (ep->bias) block_ep.bias = ep->bias + j;
+                    if (ep->residual) block_ep.residual = ep->residual + i * ep->ld_residual + j;
+                    bep = &block_ep;
+                }
+                kern->ukernel(mr, nr, k, a + i * lda, lda, packed + j * k, c + i * ldc + j, ldc,
+                              0, bep, NULL);
+            }
+        }
+        return;
+    }
     do {
         const size_t kc = k1 - kb < kc_max ? k1 - kb : kc_max;
         const int last = kb + kc == k;
