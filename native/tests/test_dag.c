@@ -167,7 +167,7 @@ static void dag_free(dag *d) {
 
 static coacto_graph_desc dag_desc(const dag *d) {
     coacto_graph_desc g = {d->n_layers, d->layers, d->n_tiles, d->tile_layer, d->bounds,
-                           d->poff,     d->parents, d->blob,   d->blob_size};
+                           d->poff,     d->parents, d->blob,   d->blob_size, 0};
     return g;
 }
 

@@ -119,6 +119,10 @@ static void conv_cases(void) {
         {"pointwise leaky residual", 1, 40, 5, 5, 50, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 3, 1, 1, 0.2f, 0},
         {"depthwise sigmoid", 1, 17, 5, 5, 17, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 17, 4, 0, 1, 0, 0},
         {"conv many columns", 1, 64, 30, 30, 40, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0},
+        /* deep taps split across K blocks, dilation, uneven pads, residual, an activation applied
+         * after; a wide strided row */
+        {"conv deep dilated residual hardswish", 2, 300, 6, 20, 40, 3, 3, 1, 1, 2, 2, 1, 3, 2, 2, 1, 6, 1, 1, 0, 0},
+        {"conv s2 wide", 1, 24, 9, 61, 33, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, 1, 2, 0, 1, 0, 6},
         {"conv deep k", 1, 160, 5, 6, 35, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 0, 0},
         /* im2col slices that start and end inside taps, with groups, dilation and borders */
         {"conv taps across slices", 1, 300, 7, 6, 40, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0},
