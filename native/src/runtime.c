@@ -2,7 +2,8 @@
  *
  * A worker pops a ready tile (its own pool row first, shallowest depth bucket first, then steals),
  * runs it, and completes it; of the children that became ready it continues depth-first with one
- * and pushes the others. Completion is exactly once: a tile goes READY -> RUNNING by compare-and-
+ * whose main parent (graph.c: the input block it mostly reads) it computed itself, and pushes the
+ * others, each to the row of the worker that computed its main parent (whose cache holds it). Completion is exactly once: a tile goes READY -> RUNNING by compare-and-
  * swap, and coacto_inference_put_tile claims NOT_READY/READY -> RUNNING the same way, so a tile that
  * arrives from outside and the same tile computed here complete it once; the loser is dropped. */
 #define _GNU_SOURCE
