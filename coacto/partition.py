@@ -47,7 +47,10 @@ OFFLOAD_MIN_COLUMN_BLOCKS = 32
 #: Fewest columns a column block gets from the default heuristic (GEMM efficiency).
 MIN_TILE_COLUMNS = 48
 #: Fewest columns per column block of a layer whose weights are small (SMALL_WEIGHT_BYTES or
-#: less, or none): a layer on a 7x7 map (49 columns) then gets two column blocks instead of one.
+#: less, or none), by the default heuristic: a layer on a 7x7 map (49 columns) then gets two
+#: column blocks instead of one, and any layer whose tile count asks for more column blocks than
+#: MIN_TILE_COLUMNS allows gets up to twice as many (SqueezeNet's 13x13 layers: 4 instead of 3;
+#: a 14x14 layer of 4 tiles keeps 4).
 #: Column blocks of a chain of 1x1 convolutions depend only on the same columns of the layer
 #: before, so two threads run the two halves side by side through the chain; row blocks of
 #: a 1x1 convolution all wait for every row block of the layer before. MobileNetV2's 7x7 stage
@@ -55,8 +58,9 @@ MIN_TILE_COLUMNS = 48
 #: slower at 1; ResNet-50's (4 to 9 MB per layer) ran 4% slower, re-reading its weights.
 MIN_TILE_COLUMNS_SMALL_WEIGHTS = 24
 SMALL_WEIGHT_BYTES = 2 << 20
-#: Column tiles of an input layer by default: inputs are completed at once by set_input, so
-#: tiles cost nothing locally; when offloading, finer input tiles let the server start on the
+#: Column tiles of an input layer by default: set_input copies the input tile by tile and
+#: completes each as it lands, so the first layer starts on the first tiles during the copy; when
+#: offloading, finer input tiles let the server start on the
 #: first rows of the image while the rest is still on the way.
 DEFAULT_INPUT_TILES = 16
 #: Fewest output channels per row block of a convolution that needs im2col (a kernel larger than

@@ -391,10 +391,10 @@ dw3_interior(const layer *l, const conv_geometry *gp, const float *xb, const flo
             DW3_STORE(a0, col + j) DW3_STORE(a1, col + j + 1) DW3_STORE(a2, col + j + 2)
             DW3_STORE(a3, col + j + 3)
         }
-        for (; j < count; j++, q += s) {
+        for (; j < count; j++, q += s) { /* summed in DW3_ROW's order: tiling changes no bit */
             const char *q0 = q, *q1 = q + rs, *q2 = q + 2 * rs;
-            ops_f32x8 a0 = b + DW3_LD(q0) * w00 + DW3_LD(q0 + cs) * w01 +
-                           DW3_LD(q0 + 2 * cs) * w02;
+            ops_f32x8 a0 = b;
+            a0 += DW3_LD(q0) * w00 + DW3_LD(q0 + cs) * w01 + DW3_LD(q0 + 2 * cs) * w02;
             a0 += DW3_LD(q1) * w10 + DW3_LD(q1 + cs) * w11 + DW3_LD(q1 + 2 * cs) * w12;
             a0 += DW3_LD(q2) * w20 + DW3_LD(q2 + cs) * w21 + DW3_LD(q2 + 2 * cs) * w22;
             DW3_STORE(a0, col + j)

@@ -2,8 +2,9 @@
  *
  * A worker pops a ready tile (its own pool row first, shallowest depth bucket first, then steals),
  * runs it, and completes it; of the children that became ready it continues depth-first with one
- * whose main parent (graph.c: the input block it mostly reads) it computed itself, and pushes the
- * others, each to the row of the worker that computed its main parent (whose cache holds it). Completion is exactly once: a tile goes READY -> RUNNING by compare-and-
+ * whose main parent (graph.c: the input block it mostly reads) it computed itself or that has
+ * none, and pushes the others, each to the row of the worker that computed its main parent
+ * (whose cache holds that input). Completion is exactly once: a tile goes READY -> RUNNING by compare-and-
  * swap, and coacto_inference_put_tile claims NOT_READY/READY -> RUNNING the same way, so a tile that
  * arrives from outside and the same tile computed here complete it once; the loser is dropped. */
 #define _GNU_SOURCE
@@ -171,11 +172,15 @@ static void inference_fail(coacto_inference *inf, coacto_status st) {
 }
 
 static void release_inflight(coacto_inference *inf) {
-    if (atomic_fetch_sub(&inf->inflight, 1) == 1) {
-        pthread_mutex_lock(&inf->mu);
-        pthread_cond_broadcast(&inf->cv);
-        pthread_mutex_unlock(&inf->mu);
-    }
+    int n = atomic_load(&inf->inflight);
+    while (n > 1)
+        if (atomic_compare_exchange_weak(&inf->inflight, &n, n - 1)) return;
+    /* Perhaps the last reference: it is dropped under the mutex, so coacto_inference_destroy,
+     * which waits under it for none to be left, cannot free the inference between the drop and
+     * the broadcast (it did: a use after free in the broadcast). */
+    pthread_mutex_lock(&inf->mu);
+    if (atomic_fetch_sub(&inf->inflight, 1) == 1) pthread_cond_broadcast(&inf->cv);
+    pthread_mutex_unlock(&inf->mu);
 }
 
 static float *ensure_buffer(coacto_inference *inf, int32_t li) {
@@ -540,8 +545,8 @@ static int inference_usable(const coacto_inference *inf) {
 }
 
 /* NCHW -> NHWC of positions [p0, p1) of one batch item (c planes of hw values at src), in blocks
- * that stay in L1; dst points at the item's first position. Three or fewer channels (images) get
- * a loop per position that the compiler unrolls over the channels. */
+ * that stay in L1; dst points at the item's first position. Three channels (images) get a loop
+ * per position with the channels unrolled. */
 static void transpose_to_nhwc(const float *restrict src, float *restrict dst, int64_t c,
                               int64_t hw, int64_t p0, int64_t p1) {
     enum { BLOCK = 64 };

@@ -122,7 +122,8 @@ struct coacto_inference {
     coacto_graph *g;
     atomic_int *state;           /* [n_tiles] COACTO_TILE_* */
     atomic_int *parents_left;    /* [n_tiles] */
-    int8_t *tile_worker;         /* [n_tiles] the worker that computed a tile, -1: none */
+    int8_t *tile_worker;         /* [n_tiles] the worker that computed a tile; -1: none, or a
+                                    worker numbered 128 or more (no affinity then) */
     _Atomic(float *) *buffers;   /* [n_layers] */
     atomic_int *uses_left;       /* [n_layers] */
     _Alignas(COACTO_CACHE_LINE) atomic_long completed;
