@@ -122,6 +122,8 @@ static void conv_cases(void) {
         /* deep taps split across K blocks, dilation, uneven pads, residual, an activation applied
          * after; a wide strided row */
         {"conv deep dilated residual hardswish", 2, 300, 6, 20, 40, 3, 3, 1, 1, 2, 2, 1, 3, 2, 2, 1, 6, 1, 1, 0, 0},
+        /* rows long enough for the in-place path on every kernel: a stem-like 7x7 stride 2 */
+        {"conv 7x7 s2 stem residual hardswish", 2, 3, 70, 66, 16, 7, 7, 2, 2, 3, 3, 3, 3, 1, 1, 1, 6, 1, 1, 0, 0},
         {"conv s2 wide", 1, 24, 9, 61, 33, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, 1, 2, 0, 1, 0, 6},
         {"conv deep k", 1, 160, 5, 6, 35, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 0, 0},
         /* im2col slices that start and end inside taps, with groups, dilation and borders */
