@@ -80,9 +80,9 @@ def resolve_model(spec: str, tiles_per_layer=None, input_shapes=None, image_size
 
         t = threads or default_threads()
         model_hash = hashlib.sha256(data).hexdigest()
-        layer_tiles = tune.tuned_layer_tiles(model_hash, t)
-        prof = tune.load_profile(model_hash, t) if layer_tiles else None
-        if prof:
+        prof = tune.load_profile(model_hash, t)
+        layer_tiles = tune.layer_tiles_of(prof)
+        if layer_tiles:
             _progress(f"using the tuned tile counts of {tune.profile_path(model_hash, t)} "
                       f"(measured {prof['ratio']:.2f}x the default's latency at {t} threads; "
                       f"--no-tuned ignores it)")

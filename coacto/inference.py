@@ -86,16 +86,6 @@ class NativeInference:
         check(lib.coacto_inference_create(rt.handle, self.native.handle, out), "creating an inference")
         self.handle = out[0]
 
-    @property
-    def _sizes(self) -> np.ndarray:
-        """Floats per tile (computed once per tile graph: local runs never need it)."""
-        sizes = getattr(self.tg, "_tile_floats", None)
-        if sizes is None:
-            b = self.tg.plan.tile_bounds
-            sizes = (b[:, 1] - b[:, 0]).astype(np.int64) * (b[:, 3] - b[:, 2])
-            self.tg._tile_floats = sizes
-        return sizes
-
     # -------------------------------------------------------------- lifecycle
 
     def close(self) -> None:
@@ -168,7 +158,7 @@ class NativeInference:
         data = np.ascontiguousarray(data, dtype=np.float32).reshape(-1)
         if ids.size and (ids.min() < 0 or ids.max() >= self.tg.n_tiles):
             raise InputError("tile ids out of range")
-        need = int(self._sizes[ids].sum())
+        need = self._floats(ids)
         if need != data.size:
             raise InputError(f"tile data has {data.size} floats, the tiles need {need}")
         counts = ffi.new("int32_t[2]")
@@ -196,12 +186,16 @@ class NativeInference:
     def get_tiles(self, ids) -> np.ndarray:
         """The data of completed output tiles, concatenated in ids order (one native call)."""
         ids = np.ascontiguousarray(ids, dtype=np.int32)
-        out = np.empty(int(self._sizes[ids].sum()), dtype=np.float32)
+        out = np.empty(self._floats(ids), dtype=np.float32)
         if ids.size:
             check(lib.coacto_inference_get_tiles(self.handle, ffi.from_buffer("int32_t[]", ids),
                                                  ids.size, ffi.from_buffer("float[]", out), out.size),
                   "reading tiles")
         return out
+
+    def _floats(self, ids: np.ndarray) -> int:
+        """Floats of the given tiles together (the plan's output bytes / 4)."""
+        return int(self.tg.plan.tile_bytes[ids].sum()) // 4
 
     def tile_state(self, tile: int) -> int:
         return int(lib.coacto_inference_tile_state(self.handle, tile))

@@ -122,12 +122,16 @@ def load_profile(model_hash: str, threads: int) -> dict | None:
     return prof
 
 
-def tuned_layer_tiles(model_hash: str, threads: int) -> dict[int, int] | None:
-    """{layer: tiles} of a stored profile (None: no profile, or the default is best)."""
-    prof = load_profile(model_hash, threads)
+def layer_tiles_of(prof: dict | None) -> dict[int, int] | None:
+    """{layer: tiles} of a loaded profile (None: no profile, or the default is best)."""
     if not prof or not prof["layer_tiles"]:
         return None
     return {int(k): int(v) for k, v in prof["layer_tiles"].items()}
+
+
+def tuned_layer_tiles(model_hash: str, threads: int) -> dict[int, int] | None:
+    """{layer: tiles} of a stored profile (None: no profile, or the default is best)."""
+    return layer_tiles_of(load_profile(model_hash, threads))
 
 
 def save_profile(profile: dict) -> Path:

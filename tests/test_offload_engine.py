@@ -160,7 +160,7 @@ def test_tile_batches_are_checked_before_anything_is_applied(setup):
     inf = NativeInference(NativeRuntime(1), tg)
     try:
         ids = np.asarray([5, 6], np.int32)
-        size = int(inf._sizes[ids].sum())
+        size = int(tg.plan.tile_bytes[ids].sum()) // 4
         data = np.zeros(size, np.float32)
         counts = ffi.new("int32_t[2]")
         for bad_ids, n_floats in (([5, tg.n_tiles], size), ([5, 6], size - 1), ([-1, 6], size)):

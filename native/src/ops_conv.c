@@ -307,6 +307,41 @@ static int64_t direct_run(const conv_geometry *g, ops_position p, int64_t x_lo, 
     return run >= min_run ? run : 0;
 }
 
+/* The end of the border chunk from column col: up to the next column that starts a direct run,
+ * col1, or col + block, whichever comes first; rows whose windows leave the input are skipped
+ * whole, the columns before x_lo and after x_hi of the others. */
+static int64_t border_end(const layer *l, const conv_geometry *g, int64_t col, int64_t col1,
+                          int64_t block, int64_t x_lo, int64_t x_hi, int64_t min_run) {
+    int64_t e = col;
+    while (e < col1 && e - col < block) {
+        ops_position q = ops_position_of(e, l->h, l->w);
+        if (e > col && direct_run(g, q, x_lo, x_hi, col1 - e, min_run) > 0) break;
+        const int64_t iy0 = q.y * g->sh - g->pt;
+        const int inside = iy0 >= 0 && iy0 + (g->kh - 1) * g->dh < g->hin;
+        e += inside && q.x < x_lo ? x_lo - q.x : l->w - q.x;
+    }
+    if (e > col1) e = col1;
+    return e - col > block ? col + block : e;
+}
+
+/* Output channels [row0, row1) of m columns from b0 of a convolution whose A the GEMM reads in
+ * place: the input itself (1x1, stride 1, no padding) or, for CONV_FC, column b0's batch item. */
+static void conv_block_pointwise(const layer *l, const conv_geometry *g, const float *x,
+                                 const float *res, float *out, int64_t b0, int64_t m, int64_t row0,
+                                 int64_t row1, float *tmp) {
+    const int64_t c = l->c, g0 = row0 / g->cout_g, g1 = (row1 - 1) / g->cout_g;
+    for (int64_t gi = g0; gi <= g1; gi++) {
+        int64_t first = gi * g->cout_g;
+        int64_t jlo = (row0 > first ? row0 : first) - first;
+        int64_t jhi = (row1 < first + g->cout_g ? row1 : first + g->cout_g) - first;
+        const int pointwise = l->variant == CONV_POINTWISE;
+        const float *a = pointwise ? x + b0 * g->cin + gi * g->cin_g : x + b0 * g->k;
+        const size_t lda = (size_t)(pointwise ? g->cin : g->k);
+        conv_gemm(l, g, (size_t)m, 0, (size_t)g->k, a, lda, gi, (size_t)jlo, (size_t)jhi,
+                  out + b0 * c + first, res ? res + b0 * c + first : NULL, tmp);
+    }
+}
+
 static void conv_execute_gemm(const layer *l, const float *const *in, float *out, int64_t col0,
                               int64_t col1, int64_t row0, int64_t row1, float *scratch) {
     conv_geometry g = geometry(l);
@@ -316,77 +351,38 @@ static void conv_execute_gemm(const layer *l, const float *const *in, float *out
     float *tmp = scratch;
     if (l->variant == CONV_IM2COL)
         tmp += ops_round_up((size_t)(block * (int64_t)conv_slice_k(l, &g)), 16);
+
+    /* im2col convolutions go direct where they can: runs of at least min_run columns of one
+     * output row whose windows lie inside the input, when rows are long enough for such runs and
+     * the weights one window row touches (kw * cin by the tile's channels) stay in L2 for the
+     * run's few row blocks (VGG-16's 56 x 56 x 256 layers, 768 KiB, ran 16% slower direct, its
+     * 224 x 224 x 64 ones, 48 KiB, 13% faster). Everything between the runs (a row's last and the
+     * next row's first columns, rows at the top and bottom) goes through im2col, in chunks that
+     * cross rows. */
     const int64_t min_run = 2 * (int64_t)l->kern->mr;
-
-    /* Direct when rows are long enough for runs and the weights one window row touches (kw * cin
-     * by the tile's channels) stay in L2 for the run's few row blocks: VGG-16's 56 x 56 x 256
-     * layers (768 KiB) ran 16% slower direct, its 224 x 224 x 64 ones (48 KiB) 13% faster. */
     const size_t direct_b_bytes = (size_t)(g.kw * g.cin * (row1 - row0)) * sizeof(float);
-    if (l->variant == CONV_IM2COL && g.group == 1 && g.dw == 1 && l->w >= min_run + 2 &&
-        direct_b_bytes <= DIRECT_MAX_B_BYTES) {
-        /* Runs of at least min_run columns of one output row whose windows lie inside the input
-         * go direct; everything between them (the border: a row's last and the next row's
-         * first columns, rows at the top and bottom) through im2col, in blocks that cross rows. */
-        const int64_t x_lo = (g.pl + g.sw - 1) / g.sw; /* first x with its window inside */
-        const int64_t span = g.win - g.kw + g.pl;       /* last x: x * sw <= span */
-        const int64_t x_hi = span >= 0 ? span / g.sw : -1;
-        for (int64_t col = col0; col < col1;) {
-            ops_position p = ops_position_of(col, l->h, l->w);
-            int64_t run = direct_run(&g, p, x_lo, x_hi, col1 - col, min_run);
-            int64_t m;
-            if (run > 0) {
-                m = run < block ? run : block;
-                conv_block_direct(l, &g, x, res, out, col, m, p.n, p.y, p.x, row0, row1, tmp);
-            } else {
-                int64_t e = col; /* the border chunk [col, e) */
-                while (e < col1 && e - col < block) {
-                    ops_position q = ops_position_of(e, l->h, l->w);
-                    if (e > col && direct_run(&g, q, x_lo, x_hi, col1 - e, min_run) > 0) break;
-                    const int64_t iy0 = q.y * g.sh - g.pt;
-                    const int inside = iy0 >= 0 && iy0 + (g.kh - 1) * g.dh < g.hin;
-                    e += inside && q.x < x_lo ? x_lo - q.x : l->w - q.x;
-                }
-                if (e > col1) e = col1;
-                if (e - col > block) e = col + block;
-                m = e - col;
-                conv_block_im2col(l, &g, x, res, out, col, m, row0, row1, acol, tmp);
-            }
-            if (!ops_act_is_clamp((int32_t)g.act))
-                for (int64_t i = col; i < col + m; i++)
-                    ops_act_apply(out + i * c + row0, (size_t)(row1 - row0), (int32_t)g.act,
-                                  l->fparams[0], l->fparams[1]);
-            col += m;
-        }
-        return;
-    }
+    const int direct = l->variant == CONV_IM2COL && g.group == 1 && g.dw == 1 &&
+                       l->w >= min_run + 2 && direct_b_bytes <= DIRECT_MAX_B_BYTES;
+    const int64_t x_lo = (g.pl + g.sw - 1) / g.sw; /* first x with its window inside */
+    const int64_t span = g.win - g.kw + g.pl;       /* last x: x * sw <= span */
+    const int64_t x_hi = span >= 0 ? span / g.sw : -1;
 
-    for (int64_t b0 = col0; b0 < col1; b0 += block) {
-        int64_t m = col1 - b0 < block ? col1 - b0 : block;
-        if (l->variant == CONV_IM2COL) {
-            conv_block_im2col(l, &g, x, res, out, b0, m, row0, row1, acol, tmp);
+    for (int64_t col = col0, m; col < col1; col += m) {
+        ops_position p = ops_position_of(col, l->h, l->w);
+        const int64_t run = direct ? direct_run(&g, p, x_lo, x_hi, col1 - col, min_run) : 0;
+        if (run > 0) {
+            m = run < block ? run : block;
+            conv_block_direct(l, &g, x, res, out, col, m, p.n, p.y, p.x, row0, row1, tmp);
+        } else if (l->variant == CONV_IM2COL) {
+            m = direct ? border_end(l, &g, col, col1, block, x_lo, x_hi, min_run) - col
+                       : (col1 - col < block ? col1 - col : block);
+            conv_block_im2col(l, &g, x, res, out, col, m, row0, row1, acol, tmp);
         } else {
-            int64_t g0 = row0 / g.cout_g, g1 = (row1 - 1) / g.cout_g;
-            for (int64_t gi = g0; gi <= g1; gi++) {
-                int64_t first = gi * g.cout_g;
-                int64_t jlo = (row0 > first ? row0 : first) - first;
-                int64_t jhi = (row1 < first + g.cout_g ? row1 : first + g.cout_g) - first;
-                float *cb = out + b0 * c + first;
-                const float *rb = res ? res + b0 * c + first : NULL;
-                const float *a;
-                size_t lda;
-                if (l->variant == CONV_POINTWISE) {
-                    a = x + b0 * g.cin + gi * g.cin_g;
-                    lda = (size_t)g.cin;
-                } else { /* CONV_FC: column b0 is batch b0 */
-                    a = x + b0 * g.k;
-                    lda = (size_t)g.k;
-                }
-                conv_gemm(l, &g, (size_t)m, 0, (size_t)g.k, a, lda, gi, (size_t)jlo, (size_t)jhi,
-                          cb, rb, tmp);
-            }
+            m = col1 - col < block ? col1 - col : block;
+            conv_block_pointwise(l, &g, x, res, out, col, m, row0, row1, tmp);
         }
         if (!ops_act_is_clamp((int32_t)g.act))
-            for (int64_t i = b0; i < b0 + m; i++)
+            for (int64_t i = col; i < col + m; i++)
                 ops_act_apply(out + i * c + row0, (size_t)(row1 - row0), (int32_t)g.act,
                               l->fparams[0], l->fparams[1]);
     }

@@ -4,9 +4,10 @@
  * runs it, and completes it; of the children that became ready it continues depth-first with one
  * whose main parent (graph.c: the input block it mostly reads) it computed itself or that has
  * none, and pushes the others, each to the row of the worker that computed its main parent
- * (whose cache holds that input). Completion is exactly once: a tile goes READY -> RUNNING by compare-and-
- * swap, and coacto_inference_put_tile claims NOT_READY/READY -> RUNNING the same way, so a tile that
- * arrives from outside and the same tile computed here complete it once; the loser is dropped. */
+ * (whose cache holds that input). Completion is exactly once: a tile goes READY -> RUNNING by
+ * compare-and-swap, and coacto_inference_put_tile claims NOT_READY/READY -> RUNNING the same way,
+ * so a tile that arrives from outside and the same tile computed here complete it once; the loser
+ * is dropped. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <sched.h>
@@ -104,10 +105,14 @@ static int pool_pop(coacto_runtime *rt, int32_t self, task *out) {
     return 0;
 }
 
-static void wake_one(coacto_runtime *rt) {
+/* Wakes one sleeping worker, or all of them. */
+static void wake(coacto_runtime *rt, int all) {
     if (atomic_load(&rt->sleepers) > 0) {
         pthread_mutex_lock(&rt->sleep_mu);
-        pthread_cond_signal(&rt->sleep_cv);
+        if (all)
+            pthread_cond_broadcast(&rt->sleep_cv);
+        else
+            pthread_cond_signal(&rt->sleep_cv);
         pthread_mutex_unlock(&rt->sleep_mu);
     }
 }
@@ -132,21 +137,16 @@ static void pool_push(coacto_runtime *rt, coacto_inference *inf, int32_t tile, i
         return;
     }
     atomic_fetch_add(&rt->pending, 1);
-    if (!tls_defer_wake) wake_one(rt);
+    if (!tls_defer_wake) wake(rt, 0);
 }
 
-static void wake_all(coacto_runtime *rt) {
-    if (atomic_load(&rt->sleepers) > 0) {
-        pthread_mutex_lock(&rt->sleep_mu);
-        pthread_cond_broadcast(&rt->sleep_cv);
-        pthread_mutex_unlock(&rt->sleep_mu);
-    }
-}
-
-void runtime_schedule(coacto_inference *inf, int32_t tile) {
+/* Takes an inflight reference for the task and hands it to the pool (row as in pool_push). */
+static void schedule_to(coacto_inference *inf, int32_t tile, int32_t home) {
     atomic_fetch_add(&inf->inflight, 1);
-    pool_push(inf->rt, inf, tile, -1);
+    pool_push(inf->rt, inf, tile, home);
 }
+
+void runtime_schedule(coacto_inference *inf, int32_t tile) { schedule_to(inf, tile, -1); }
 
 /* The worker that computed the tile's main parent, or -1 (none, or it came from outside). */
 static int32_t tile_home(const coacto_inference *inf, int32_t tile) {
@@ -252,8 +252,7 @@ static void complete_tile(coacto_inference *inf, int32_t tile, int32_t *next, in
         if (next && *next < 0 && (home < 0 || home == tls_worker)) {
             *next = child;
         } else {
-            atomic_fetch_add(&inf->inflight, 1);
-            pool_push(inf->rt, inf, child, home);
+            schedule_to(inf, child, home);
         }
     }
     atomic_fetch_add(&inf->completed, 1);
@@ -620,7 +619,7 @@ static coacto_status set_input(coacto_inference *inf, int32_t li, const float *d
     }
     if (defer) {
         tls_defer_wake = 0;
-        wake_all(inf->rt);
+        wake(inf->rt, 1);
     }
     release_inflight(inf);
     return COACTO_OK;

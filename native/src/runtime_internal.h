@@ -45,8 +45,8 @@ struct coacto_graph {
     int32_t *trace_worker;         /* [n_tiles], -1: not computed since profiling was enabled */
     /* Activation buffers freed by finished inferences, reused by the next ones: saves the page
      * faults and page clearing of fresh allocations. Buffers handed out (live) plus cached stay
-     * within cache_limit (twice one inference's peak) where possible: a fresh allocation first
-     * frees cached buffers of other sizes rather than growing the footprint past it. */
+     * within cache_limit (four times one inference's peak) where possible: a fresh allocation
+     * first frees cached buffers of other sizes rather than growing the footprint past it. */
     pthread_mutex_t cache_mu;
     struct cached_buffer *cache;
     int32_t cache_n, cache_cap;

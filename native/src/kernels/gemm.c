@@ -110,6 +110,17 @@ void gemm_run(const gemm_kernel *kern, size_t m, size_t j0, size_t j1, size_t k,
     gemm_run_k(kern, m, j0, j1, k, 0, k, a, lda, packed, c, ldc, ep);
 }
 
+/* ep with its bias and residual offset to the block at row i, channel j (in *out), or NULL. */
+static const gemm_epilogue *block_epilogue(const gemm_epilogue *ep, size_t i, size_t j,
+                                           gemm_epilogue *out)
+{
+    if (!ep) return NULL;
+    *out = *ep;
+    if (ep->bias) out->bias = ep->bias + j;
+    if (ep->residual) out->residual = ep->residual + i * ep->ld_residual + j;
+    return out;
+}
+
 void gemm_run_k(const gemm_kernel *kern, size_t m, size_t j0, size_t j1, size_t k, size_t k0,
                 size_t k1, const float *a, size_t lda, const float *packed, float *c, size_t ldc,
                 const gemm_epilogue *ep)
@@ -120,12 +131,7 @@ void gemm_run_k(const gemm_kernel *kern, size_t m, size_t j0, size_t j1, size_t 
     assert(j0 % nr_max == 0);
     assert(k0 <= k1 && k1 <= k && (k0 < k1 || k == 0));
     if (m == 0 || j1 <= j0) return;
-    size_t kb = k0;
-    /* Loop order (BLIS): K blocks, then row chunks of BLOCK_M, then panels, then MR row blocks.
-     * Later K blocks accumulate into C; only the last applies the epilogue. k == 0 still runs
-     * once, so C = epilogue(0). The first row block of each panel prefetches the slice the loop
-     * reads next (the next panel, or the first panel of the next K block), so that cold weights
-     * stream in while the current slice is being used. */
+    gemm_epilogue block_ep;
     /* A short reduction (SMALL_K at most) over few panels: rows outer, panels inner. Each row block
      * then writes its rows of C (and reads its residual rows) whole, line after line, while the
      * panels (at most SMALL_B_BYTES) and the row block of A stay in cache; panel by panel, the
@@ -136,20 +142,18 @@ void gemm_run_k(const gemm_kernel *kern, size_t m, size_t j0, size_t j1, size_t 
             const size_t mr = m - i < mr_max ? m - i : mr_max;
             for (size_t j = j0; j < j1; j += nr_max) {
                 const size_t nr = j1 - j < nr_max ? j1 - j : nr_max;
-                gemm_epilogue block_ep;
-                const gemm_epilogue *bep = NULL;
-                if (ep) {
-                    block_ep = *ep;
-                    if (ep->bias) block_ep.bias = ep->bias + j;
-                    if (ep->residual) block_ep.residual = ep->residual + i * ep->ld_residual + j;
-                    bep = &block_ep;
-                }
                 kern->ukernel(mr, nr, k, a + i * lda, lda, packed + j * k, c + i * ldc + j, ldc,
-                              0, bep, NULL);
+                              0, block_epilogue(ep, i, j, &block_ep), NULL);
             }
         }
         return;
     }
+    /* Loop order (BLIS): K blocks, then row chunks of BLOCK_M, then panels, then MR row blocks.
+     * Later K blocks accumulate into C; only the last applies the epilogue. k == 0 still runs
+     * once, so C = epilogue(0). The first row block of each panel prefetches the slice the loop
+     * reads next (the next panel, or the first panel of the next K block), so that cold weights
+     * stream in while the current slice is being used. */
+    size_t kb = k0;
     do {
         const size_t kc = k1 - kb < kc_max ? k1 - kb : kc_max;
         const int last = kb + kc == k;
@@ -165,17 +169,10 @@ void gemm_run_k(const gemm_kernel *kern, size_t m, size_t j0, size_t j1, size_t 
                     next = packed + j0 * k + (kb + kc) * nr_max;
                 for (size_t i = ib; i < i_end; i += mr_max) {
                     const size_t mr = i_end - i < mr_max ? i_end - i : mr_max;
-                    gemm_epilogue block_ep;
-                    const gemm_epilogue *bep = NULL;
-                    if (last && ep) {
-                        block_ep = *ep;
-                        if (ep->bias) block_ep.bias = ep->bias + j;
-                        if (ep->residual)
-                            block_ep.residual = ep->residual + i * ep->ld_residual + j;
-                        bep = &block_ep;
-                    }
                     kern->ukernel(mr, nr, kc, a + i * lda + (kb - k0), lda, panel,
-                                  c + i * ldc + j, ldc, kb > 0, bep, i == ib ? next : NULL);
+                                  c + i * ldc + j, ldc, kb > 0,
+                                  last ? block_epilogue(ep, i, j, &block_ep) : NULL,
+                                  i == ib ? next : NULL);
                 }
             }
         }
