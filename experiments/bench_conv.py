@@ -88,38 +88,23 @@ def conv_model(cin: int, cout: int, hw: int, k: int, stride: int, seed: int):
 
 
 def measure(name, shape, threads: int, runs: int, seed: int) -> dict:
-    import onnxruntime as ort
-
     import coacto
-    from coacto.runtime import ffi, lib, native_graph
+    from coacto.benchmark import max_error, onnxruntime_session
 
     cin, cout, hw, k, stride = shape
     model = conv_model(cin, cout, hw, k, stride, seed)
     x = np.random.default_rng(seed + 1).standard_normal((1, cin, hw, hw)).astype(np.float32)
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads
-    opts.inter_op_num_threads = 1
-    opts.log_severity_level = 3
-    opts.enable_profiling = True
     with tempfile.TemporaryDirectory() as tmp:
-        opts.profile_file_prefix = os.path.join(tmp, "ort")
-        sess = ort.InferenceSession(model.SerializeToString(), opts,
-                                    providers=["CPUExecutionProvider"])
+        sess = onnxruntime_session(model.SerializeToString(), threads,
+                                   profile_prefix=os.path.join(tmp, "ort"))
         tg = coacto.compile(model)
         conv_layer = next(i for i, layer in enumerate(tg.graph.layers) if layer.op == "CONV")
         ours = []
         with coacto.Runtime(tg, threads=threads) as rt:
-            handle = native_graph(tg).handle
-            secs = ffi.new("double[]", len(tg.graph.layers))
-            got = np.asarray(rt.run({"x": x})["y"])
-            ref = sess.run(None, {"x": x})[0]
+            err, ref_max = max_error(rt.run({"x": x})["y"], sess.run(None, {"x": x})[0])
             for _ in range(runs):
-                lib.coacto_graph_set_profiling(handle, 1)  # enabling resets the totals
-                rt.run({"x": x})
-                lib.coacto_graph_layer_seconds(handle, secs, len(tg.graph.layers))
-                ours.append(secs[conv_layer])
+                ours.append(rt.profile({"x": x}, 1)[conv_layer]["seconds"])
                 sess.run(None, {"x": x})
-            lib.coacto_graph_set_profiling(handle, 0)
         with open(sess.end_profiling()) as f:
             events = json.load(f)
     theirs = [e["dur"] * 1e-6 for e in events
@@ -129,11 +114,10 @@ def measure(name, shape, threads: int, runs: int, seed: int) -> dict:
         raise RuntimeError("onnxruntime's profile has no Conv node (did it fuse the layer away?)")
     out_hw = (hw + 2 * (k // 2) - k) // stride + 1
     flops = 2.0 * cout * cin * k * k * out_hw * out_hw
-    err = float(np.abs(got - ref).max() / max(float(np.abs(ref).max()), 1e-30))
     return {"shape": name, "cin": cin, "cout": cout, "hw": hw, "k": k, "stride": stride,
             "coacto_ms": min(ours) * 1e3, "onnxruntime_ms": min(theirs) * 1e3,
             "coacto_gflops": flops / min(ours) / 1e9, "onnxruntime_gflops": flops / min(theirs) / 1e9,
-            "ratio": min(ours) / min(theirs), "max_rel_error": err}
+            "ratio": min(ours) / min(theirs), "max_rel_error": err / max(ref_max, 1e-30)}
 
 
 def main(argv: list[str] | None = None) -> int:
