@@ -342,6 +342,18 @@ static void conv_block_pointwise(const layer *l, const conv_geometry *g, const f
     }
 }
 
+/* Columns of the next block from `left` remaining, at most `block`: as many blocks as needed, of
+ * equal size in whole row blocks of the micro-kernel. A 28 x 28 map in blocks of 252 left a last
+ * block of 28 columns that streamed all the layer's weights again for little work (VGG-16's
+ * 512-channel layer as one tile ran 2% faster in four blocks of 196). */
+static int64_t even_block(int64_t left, int64_t block, int64_t mr) {
+    if (left <= block) return left;
+    const int64_t blocks = (left + block - 1) / block;
+    int64_t m = (left + blocks - 1) / blocks;
+    m = (m + mr - 1) / mr * mr;
+    return m < block ? m : block;
+}
+
 static void conv_execute_gemm(const layer *l, const float *const *in, float *out, int64_t col0,
                               int64_t col1, int64_t row0, int64_t row1, float *scratch) {
     conv_geometry g = geometry(l);
@@ -375,10 +387,10 @@ static void conv_execute_gemm(const layer *l, const float *const *in, float *out
             conv_block_direct(l, &g, x, res, out, col, m, p.n, p.y, p.x, row0, row1, tmp);
         } else if (l->variant == CONV_IM2COL) {
             m = direct ? border_end(l, &g, col, col1, block, x_lo, x_hi, min_run) - col
-                       : (col1 - col < block ? col1 - col : block);
+                       : even_block(col1 - col, block, (int64_t)l->kern->mr);
             conv_block_im2col(l, &g, x, res, out, col, m, row0, row1, acol, tmp);
         } else {
-            m = col1 - col < block ? col1 - col : block;
+            m = even_block(col1 - col, block, (int64_t)l->kern->mr);
             conv_block_pointwise(l, &g, x, res, out, col, m, row0, row1, tmp);
         }
         if (!ops_act_is_clamp((int32_t)g.act))

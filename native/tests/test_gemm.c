@@ -179,7 +179,7 @@ static void test_ukernel(const gemm_kernel *kern)
                     }
                     /* The prefetch hint (here the panel itself) must not change results. */
                     kern->ukernel(mr, nr, kc, a, lda, panel, c, ldc, accumulate,
-                                  with_ep ? &ep : NULL, accumulate ? panel : NULL);
+                                  with_ep ? &ep : NULL, accumulate ? panel : NULL, (int)(kc % 2));
                     char params[96];
                     snprintf(params, sizeof params, "ukernel mr=%zu nr=%zu kc=%zu acc=%d ep=%d", mr,
                              nr, kc, accumulate, with_ep);

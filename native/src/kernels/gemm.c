@@ -143,22 +143,25 @@ void gemm_run_k(const gemm_kernel *kern, size_t m, size_t j0, size_t j1, size_t 
             for (size_t j = j0; j < j1; j += nr_max) {
                 const size_t nr = j1 - j < nr_max ? j1 - j : nr_max;
                 kern->ukernel(mr, nr, k, a + i * lda, lda, packed + j * k, c + i * ldc + j, ldc,
-                              0, block_epilogue(ep, i, j, &block_ep), NULL);
+                              0, block_epilogue(ep, i, j, &block_ep), NULL, 0);
             }
         }
         return;
     }
     /* Loop order (BLIS): K blocks, then row chunks of BLOCK_M, then panels, then MR row blocks.
      * Later K blocks accumulate into C; only the last applies the epilogue. k == 0 still runs
-     * once, so C = epilogue(0). The first row block of each panel prefetches the slice the loop
-     * reads next (the next panel, or the first panel of the next K block), so that cold weights
-     * stream in while the current slice is being used. */
+     * once, so C = epilogue(0). The row blocks of each panel prefetch the slice the loop reads
+     * next (the next panel, or the first panel of the next K block): the first four a quarter
+     * each, or the first all of it when there are fewer, so that cold weights stream in while
+     * the current slice is being used. */
     size_t kb = k0;
     do {
         const size_t kc = k1 - kb < kc_max ? k1 - kb : kc_max;
         const int last = kb + kc == k;
+        const size_t quarter = kc * nr_max / 4; /* floats of a quarter of the next slice */
         for (size_t ib = 0; ib < m; ib += mc_max) {
             const size_t i_end = m - ib < mc_max ? m : ib + mc_max;
+            const size_t blocks = (i_end - ib + mr_max - 1) / mr_max;
             for (size_t j = j0; j < j1; j += nr_max) {
                 const size_t nr = j1 - j < nr_max ? j1 - j : nr_max;
                 const float *panel = packed + j * k + kb * nr_max;
@@ -167,12 +170,15 @@ void gemm_run_k(const gemm_kernel *kern, size_t m, size_t j0, size_t j1, size_t 
                     next = packed + (j + nr_max) * k + kb * nr_max;
                 else if (kb + kc < k)
                     next = packed + j0 * k + (kb + kc) * nr_max;
-                for (size_t i = ib; i < i_end; i += mr_max) {
+                const int spread = next && blocks >= 4; /* a quarter to each of four blocks */
+                for (size_t i = ib, r = 0; i < i_end; i += mr_max, r++) {
                     const size_t mr = i_end - i < mr_max ? i_end - i : mr_max;
                     kern->ukernel(mr, nr, kc, a + i * lda + (kb - k0), lda, panel,
                                   c + i * ldc + j, ldc, kb > 0,
                                   last ? block_epilogue(ep, i, j, &block_ep) : NULL,
-                                  i == ib ? next : NULL);
+                                  spread ? (r < 4 ? next + r * quarter : NULL)
+                                         : (r == 0 ? next : NULL),
+                                  spread);
                 }
             }
         }

@@ -24,12 +24,16 @@ typedef struct gemm_epilogue {
  * stride lda, kc values per row) and one packed panel (kc x NR). accumulate != 0 adds to C
  * instead of overwriting; ep != NULL applies the epilogue after accumulating (bias/residual
  * pointers already offset to the block's first row/channel). b_next, when not NULL, is the
- * panel slice (kc x NR floats) the driver uses next: the kernel prefetches it towards L2 while it
- * computes, so weights that come from memory (a layer's weights are read once per tile and are
- * cold) arrive while the current slice is in use. It is a hint; it is never dereferenced. */
+ * panel slice (kc x NR floats) the driver uses next, or with pf_quarter != 0 the quarter of it
+ * that starts there: the kernel prefetches it towards L2, spread over its steps, so that weights
+ * that come from memory (a layer's weights are read once per tile and are cold) arrive while the
+ * current slice is in use. The driver gives a panel's first four row blocks a quarter each when
+ * it has that many: one call fetching a whole slice kept more lines in flight than the core has
+ * fill buffers, and the stalled prefetches held up its multiply-adds. It is a hint; it is never
+ * dereferenced. */
 typedef void (*gemm_ukernel_fn)(size_t mr, size_t nr, size_t kc, const float *a, size_t lda,
                                 const float *b_panel, float *c, size_t ldc, int accumulate,
-                                const gemm_epilogue *ep, const float *b_next);
+                                const gemm_epilogue *ep, const float *b_next, int pf_quarter);
 
 typedef struct gemm_kernel {
     const char *name;
@@ -81,15 +85,15 @@ size_t gemm_block_k(const gemm_kernel *kern);
 /* The micro-kernels (each compiled in only where its instruction set exists). */
 void gemm_f32_4x8__scalar(size_t mr, size_t nr, size_t kc, const float *a, size_t lda,
                           const float *b_panel, float *c, size_t ldc, int accumulate,
-                          const gemm_epilogue *ep, const float *b_next);
+                          const gemm_epilogue *ep, const float *b_next, int pf_quarter);
 void gemm_f32_6x16__avx2(size_t mr, size_t nr, size_t kc, const float *a, size_t lda,
                          const float *b_panel, float *c, size_t ldc, int accumulate,
-                         const gemm_epilogue *ep, const float *b_next);
+                         const gemm_epilogue *ep, const float *b_next, int pf_quarter);
 void gemm_f32_14x32__avx512f(size_t mr, size_t nr, size_t kc, const float *a, size_t lda,
                              const float *b_panel, float *c, size_t ldc, int accumulate,
-                             const gemm_epilogue *ep, const float *b_next);
+                             const gemm_epilogue *ep, const float *b_next, int pf_quarter);
 void gemm_f32_6x16__neon(size_t mr, size_t nr, size_t kc, const float *a, size_t lda,
                          const float *b_panel, float *c, size_t ldc, int accumulate,
-                         const gemm_epilogue *ep, const float *b_next);
+                         const gemm_epilogue *ep, const float *b_next, int pf_quarter);
 
 #endif

@@ -38,7 +38,7 @@ static TARGET_AVX2 ALWAYS_INLINE void ukernel_rows(const size_t rows, size_t nr,
                                                    const float *a, size_t lda, const float *b,
                                                    float *c, size_t ldc, int accumulate,
                                                    const gemm_epilogue *ep,
-                                                   const float *b_next)
+                                                   const float *b_next, int pf_quarter)
 {
     __m256 acc0[MR], acc1[MR];
     UNROLL for (size_t i = 0; i < rows; i++)
@@ -56,9 +56,11 @@ static TARGET_AVX2 ALWAYS_INLINE void ukernel_rows(const size_t rows, size_t nr,
             _mm_prefetch((const char *)(r + NR - 1), _MM_HINT_T0);
         }
     }
-    const char *pf = (const char *)b_next; /* one 64-byte line of the next slice per step */
+    /* The next slice (one line a step) or a quarter of it (one line every fourth step). */
+    const char *pf = (const char *)b_next;
+    const size_t every = pf_quarter ? 3 : 0; /* mask of the steps that skip */
     for (size_t p = 0; p < kc; p++) {
-        if (pf) {
+        if (pf && (p & every) == 0) {
             _mm_prefetch(pf, _MM_HINT_T1);
             pf += NR * sizeof(float);
         }
@@ -129,12 +131,12 @@ static TARGET_AVX2 ALWAYS_INLINE void ukernel_rows(const size_t rows, size_t nr,
 
 #define ROWS_CASE(r)                                                                  \
     case r:                                                                           \
-        ukernel_rows(r, nr, kc, a, lda, b_panel, c, ldc, accumulate, ep, b_next);             \
+        ukernel_rows(r, nr, kc, a, lda, b_panel, c, ldc, accumulate, ep, b_next, pf_quarter); \
         break;
 
 TARGET_AVX2 void gemm_f32_6x16__avx2(size_t mr, size_t nr, size_t kc, const float *a, size_t lda,
                                      const float *b_panel, float *c, size_t ldc, int accumulate,
-                                     const gemm_epilogue *ep, const float *b_next)
+                                     const gemm_epilogue *ep, const float *b_next, int pf_quarter)
 {
     assert(mr <= MR && nr <= NR);
     switch (mr) {

@@ -52,11 +52,215 @@ static ALWAYS_INLINE const float *row_at(size_t i, const char *a0, const char *a
     }
 }
 
+#if defined(__GNUC__) || defined(__clang__)
+#define HAVE_ASM_LOOP 1
+/* The reduction of a full 14-row block, written out: acc[2i], acc[2i + 1] = row i's two vectors
+ * over kc steps (the packed panel b; rows of A from a, lda floats apart). The compiler's loop
+ * ran out of general registers for fourteen row addresses and reloaded two from the stack every
+ * step, which with the pointer updates left the multiply-adds at 208 GFLOP/s of the core's 240;
+ * here rows are reached by base + stride x {1, 2, 4, 8} from two bases and three strides, steps
+ * go in pairs, and the loop reaches 218. Prefetch of b_next (see gemm_ukernel_fn): none, the
+ * whole slice (two lines a step), or a quarter of it (one line a pair of steps); each is its own
+ * loop, so no branch in it depends on the step (a countdown to the next prefetch, mispredicted
+ * once per prefetch, cost 6% on warm shapes). */
+#define ASM_ZERO \
+    "vpxord %%zmm0, %%zmm0, %%zmm0\n\t" \
+    "vpxord %%zmm1, %%zmm1, %%zmm1\n\t" \
+    "vpxord %%zmm2, %%zmm2, %%zmm2\n\t" \
+    "vpxord %%zmm3, %%zmm3, %%zmm3\n\t" \
+    "vpxord %%zmm4, %%zmm4, %%zmm4\n\t" \
+    "vpxord %%zmm5, %%zmm5, %%zmm5\n\t" \
+    "vpxord %%zmm6, %%zmm6, %%zmm6\n\t" \
+    "vpxord %%zmm7, %%zmm7, %%zmm7\n\t" \
+    "vpxord %%zmm8, %%zmm8, %%zmm8\n\t" \
+    "vpxord %%zmm9, %%zmm9, %%zmm9\n\t" \
+    "vpxord %%zmm10, %%zmm10, %%zmm10\n\t" \
+    "vpxord %%zmm11, %%zmm11, %%zmm11\n\t" \
+    "vpxord %%zmm12, %%zmm12, %%zmm12\n\t" \
+    "vpxord %%zmm13, %%zmm13, %%zmm13\n\t" \
+    "vpxord %%zmm14, %%zmm14, %%zmm14\n\t" \
+    "vpxord %%zmm15, %%zmm15, %%zmm15\n\t" \
+    "vpxord %%zmm16, %%zmm16, %%zmm16\n\t" \
+    "vpxord %%zmm17, %%zmm17, %%zmm17\n\t" \
+    "vpxord %%zmm18, %%zmm18, %%zmm18\n\t" \
+    "vpxord %%zmm19, %%zmm19, %%zmm19\n\t" \
+    "vpxord %%zmm20, %%zmm20, %%zmm20\n\t" \
+    "vpxord %%zmm21, %%zmm21, %%zmm21\n\t" \
+    "vpxord %%zmm22, %%zmm22, %%zmm22\n\t" \
+    "vpxord %%zmm23, %%zmm23, %%zmm23\n\t" \
+    "vpxord %%zmm24, %%zmm24, %%zmm24\n\t" \
+    "vpxord %%zmm25, %%zmm25, %%zmm25\n\t" \
+    "vpxord %%zmm26, %%zmm26, %%zmm26\n\t" \
+    "vpxord %%zmm27, %%zmm27, %%zmm27\n\t"
+#define ASM_STEP0 \
+    "vmovaps (%[b]), %%zmm28\n\t" \
+    "vmovaps 64(%[b]), %%zmm29\n\t" \
+    "vbroadcastss (%[a0]), %%zmm30\n\t" \
+    "vfmadd231ps %%zmm28, %%zmm30, %%zmm0\n\t" \
+    "vfmadd231ps %%zmm29, %%zmm30, %%zmm1\n\t" \
+    "vbroadcastss (%[a0],%[s1],1), %%zmm31\n\t" \
+    "vfmadd231ps %%zmm28, %%zmm31, %%zmm2\n\t" \
+    "vfmadd231ps %%zmm29, %%zmm31, %%zmm3\n\t" \
+    "vbroadcastss (%[a0],%[s1],2), %%zmm30\n\t" \
+    "vfmadd231ps %%zmm28, %%zmm30, %%zmm4\n\t" \
+    "vfmadd231ps %%zmm29, %%zmm30, %%zmm5\n\t" \
+    "vbroadcastss (%[a0],%[s3],1), %%zmm31\n\t" \
+    "vfmadd231ps %%zmm28, %%zmm31, %%zmm6\n\t" \
+    "vfmadd231ps %%zmm29, %%zmm31, %%zmm7\n\t" \
+    "vbroadcastss (%[a0],%[s1],4), %%zmm30\n\t" \
+    "vfmadd231ps %%zmm28, %%zmm30, %%zmm8\n\t" \
+    "vfmadd231ps %%zmm29, %%zmm30, %%zmm9\n\t" \
+    "vbroadcastss (%[a5]), %%zmm31\n\t" \
+    "vfmadd231ps %%zmm28, %%zmm31, %%zmm10\n\t" \
+    "vfmadd231ps %%zmm29, %%zmm31, %%zmm11\n\t" \
+    "vbroadcastss (%[a0],%[s3],2), %%zmm30\n\t" \
+    "vfmadd231ps %%zmm28, %%zmm30, %%zmm12\n\t" \
+    "vfmadd231ps %%zmm29, %%zmm30, %%zmm13\n\t" \
+    "vbroadcastss (%[a5],%[s1],2), %%zmm31\n\t" \
+    "vfmadd231ps %%zmm28, %%zmm31, %%zmm14\n\t" \
+    "vfmadd231ps %%zmm29, %%zmm31, %%zmm15\n\t" \
+    "vbroadcastss (%[a0],%[s1],8), %%zmm30\n\t" \
+    "vfmadd231ps %%zmm28, %%zmm30, %%zmm16\n\t" \
+    "vfmadd231ps %%zmm29, %%zmm30, %%zmm17\n\t" \
+    "vbroadcastss (%[a5],%[s1],4), %%zmm31\n\t" \
+    "vfmadd231ps %%zmm28, %%zmm31, %%zmm18\n\t" \
+    "vfmadd231ps %%zmm29, %%zmm31, %%zmm19\n\t" \
+    "vbroadcastss (%[a0],%[s5],2), %%zmm30\n\t" \
+    "vfmadd231ps %%zmm28, %%zmm30, %%zmm20\n\t" \
+    "vfmadd231ps %%zmm29, %%zmm30, %%zmm21\n\t" \
+    "vbroadcastss (%[a5],%[s3],2), %%zmm31\n\t" \
+    "vfmadd231ps %%zmm28, %%zmm31, %%zmm22\n\t" \
+    "vfmadd231ps %%zmm29, %%zmm31, %%zmm23\n\t" \
+    "vbroadcastss (%[a0],%[s3],4), %%zmm30\n\t" \
+    "vfmadd231ps %%zmm28, %%zmm30, %%zmm24\n\t" \
+    "vfmadd231ps %%zmm29, %%zmm30, %%zmm25\n\t" \
+    "vbroadcastss (%[a5],%[s1],8), %%zmm31\n\t" \
+    "vfmadd231ps %%zmm28, %%zmm31, %%zmm26\n\t" \
+    "vfmadd231ps %%zmm29, %%zmm31, %%zmm27\n\t"
+#define ASM_STEP1 \
+    "vmovaps 128(%[b]), %%zmm28\n\t" \
+    "vmovaps 192(%[b]), %%zmm29\n\t" \
+    "vbroadcastss 4(%[a0]), %%zmm30\n\t" \
+    "vfmadd231ps %%zmm28, %%zmm30, %%zmm0\n\t" \
+    "vfmadd231ps %%zmm29, %%zmm30, %%zmm1\n\t" \
+    "vbroadcastss 4(%[a0],%[s1],1), %%zmm31\n\t" \
+    "vfmadd231ps %%zmm28, %%zmm31, %%zmm2\n\t" \
+    "vfmadd231ps %%zmm29, %%zmm31, %%zmm3\n\t" \
+    "vbroadcastss 4(%[a0],%[s1],2), %%zmm30\n\t" \
+    "vfmadd231ps %%zmm28, %%zmm30, %%zmm4\n\t" \
+    "vfmadd231ps %%zmm29, %%zmm30, %%zmm5\n\t" \
+    "vbroadcastss 4(%[a0],%[s3],1), %%zmm31\n\t" \
+    "vfmadd231ps %%zmm28, %%zmm31, %%zmm6\n\t" \
+    "vfmadd231ps %%zmm29, %%zmm31, %%zmm7\n\t" \
+    "vbroadcastss 4(%[a0],%[s1],4), %%zmm30\n\t" \
+    "vfmadd231ps %%zmm28, %%zmm30, %%zmm8\n\t" \
+    "vfmadd231ps %%zmm29, %%zmm30, %%zmm9\n\t" \
+    "vbroadcastss 4(%[a5]), %%zmm31\n\t" \
+    "vfmadd231ps %%zmm28, %%zmm31, %%zmm10\n\t" \
+    "vfmadd231ps %%zmm29, %%zmm31, %%zmm11\n\t" \
+    "vbroadcastss 4(%[a0],%[s3],2), %%zmm30\n\t" \
+    "vfmadd231ps %%zmm28, %%zmm30, %%zmm12\n\t" \
+    "vfmadd231ps %%zmm29, %%zmm30, %%zmm13\n\t" \
+    "vbroadcastss 4(%[a5],%[s1],2), %%zmm31\n\t" \
+    "vfmadd231ps %%zmm28, %%zmm31, %%zmm14\n\t" \
+    "vfmadd231ps %%zmm29, %%zmm31, %%zmm15\n\t" \
+    "vbroadcastss 4(%[a0],%[s1],8), %%zmm30\n\t" \
+    "vfmadd231ps %%zmm28, %%zmm30, %%zmm16\n\t" \
+    "vfmadd231ps %%zmm29, %%zmm30, %%zmm17\n\t" \
+    "vbroadcastss 4(%[a5],%[s1],4), %%zmm31\n\t" \
+    "vfmadd231ps %%zmm28, %%zmm31, %%zmm18\n\t" \
+    "vfmadd231ps %%zmm29, %%zmm31, %%zmm19\n\t" \
+    "vbroadcastss 4(%[a0],%[s5],2), %%zmm30\n\t" \
+    "vfmadd231ps %%zmm28, %%zmm30, %%zmm20\n\t" \
+    "vfmadd231ps %%zmm29, %%zmm30, %%zmm21\n\t" \
+    "vbroadcastss 4(%[a5],%[s3],2), %%zmm31\n\t" \
+    "vfmadd231ps %%zmm28, %%zmm31, %%zmm22\n\t" \
+    "vfmadd231ps %%zmm29, %%zmm31, %%zmm23\n\t" \
+    "vbroadcastss 4(%[a0],%[s3],4), %%zmm30\n\t" \
+    "vfmadd231ps %%zmm28, %%zmm30, %%zmm24\n\t" \
+    "vfmadd231ps %%zmm29, %%zmm30, %%zmm25\n\t" \
+    "vbroadcastss 4(%[a5],%[s1],8), %%zmm31\n\t" \
+    "vfmadd231ps %%zmm28, %%zmm31, %%zmm26\n\t" \
+    "vfmadd231ps %%zmm29, %%zmm31, %%zmm27\n\t"
+#define ASM_NEXT_PAIR \
+    "add $256, %[b]\n\t" \
+    "add $8, %[a0]\n\t" \
+    "add $8, %[a5]\n\t"
+#define ASM_PREFETCH_STEP \
+    "prefetcht1 (%[pf])\n\t" \
+    "prefetcht1 64(%[pf])\n\t" \
+    "add $128, %[pf]\n\t"
+#define ASM_STORE \
+    "vmovaps %%zmm0, (%[acc])\n\t" \
+    "vmovaps %%zmm1, 64(%[acc])\n\t" \
+    "vmovaps %%zmm2, 128(%[acc])\n\t" \
+    "vmovaps %%zmm3, 192(%[acc])\n\t" \
+    "vmovaps %%zmm4, 256(%[acc])\n\t" \
+    "vmovaps %%zmm5, 320(%[acc])\n\t" \
+    "vmovaps %%zmm6, 384(%[acc])\n\t" \
+    "vmovaps %%zmm7, 448(%[acc])\n\t" \
+    "vmovaps %%zmm8, 512(%[acc])\n\t" \
+    "vmovaps %%zmm9, 576(%[acc])\n\t" \
+    "vmovaps %%zmm10, 640(%[acc])\n\t" \
+    "vmovaps %%zmm11, 704(%[acc])\n\t" \
+    "vmovaps %%zmm12, 768(%[acc])\n\t" \
+    "vmovaps %%zmm13, 832(%[acc])\n\t" \
+    "vmovaps %%zmm14, 896(%[acc])\n\t" \
+    "vmovaps %%zmm15, 960(%[acc])\n\t" \
+    "vmovaps %%zmm16, 1024(%[acc])\n\t" \
+    "vmovaps %%zmm17, 1088(%[acc])\n\t" \
+    "vmovaps %%zmm18, 1152(%[acc])\n\t" \
+    "vmovaps %%zmm19, 1216(%[acc])\n\t" \
+    "vmovaps %%zmm20, 1280(%[acc])\n\t" \
+    "vmovaps %%zmm21, 1344(%[acc])\n\t" \
+    "vmovaps %%zmm22, 1408(%[acc])\n\t" \
+    "vmovaps %%zmm23, 1472(%[acc])\n\t" \
+    "vmovaps %%zmm24, 1536(%[acc])\n\t" \
+    "vmovaps %%zmm25, 1600(%[acc])\n\t" \
+    "vmovaps %%zmm26, 1664(%[acc])\n\t" \
+    "vmovaps %%zmm27, 1728(%[acc])\n\t"
+#define ASM_OPERANDS                                                                        \
+    : [a0] "+r"(a0), [a5] "+r"(a5), [b] "+r"(b), [pairs] "+r"(pairs), [pf] "+r"(pf)            \
+    : [s1] "r"(s1), [s3] "r"(s3), [s5] "r"(s5), [acc] "r"(acc), [odd] "r"(odd)                 \
+    : "memory", "cc", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7",           \
+      "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17",   \
+      "xmm18", "xmm19", "xmm20", "xmm21", "xmm22", "xmm23", "xmm24", "xmm25", "xmm26", "xmm27", \
+      "xmm28", "xmm29", "xmm30", "xmm31"
+/* The pairs loop with PF before each step (PF2 before the second), the odd step, the store. */
+#define ASM_LOOP(PF, PF2)                                                                   \
+    __asm__ volatile(ASM_ZERO "test %[pairs], %[pairs]\n\t"                                 \
+                     "jz 3f\n\t"                                                            \
+                     "1:\n\t" PF ASM_STEP0 PF2 ASM_STEP1 ASM_NEXT_PAIR "dec %[pairs]\n\t"   \
+                     "jnz 1b\n\t"                                                           \
+                     "3:\n\t"                                                               \
+                     "test %[odd], %[odd]\n\t"                                              \
+                     "jz 2f\n\t" PF ASM_STEP0 "2:\n\t" ASM_STORE ASM_OPERANDS)
+
+static TARGET_AVX512 void reduce_14x32(size_t kc, const float *a, size_t lda, const float *b,
+                                       const float *b_next, int quarter, __m512 *acc)
+{
+    const char *a0 = (const char *)a;
+    const size_t s1 = lda * sizeof(float), s3 = 3 * s1, s5 = 5 * s1;
+    const char *a5 = a0 + s5;
+    const char *pf = (const char *)b_next;
+    size_t pairs = kc / 2;
+    const size_t odd = kc & 1;
+    if (!pf)
+        ASM_LOOP("", "");
+    else if (quarter)
+        ASM_LOOP("prefetcht1 (%[pf])\n\t"
+                 "add $64, %[pf]\n\t",
+                 "");
+    else
+        ASM_LOOP(ASM_PREFETCH_STEP, ASM_PREFETCH_STEP);
+}
+#endif
+
 static TARGET_AVX512 ALWAYS_INLINE void ukernel_rows(const size_t rows, size_t nr, size_t kc,
                                                      const float *a, size_t lda, const float *b,
                                                      float *c, size_t ldc, int accumulate,
                                                      const gemm_epilogue *ep,
-                                                     const float *b_next)
+                                                     const float *b_next, int pf_quarter)
 {
     __m512 acc0[MR], acc1[MR];
     UNROLL for (size_t i = 0; i < rows; i++)
@@ -78,12 +282,27 @@ static TARGET_AVX512 ALWAYS_INLINE void ukernel_rows(const size_t rows, size_t n
             _mm_prefetch(r + 64, _MM_HINT_T0);
         }
     }
-    const char *pf = (const char *)b_next; /* the next slice's two 64-byte lines per step */
+#ifdef HAVE_ASM_LOOP
+    if (rows == MR) {
+        __m512 acc[2 * MR] __attribute__((aligned(64)));
+        reduce_14x32(kc, a, lda, b, b_next, pf_quarter, acc);
+        UNROLL for (size_t i = 0; i < MR; i++)
+        {
+            acc0[i] = acc[2 * i];
+            acc1[i] = acc[2 * i + 1];
+        }
+        kc = 0; /* the loop below has nothing left to do */
+    }
+#endif
+    const char *pf = (const char *)b_next;
     for (size_t p = 0; p < kc; p++) {
-        if (pf) {
+        if (pf && !pf_quarter) { /* the whole next slice: two lines a step */
             _mm_prefetch(pf, _MM_HINT_T1);
             _mm_prefetch(pf + 64, _MM_HINT_T1);
             pf += NR * sizeof(float);
+        } else if (pf && (p & 1) == 0) { /* a quarter: one line every other step */
+            _mm_prefetch(pf, _MM_HINT_T1);
+            pf += 64;
         }
         const __m512 b0 = _mm512_load_ps(b);
         const __m512 b1 = _mm512_load_ps(b + 16);
@@ -145,13 +364,13 @@ static TARGET_AVX512 ALWAYS_INLINE void ukernel_rows(const size_t rows, size_t n
 
 #define ROWS_CASE(r)                                                                  \
     case r:                                                                           \
-        ukernel_rows(r, nr, kc, a, lda, b_panel, c, ldc, accumulate, ep, b_next);             \
+        ukernel_rows(r, nr, kc, a, lda, b_panel, c, ldc, accumulate, ep, b_next, pf_quarter); \
         break;
 
 TARGET_AVX512 void gemm_f32_14x32__avx512f(size_t mr, size_t nr, size_t kc, const float *a,
                                            size_t lda, const float *b_panel, float *c,
                                            size_t ldc, int accumulate, const gemm_epilogue *ep,
-                                           const float *b_next)
+                                           const float *b_next, int pf_quarter)
 {
     assert(mr <= MR && nr <= NR);
     switch (mr) {

@@ -20,7 +20,7 @@
 
 static ALWAYS_INLINE void ukernel_rows(const size_t rows, size_t kc, const float *a, size_t lda,
                                        const float *b, float *c, size_t ldc, int accumulate,
-                                       const gemm_epilogue *ep, const float *b_next)
+                                       const gemm_epilogue *ep, const float *b_next, int pf_quarter)
 {
     float32x4_t acc[MR][4];
     UNROLL for (size_t i = 0; i < rows; i++)
@@ -37,9 +37,11 @@ static ALWAYS_INLINE void ukernel_rows(const size_t rows, size_t kc, const float
             __builtin_prefetch(r + NR - 1, 0, 3);
         }
     }
-    const char *pf = (const char *)b_next; /* one 64-byte line of the next slice per step */
+    /* The next slice (one line a step) or a quarter of it (one line every fourth step). */
+    const char *pf = (const char *)b_next;
+    const size_t every = pf_quarter ? 3 : 0; /* mask of the steps that skip */
     for (size_t p = 0; p < kc; p++) {
-        if (pf) {
+        if (pf && (p & every) == 0) {
             __builtin_prefetch(pf, 0, 2);
             pf += NR * sizeof(float);
         }
@@ -94,26 +96,27 @@ static ALWAYS_INLINE void ukernel_rows(const size_t rows, size_t kc, const float
 
 static ALWAYS_INLINE void ukernel_any_rows(size_t mr, size_t kc, const float *a, size_t lda,
                                            const float *b, float *c, size_t ldc, int accumulate,
-                                           const gemm_epilogue *ep, const float *b_next)
+                                           const gemm_epilogue *ep, const float *b_next,
+                                           int pf_quarter)
 {
     switch (mr) {
-    case 1: ukernel_rows(1, kc, a, lda, b, c, ldc, accumulate, ep, b_next); break;
-    case 2: ukernel_rows(2, kc, a, lda, b, c, ldc, accumulate, ep, b_next); break;
-    case 3: ukernel_rows(3, kc, a, lda, b, c, ldc, accumulate, ep, b_next); break;
-    case 4: ukernel_rows(4, kc, a, lda, b, c, ldc, accumulate, ep, b_next); break;
-    case 5: ukernel_rows(5, kc, a, lda, b, c, ldc, accumulate, ep, b_next); break;
-    case 6: ukernel_rows(6, kc, a, lda, b, c, ldc, accumulate, ep, b_next); break;
+    case 1: ukernel_rows(1, kc, a, lda, b, c, ldc, accumulate, ep, b_next, pf_quarter); break;
+    case 2: ukernel_rows(2, kc, a, lda, b, c, ldc, accumulate, ep, b_next, pf_quarter); break;
+    case 3: ukernel_rows(3, kc, a, lda, b, c, ldc, accumulate, ep, b_next, pf_quarter); break;
+    case 4: ukernel_rows(4, kc, a, lda, b, c, ldc, accumulate, ep, b_next, pf_quarter); break;
+    case 5: ukernel_rows(5, kc, a, lda, b, c, ldc, accumulate, ep, b_next, pf_quarter); break;
+    case 6: ukernel_rows(6, kc, a, lda, b, c, ldc, accumulate, ep, b_next, pf_quarter); break;
     default: break;
     }
 }
 
 void gemm_f32_6x16__neon(size_t mr, size_t nr, size_t kc, const float *a, size_t lda,
                          const float *b_panel, float *c, size_t ldc, int accumulate,
-                         const gemm_epilogue *ep, const float *b_next)
+                         const gemm_epilogue *ep, const float *b_next, int pf_quarter)
 {
     assert(mr <= MR && nr <= NR);
     if (nr == NR) {
-        ukernel_any_rows(mr, kc, a, lda, b_panel, c, ldc, accumulate, ep, b_next);
+        ukernel_any_rows(mr, kc, a, lda, b_panel, c, ldc, accumulate, ep, b_next, pf_quarter);
         return;
     }
     float tmp_c[MR * NR], tmp_bias[NR], tmp_res[MR * NR];
@@ -137,7 +140,7 @@ void gemm_f32_6x16__neon(size_t mr, size_t nr, size_t kc, const float *a, size_t
         }
     }
     ukernel_any_rows(mr, kc, a, lda, b_panel, tmp_c, NR, accumulate, ep ? &tmp_ep : NULL,
-                     b_next);
+                     b_next, pf_quarter);
     for (size_t i = 0; i < mr; i++) memcpy(c + i * ldc, tmp_c + i * NR, nr * sizeof(float));
 }
 

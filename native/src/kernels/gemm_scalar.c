@@ -9,9 +9,10 @@
 
 void gemm_f32_4x8__scalar(size_t mr, size_t nr, size_t kc, const float *a, size_t lda,
                           const float *b_panel, float *c, size_t ldc, int accumulate,
-                          const gemm_epilogue *ep, const float *b_next)
+                          const gemm_epilogue *ep, const float *b_next, int pf_quarter)
 {
     (void)b_next; /* the oracle stays plain */
+    (void)pf_quarter;
     assert(mr <= MR && nr <= NR);
     float acc[MR][NR] = {{0.0f}};
     for (size_t p = 0; p < kc; p++) {
