@@ -58,9 +58,9 @@ static TARGET_AVX2 ALWAYS_INLINE void ukernel_rows(const size_t rows, size_t nr,
     }
     /* The next slice (one line a step) or a quarter of it (one line every fourth step). */
     const char *pf = (const char *)b_next;
-    const size_t every = pf_quarter ? 3 : 0; /* mask of the steps that skip */
+    const size_t skip = pf_quarter ? 3 : 0; /* steps whose low bits are set do not prefetch */
     for (size_t p = 0; p < kc; p++) {
-        if (pf && (p & every) == 0) {
+        if (pf && (p & skip) == 0) {
             _mm_prefetch(pf, _MM_HINT_T1);
             pf += NR * sizeof(float);
         }
