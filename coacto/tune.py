@@ -134,6 +134,24 @@ def tuned_layer_tiles(model_hash: str, threads: int) -> dict[int, int] | None:
     return layer_tiles_of(load_profile(model_hash, threads))
 
 
+def check_profile_dir() -> Path:
+    """The profile folder, created if missing, after checking that a profile can be written
+    there: `coacto tune` calls this before it spends minutes measuring."""
+    folder = profile_dir()
+    hint = ("set COACTO_PROFILE_DIR to a writable folder, or pass --no-save to tune without "
+            "storing the result")
+    if folder.exists() and not folder.is_dir():
+        raise CoactoError(f"the profile folder {folder} is a file, not a folder; {hint}")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".write-test.{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise CoactoError(f"cannot write profiles to {folder} ({e.strerror or e}); {hint}") from e
+    return folder
+
+
 def save_profile(profile: dict) -> Path:
     """Writes a profile (atomically: a reader never sees half a file) and returns its path."""
     path = profile_path(profile["model_hash"], profile["threads"],
@@ -291,6 +309,8 @@ def tune(model, threads: int, *, feeds: dict | None = None, budget_s: float = 12
         raise CoactoError(f"threads must be a positive integer, got {threads!r}")
     if rounds < 3 or runs < 1:
         raise CoactoError("tuning needs at least 3 rounds of at least 1 run per configuration")
+    if save:
+        check_profile_dir()
     graph = import_model(model)
     default_tg = coacto.partition_graph(graph)
     if feeds is None:
@@ -374,7 +394,13 @@ def tune(model, threads: int, *, feeds: dict | None = None, budget_s: float = 12
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
     if save:
-        result.path = save_profile(result.profile)
+        try:
+            result.path = save_profile(result.profile)
+        except OSError as e:  # the folder changed during the search: report what was measured
+            raise CoactoError(
+                f"tuned {result.tuned_ms:.2f} ms against the default's {result.default_ms:.2f} ms, "
+                f"but the profile could not be written to {profile_dir()} "
+                f"({e.strerror or e}); layer tiles: {result.profile['layer_tiles']}") from e
     return result
 
 

@@ -162,6 +162,38 @@ def test_tune_rejects_bad_arguments(profile_dir):
         tune.tune(_squeeze_bytes(), 1, rounds=2)
 
 
+def test_tune_checks_the_profile_folder_before_measuring(tmp_path, monkeypatch):
+    """A profile folder that cannot hold profiles is reported at once, not after the search."""
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("x")
+    monkeypatch.setenv("COACTO_PROFILE_DIR", str(blocker))
+
+    def no_measuring(*args, **kwargs):
+        raise AssertionError("tune measured before checking where its profile goes")
+
+    monkeypatch.setattr(tune, "_Bench", no_measuring)
+    with pytest.raises(CoactoError, match="is a file, not a folder.*--no-save"):
+        tune.tune(_squeeze_bytes(), 1)
+    monkeypatch.setenv("COACTO_PROFILE_DIR", str(blocker / "sub"))  # a folder under a file
+    with pytest.raises(CoactoError, match="cannot write profiles to .*COACTO_PROFILE_DIR"):
+        tune.tune(_squeeze_bytes(), 1)
+    # --no-save needs no folder: the check is skipped and the search starts
+    with pytest.raises(AssertionError, match="measured before"):
+        tune.tune(_squeeze_bytes(), 1, save=False)
+
+
+def test_cli_tune_reports_an_unusable_profile_folder(tmp_path):
+    import os
+
+    blocker = tmp_path / "prof"
+    blocker.write_text("x")
+    env = dict(os.environ, COACTO_PROFILE_DIR=str(blocker))
+    r = _coacto("tune", "squeezenet", "--image-size", 32, "--threads", 1, env=env, timeout=120)
+    assert r.returncode != 0
+    assert "is a file, not a folder" in r.stderr and "Traceback" not in r.stderr
+    assert "pass 1" not in r.stderr  # nothing was measured
+
+
 def _coacto(*args, env=None, timeout=600):
     return subprocess.run([sys.executable, "-m", "coacto.cli", *map(str, args)],
                           capture_output=True, text=True, timeout=timeout, env=env)
