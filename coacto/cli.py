@@ -313,9 +313,10 @@ def cmd_tune(args) -> int:
         print(json.dumps(dict(result.profile, path=str(result.path) if result.path else None)))
         return 0
     changed = len(result.layer_tiles)
+    plural = "s" if threads != 1 else ""
     print(f"tuned: {result.tuned_ms:.2f} ms, default: {result.default_ms:.2f} ms -> "
-          f"{result.ratio:.2f}x the default's latency ({threads} threads, measured interleaved, "
-          f"{args.final_rounds} rounds)")
+          f"{result.ratio:.2f}x the default's latency ({threads} thread{plural}, measured "
+          f"interleaved, {args.final_rounds} rounds)")
     if changed:
         print(f"{changed} layer{'s' if changed != 1 else ''} changed from the default tile counts; "
               f"{result.profile['tuned_tiles']} tiles (default {result.profile['default_tiles']})")
