@@ -182,6 +182,16 @@ def test_tune_checks_the_profile_folder_before_measuring(tmp_path, monkeypatch):
         tune.tune(_squeeze_bytes(), 1, save=False)
 
 
+def test_tune_reports_its_result_when_the_profile_cannot_be_written(profile_dir, monkeypatch):
+    def disk_full(profile):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(tune, "save_profile", disk_full)
+    with pytest.raises(CoactoError, match=r"tuned [0-9.]+ ms against the default's [0-9.]+ ms.*"
+                                          r"No space left on device.*layer tiles"):
+        tune.tune(_squeeze_bytes(), 1, budget_s=1, rounds=3, runs=1, final_rounds=3)
+
+
 def test_cli_tune_reports_an_unusable_profile_folder(tmp_path):
     import os
 
