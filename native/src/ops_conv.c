@@ -251,6 +251,15 @@ static void conv_gemm(const layer *l, const conv_geometry *g, size_t m, size_t k
     }
 }
 
+/* Group gi's share of output channels [row0, row1): its first channel, and the range [jlo, jhi)
+ * of its own channels (0 <= jlo < jhi <= cout_g) the tile covers. */
+static void group_channels(const conv_geometry *g, int64_t gi, int64_t row0, int64_t row1,
+                           int64_t *first, int64_t *jlo, int64_t *jhi) {
+    *first = gi * g->cout_g;
+    *jlo = (row0 > *first ? row0 : *first) - *first;
+    *jhi = (row1 < *first + g->cout_g ? row1 : *first + g->cout_g) - *first;
+}
+
 /* Output channels [row0, row1) of m consecutive columns from b0 by im2col + GEMM (any group). */
 static void conv_block_im2col(const layer *l, const conv_geometry *g, const float *x,
                               const float *res, float *out, int64_t b0, int64_t m, int64_t row0,
@@ -258,9 +267,8 @@ static void conv_block_im2col(const layer *l, const conv_geometry *g, const floa
     const int64_t c = l->c, slice = (int64_t)conv_slice_k(l, g);
     const int64_t g0 = row0 / g->cout_g, g1 = (row1 - 1) / g->cout_g;
     for (int64_t gi = g0; gi <= g1; gi++) {
-        int64_t first = gi * g->cout_g;
-        int64_t jlo = (row0 > first ? row0 : first) - first;
-        int64_t jhi = (row1 < first + g->cout_g ? row1 : first + g->cout_g) - first;
+        int64_t first, jlo, jhi;
+        group_channels(g, gi, row0, row1, &first, &jlo, &jhi);
         float *cb = out + b0 * c + first;
         const float *rb = res ? res + b0 * c + first : NULL;
         for (int64_t k0 = 0; k0 < g->k; k0 += slice) {
@@ -331,9 +339,8 @@ static void conv_block_pointwise(const layer *l, const conv_geometry *g, const f
                                  int64_t row1, float *tmp) {
     const int64_t c = l->c, g0 = row0 / g->cout_g, g1 = (row1 - 1) / g->cout_g;
     for (int64_t gi = g0; gi <= g1; gi++) {
-        int64_t first = gi * g->cout_g;
-        int64_t jlo = (row0 > first ? row0 : first) - first;
-        int64_t jhi = (row1 < first + g->cout_g ? row1 : first + g->cout_g) - first;
+        int64_t first, jlo, jhi;
+        group_channels(g, gi, row0, row1, &first, &jlo, &jhi);
         const int pointwise = l->variant == CONV_POINTWISE;
         const float *a = pointwise ? x + b0 * g->cin + gi * g->cin_g : x + b0 * g->k;
         const size_t lda = (size_t)(pointwise ? g->cin : g->k);
@@ -416,14 +423,16 @@ static void conv_execute_gemm(const layer *l, const float *const *in, float *out
 /* Stores max(lo, min(hi, acc + residual)) lane by lane, keeping NaN as ops_act_apply's clamps do:
  * selects by comparison masks, the form the vector extension offers in C (a macro, not a
  * function: a function returning a vector would change the baseline build's ABI). */
-#define DW_STORE(V)                                                                     \
+#define DW_CLAMP_STORE(VALUE, DST)                                                      \
     {                                                                                   \
-        ops_f32x8 v = r ? acc##V + OPS_F32X8(r + c0 + 8 * V) : acc##V;                  \
+        ops_f32x8 v = (VALUE);                                                          \
         dw_i32x8 below = v < lov, above = v > hiv, vi = (dw_i32x8)v;                    \
         vi = (below & (dw_i32x8)lov) | (~below & vi);                                   \
         vi = (above & (dw_i32x8)hiv) | (~above & vi);                                   \
-        OPS_F32X8(o + c0 + 8 * V) = (ops_f32x8)vi;                                      \
+        OPS_F32X8(DST) = (ops_f32x8)vi;                                                 \
     }
+#define DW_STORE(V) \
+    DW_CLAMP_STORE(r ? acc##V + OPS_F32X8(r + c0 + 8 * V) : acc##V, o + c0 + 8 * V)
 typedef int32_t dw_i32x8 __attribute__((vector_size(32)));
 
 /* Positions of one output row that a 3x3 window with dilation 1 covers without padding, from
@@ -453,14 +462,8 @@ static int64_t dw3_interior_run(const conv_geometry *g, int64_t y, int64_t x, in
     }
 #define DW3_LD(P) OPS_F32X8((const float *)(P))
 /* Residual, clamp and store of accumulator A for the output at column index COL. */
-#define DW3_STORE(A, COL)                                                                 \
-    {                                                                                     \
-        ops_f32x8 v = res ? A + OPS_F32X8(res + (COL) * c + c0) : A;                      \
-        dw_i32x8 below = v < lov, above = v > hiv, vi = (dw_i32x8)v;                      \
-        vi = (below & (dw_i32x8)lov) | (~below & vi);                                     \
-        vi = (above & (dw_i32x8)hiv) | (~above & vi);                                     \
-        OPS_F32X8(out + (COL) * c + c0) = (ops_f32x8)vi;                                  \
-    }
+#define DW3_STORE(A, COL) \
+    DW_CLAMP_STORE(res ? A + OPS_F32X8(res + (COL) * c + c0) : A, out + (COL) * c + c0)
 
 /* `count` outputs of one row (columns col.. of batch item xb, row y, from x) whose 3x3 windows lie
  * inside the input, channels [row0, row1) in blocks of eight: four outputs at a time accumulate in
