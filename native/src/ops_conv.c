@@ -7,7 +7,9 @@
  *   CONV_FC         the kernel covers the whole input, no padding: one A row per batch is that
  *                   batch's whole input block (lda = H_in*W_in*C_in);
  *   CONV_IM2COL     anything else: im2col of a block of the tile's positions into scratch, one
- *                   reduction slice (gemm_block_k values per row) at a time.
+ *                   reduction slice (gemm_block_k values per row) at a time; or, with group 1,
+ *                   dilation 1 across and weights small enough, in place from padded copies of
+ *                   the input rows, one output row per GEMM (conv_block_padded).
  * Depthwise convolutions (group == C_in == C_out) use a direct loop over contiguous channels.
  *
  * Loop order of a GEMM tile: blocks of up to CONV_BLOCK_ROWS positions; per block, the whole
@@ -60,6 +62,27 @@ static int64_t conv_extent(int64_t in, int64_t pad0, int64_t pad1, int64_t k, in
 static size_t conv_slice_k(const layer *l, const conv_geometry *g) {
     size_t kb = gemm_block_k(l->kern);
     return (size_t)g->k < kb ? (size_t)g->k : kb;
+}
+
+/* The in-place path (conv_block_padded) reads each input row it needs from a copy with the
+ * layer's left and right padding around it, so that the windows of a whole output row are kw *
+ * cin contiguous floats sw * cin apart, borders included. Rows are cached in slots by input row
+ * (a window spans (kh - 1) * dh + 1 rows, so that many slots keep every row of a window), plus
+ * one row of zeros for window rows above or below the input. */
+#define PADDED_MAX_SLOTS 8
+#define PADDED_MAX_BYTES (1024 * 1024)
+
+static int64_t padded_slots(const conv_geometry *g) { return (g->kh - 1) * g->dh + 1; }
+
+static size_t padded_row_floats(const conv_geometry *g) {
+    return ops_round_up((size_t)((g->pl + g->win + g->pr) * g->cin), 16);
+}
+
+/* Scratch floats of the padded rows, or 0 when the layer never takes the in-place path. */
+static size_t padded_rows_floats(const conv_geometry *g) {
+    if (g->group != 1 || g->dw != 1 || padded_slots(g) > PADDED_MAX_SLOTS) return 0;
+    const size_t floats = (size_t)(padded_slots(g) + 1) * padded_row_floats(g);
+    return floats * sizeof(float) <= PADDED_MAX_BYTES ? floats : 0;
 }
 
 coacto_status conv_prepare(layer *l, char *err, size_t err_size) {
@@ -122,10 +145,12 @@ coacto_status conv_prepare(layer *l, char *err, size_t err_size) {
     block = block / kern->mr * kern->mr;
     l->block_cols = (int32_t)block;
     /* An im2col slice of a block, then a block x nr temporary for a tile whose first channel is
-     * not at a panel boundary. */
-    l->scratch_fixed = block * kern->nr;
-    if (l->variant == CONV_IM2COL)
+     * not at a panel boundary, then the padded input rows of the in-place path. */
+    l->scratch_fixed = ops_round_up(block * kern->nr, 16);
+    if (l->variant == CONV_IM2COL) {
         l->scratch_fixed += ops_round_up(block * conv_slice_k(l, &g), 16);
+        l->scratch_fixed += padded_rows_floats(&g);
+    }
 
     size_t stride = ops_round_up(gemm_packed_size(kern, (size_t)g.k, (size_t)g.cout_g), 16);
     l->packed_group_stride = stride;
@@ -280,57 +305,64 @@ static void conv_block_im2col(const layer *l, const conv_geometry *g, const floa
     }
 }
 
-/* The same for m consecutive columns of one output row (batch item n, row y, from x) whose
- * windows lie inside the input, group 1 and dilation 1 across: window row ky of an output
- * position is kw * cin contiguous floats of the input (NHWC), and those of neighbouring outputs
- * are sw * cin apart, so the GEMM reads A in place, one reduction range per window row,
- * accumulating: no im2col copy. */
-static void conv_block_direct(const layer *l, const conv_geometry *g, const float *x,
+/* The padded input rows of one tile: slot i holds input row tag[i] (batch item and row as
+ * n * hin + iy; -1 when empty), zero the row of zeros once it has been cleared. */
+typedef struct padded_rows {
+    float *base;
+    size_t row_floats;
+    int64_t slots;
+    int64_t tag[PADDED_MAX_SLOTS];
+    int zero_ready;
+} padded_rows;
+
+/* Input row iy of batch item n with the layer's padding on both sides (cin-float positions
+ * -pl .. win + pr - 1), or the row of zeros when iy is outside the input. */
+static const float *padded_row(padded_rows *pr, const conv_geometry *g, const float *x, int64_t n,
+                               int64_t iy) {
+    const int64_t cin = g->cin;
+    if (iy < 0 || iy >= g->hin) {
+        float *zero = pr->base + (size_t)pr->slots * pr->row_floats;
+        if (!pr->zero_ready) {
+            memset(zero, 0, pr->row_floats * sizeof(float));
+            pr->zero_ready = 1;
+        }
+        return zero;
+    }
+    const int64_t slot = iy % pr->slots, tag = n * g->hin + iy;
+    float *row = pr->base + (size_t)slot * pr->row_floats;
+    if (pr->tag[slot] != tag) {
+        memset(row, 0, (size_t)(g->pl * cin) * sizeof(float));
+        memcpy(row + g->pl * cin, x + (n * g->hin + iy) * g->win * cin,
+               (size_t)(g->win * cin) * sizeof(float));
+        memset(row + (g->pl + g->win) * cin, 0, (size_t)(g->pr * cin) * sizeof(float));
+        pr->tag[slot] = tag;
+    }
+    return row;
+}
+
+/* Output channels [row0, row1) of m consecutive columns from b0, all in one output row (batch
+ * item n, row y, from x0), group 1 and dilation 1 across: in the padded copy of an input row,
+ * window row ky of output x is kw * cin contiguous floats from x * sw * cin on, so the GEMM reads
+ * A there (row stride sw * cin), one reduction range per window row, accumulating: no im2col,
+ * and border positions are no different from the others. Window rows outside the input read
+ * the row of zeros. */
+static void conv_block_padded(const layer *l, const conv_geometry *g, const float *x,
                               const float *res, float *out, int64_t b0, int64_t m, int64_t n,
-                              int64_t y, int64_t x0, int64_t row0, int64_t row1, float *tmp) {
+                              int64_t y, int64_t x0, int64_t row0, int64_t row1, float *tmp,
+                              padded_rows *pr) {
     const int64_t c = l->c, cin = g->cin, run = g->kw * cin;
-    const float *xb = x + n * g->hin * g->win * cin;
-    const int64_t iy0 = y * g->sh - g->pt, ix0 = x0 * g->sw - g->pl;
     float *cb = out + b0 * c;
     const float *rb = res ? res + b0 * c : NULL;
     for (int64_t ky = 0; ky < g->kh; ky++) {
-        const float *a = xb + ((iy0 + ky * g->dh) * g->win + ix0) * cin;
+        const float *a = padded_row(pr, g, x, n, y * g->sh - g->pt + ky * g->dh) +
+                         x0 * g->sw * cin;
         conv_gemm(l, g, (size_t)m, (size_t)(ky * run), (size_t)(ky * run + run), a,
                   (size_t)(g->sw * cin), 0, (size_t)row0, (size_t)row1, cb, rb, tmp);
     }
 }
 
-/* Most weight bytes one window row of a direct tile may touch (see conv_execute_gemm). */
+/* Most weight bytes one window row of an in-place tile may touch (see conv_execute_gemm). */
 #define DIRECT_MAX_B_BYTES (256 * 1024)
-
-/* Columns from position p on that conv_block_direct computes: the run of p's row whose windows
- * lie inside the input (x in [x_lo, x_hi], rows inside too), at most `limit`; 0 when p is not
- * inside or the run is shorter than min_run. */
-static int64_t direct_run(const conv_geometry *g, ops_position p, int64_t x_lo, int64_t x_hi,
-                          int64_t limit, int64_t min_run) {
-    const int64_t iy0 = p.y * g->sh - g->pt;
-    if (iy0 < 0 || iy0 + (g->kh - 1) * g->dh >= g->hin || p.x < x_lo || p.x > x_hi) return 0;
-    int64_t run = x_hi + 1 - p.x;
-    if (run > limit) run = limit;
-    return run >= min_run ? run : 0;
-}
-
-/* The end of the border chunk from column col: up to the next column that starts a direct run,
- * col1, or col + block, whichever comes first; rows whose windows leave the input are skipped
- * whole, the columns before x_lo and after x_hi of the others. */
-static int64_t border_end(const layer *l, const conv_geometry *g, int64_t col, int64_t col1,
-                          int64_t block, int64_t x_lo, int64_t x_hi, int64_t min_run) {
-    int64_t e = col;
-    while (e < col1 && e - col < block) {
-        ops_position q = ops_position_of(e, l->h, l->w);
-        if (e > col && direct_run(g, q, x_lo, x_hi, col1 - e, min_run) > 0) break;
-        const int64_t iy0 = q.y * g->sh - g->pt;
-        const int inside = iy0 >= 0 && iy0 + (g->kh - 1) * g->dh < g->hin;
-        e += inside && q.x < x_lo ? x_lo - q.x : l->w - q.x;
-    }
-    if (e > col1) e = col1;
-    return e - col > block ? col + block : e;
-}
 
 /* Output channels [row0, row1) of m columns from b0 of a convolution whose A the GEMM reads in
  * place: the input itself (1x1, stride 1, no padding) or, for CONV_FC, column b0's batch item. */
@@ -371,30 +403,30 @@ static void conv_execute_gemm(const layer *l, const float *const *in, float *out
     if (l->variant == CONV_IM2COL)
         tmp += ops_round_up((size_t)(block * (int64_t)conv_slice_k(l, &g)), 16);
 
-    /* im2col convolutions go direct where they can: runs of at least min_run columns of one
-     * output row whose windows lie inside the input, when rows are long enough for such runs and
-     * the weights one window row touches (kw * cin by the tile's channels) stay in L2 for the
-     * run's few row blocks (VGG-16's 56 x 56 x 256 layers, 768 KiB, ran 16% slower direct, its
-     * 224 x 224 x 64 ones, 48 KiB, 13% faster). Everything between the runs (a row's last and the
-     * next row's first columns, rows at the top and bottom) goes through im2col, in chunks that
-     * cross rows. */
-    const int64_t min_run = 2 * (int64_t)l->kern->mr;
+    /* im2col convolutions read their input in place (conv_block_padded) when output rows are
+     * long enough for whole row blocks of the micro-kernel and the weights one window row touches
+     * (kw * cin by the tile's channels) stay in L2 while the row's blocks reuse them (VGG-16's
+     * 56 x 56 x 256 layers, 768 KiB, ran 16% slower in place, its 224 x 224 x 64 ones, 48 KiB, 13%
+     * faster); one output row (or the tile's part of it) per GEMM. */
     const size_t direct_b_bytes = (size_t)(g.kw * g.cin * (row1 - row0)) * sizeof(float);
-    const int direct = l->variant == CONV_IM2COL && g.group == 1 && g.dw == 1 &&
-                       l->w >= min_run + 2 && direct_b_bytes <= DIRECT_MAX_B_BYTES;
-    const int64_t x_lo = (g.pl + g.sw - 1) / g.sw; /* first x with its window inside */
-    const int64_t span = g.win - g.kw + g.pl;       /* last x: x * sw <= span */
-    const int64_t x_hi = span >= 0 ? span / g.sw : -1;
+    const size_t rows_floats = l->variant == CONV_IM2COL ? padded_rows_floats(&g) : 0;
+    const int direct = rows_floats > 0 && l->w >= (int64_t)l->kern->mr &&
+                       direct_b_bytes <= DIRECT_MAX_B_BYTES;
+    padded_rows pr = {.slots = padded_slots(&g), .row_floats = padded_row_floats(&g)};
+    if (direct) {
+        pr.base = tmp + ops_round_up((size_t)block * l->kern->nr, 16);
+        for (int64_t i = 0; i < pr.slots; i++) pr.tag[i] = -1;
+    }
 
     for (int64_t col = col0, m; col < col1; col += m) {
-        ops_position p = ops_position_of(col, l->h, l->w);
-        const int64_t run = direct ? direct_run(&g, p, x_lo, x_hi, col1 - col, min_run) : 0;
-        if (run > 0) {
-            m = run < block ? run : block;
-            conv_block_direct(l, &g, x, res, out, col, m, p.n, p.y, p.x, row0, row1, tmp);
+        if (direct) {
+            ops_position p = ops_position_of(col, l->h, l->w);
+            m = l->w - p.x;
+            if (m > col1 - col) m = col1 - col;
+            if (m > block) m = block;
+            conv_block_padded(l, &g, x, res, out, col, m, p.n, p.y, p.x, row0, row1, tmp, &pr);
         } else if (l->variant == CONV_IM2COL) {
-            m = direct ? border_end(l, &g, col, col1, block, x_lo, x_hi, min_run) - col
-                       : even_block(col1 - col, block, (int64_t)l->kern->mr);
+            m = even_block(col1 - col, block, (int64_t)l->kern->mr);
             conv_block_im2col(l, &g, x, res, out, col, m, row0, row1, acol, tmp);
         } else {
             m = even_block(col1 - col, block, (int64_t)l->kern->mr);
