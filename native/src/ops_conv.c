@@ -6,10 +6,11 @@
  *   CONV_POINTWISE  1x1, stride 1, no padding: A is the NHWC input itself (lda = C_in);
  *   CONV_FC         the kernel covers the whole input, no padding: one A row per batch is that
  *                   batch's whole input block (lda = H_in*W_in*C_in);
- *   CONV_IM2COL     anything else: im2col of a block of the tile's positions into scratch, one
- *                   reduction slice (gemm_block_k values per row) at a time; or, with group 1,
- *                   dilation 1 across and weights small enough, in place from padded copies of
- *                   the input rows, one output row per GEMM (conv_block_padded).
+ *   CONV_IM2COL     anything else: with group 1, dilation 1 across and output rows at least a
+ *                   row block long, in place from padded copies of the input rows, a block of
+ *                   whole output rows at a time (conv_block_padded); otherwise im2col of a block
+ *                   of the tile's positions into scratch, one reduction slice (gemm_block_k
+ *                   values per row) at a time.
  * Depthwise convolutions (group == C_in == C_out) use a direct loop over contiguous channels.
  *
  * Loop order of a GEMM tile: blocks of up to CONV_BLOCK_ROWS positions; per block, the whole
@@ -66,23 +67,39 @@ static size_t conv_slice_k(const layer *l, const conv_geometry *g) {
 
 /* The in-place path (conv_block_padded) reads each input row it needs from a copy with the
  * layer's left and right padding around it, so that the windows of a whole output row are kw *
- * cin contiguous floats sw * cin apart, borders included. Rows are cached in slots by input row
- * (a window spans (kh - 1) * dh + 1 rows, so that many slots keep every row of a window), plus
- * one row of zeros for window rows above or below the input. */
-#define PADDED_MAX_SLOTS 8
+ * cin contiguous floats sw * cin apart, borders included. A block of the path is up to
+ * padded_block_rows output rows of one batch item; the input rows their windows span are cached
+ * in that many slots (a row stays while later blocks still read it), plus one row of zeros for
+ * window rows above or below the input. */
+#define PADDED_MAX_SLOTS 64
 #define PADDED_MAX_BYTES (1024 * 1024)
 
-static int64_t padded_slots(const conv_geometry *g) { return (g->kh - 1) * g->dh + 1; }
+static int64_t padded_slots(const conv_geometry *g, int64_t rows) {
+    return (rows - 1) * g->sh + (g->kh - 1) * g->dh + 1;
+}
 
 static size_t padded_row_floats(const conv_geometry *g) {
     return ops_round_up((size_t)((g->pl + g->win + g->pr) * g->cin), 16);
 }
 
+/* Output rows per in-place block: whole rows as many as `block` positions hold (at least one),
+ * fewer when their padded input rows would not fit PADDED_MAX_BYTES; 0 when the layer never
+ * reads its input in place. */
+static int64_t padded_block_rows(const layer *l, const conv_geometry *g, int64_t block) {
+    if (g->group != 1 || g->dw != 1) return 0;
+    for (int64_t rows = block / l->w > 1 ? block / l->w : 1; rows >= 1; rows--) {
+        const int64_t slots = padded_slots(g, rows);
+        if (slots <= PADDED_MAX_SLOTS &&
+            (size_t)(slots + 1) * padded_row_floats(g) * sizeof(float) <= PADDED_MAX_BYTES)
+            return rows;
+    }
+    return 0;
+}
+
 /* Scratch floats of the padded rows, or 0 when the layer never takes the in-place path. */
-static size_t padded_rows_floats(const conv_geometry *g) {
-    if (g->group != 1 || g->dw != 1 || padded_slots(g) > PADDED_MAX_SLOTS) return 0;
-    const size_t floats = (size_t)(padded_slots(g) + 1) * padded_row_floats(g);
-    return floats * sizeof(float) <= PADDED_MAX_BYTES ? floats : 0;
+static size_t padded_rows_floats(const layer *l, const conv_geometry *g, int64_t block) {
+    const int64_t rows = padded_block_rows(l, g, block);
+    return rows ? (size_t)(padded_slots(g, rows) + 1) * padded_row_floats(g) : 0;
 }
 
 coacto_status conv_prepare(layer *l, char *err, size_t err_size) {
@@ -149,7 +166,7 @@ coacto_status conv_prepare(layer *l, char *err, size_t err_size) {
     l->scratch_fixed = ops_round_up(block * kern->nr, 16);
     if (l->variant == CONV_IM2COL) {
         l->scratch_fixed += ops_round_up(block * conv_slice_k(l, &g), 16);
-        l->scratch_fixed += padded_rows_floats(&g);
+        l->scratch_fixed += padded_rows_floats(l, &g, (int64_t)block);
     }
 
     size_t stride = ops_round_up(gemm_packed_size(kern, (size_t)g.k, (size_t)g.cout_g), 16);
@@ -306,7 +323,8 @@ static void conv_block_im2col(const layer *l, const conv_geometry *g, const floa
 }
 
 /* The padded input rows of one tile: slot i holds input row tag[i] (batch item and row as
- * n * hin + iy; -1 when empty), zero the row of zeros once it has been cleared. */
+ * n * hin + iy, in slot tag % slots; -1 when empty), zero the row of zeros once it has been
+ * cleared. */
 typedef struct padded_rows {
     float *base;
     size_t row_floats;
@@ -328,41 +346,104 @@ static const float *padded_row(padded_rows *pr, const conv_geometry *g, const fl
         }
         return zero;
     }
-    const int64_t slot = iy % pr->slots, tag = n * g->hin + iy;
+    const int64_t tag = n * g->hin + iy, slot = tag % pr->slots;
     float *row = pr->base + (size_t)slot * pr->row_floats;
     if (pr->tag[slot] != tag) {
         memset(row, 0, (size_t)(g->pl * cin) * sizeof(float));
-        memcpy(row + g->pl * cin, x + (n * g->hin + iy) * g->win * cin,
-               (size_t)(g->win * cin) * sizeof(float));
+        memcpy(row + g->pl * cin, x + tag * g->win * cin, (size_t)(g->win * cin) * sizeof(float));
         memset(row + (g->pl + g->win) * cin, 0, (size_t)(g->pr * cin) * sizeof(float));
         pr->tag[slot] = tag;
     }
     return row;
 }
 
-/* Output channels [row0, row1) of m consecutive columns from b0, all in one output row (batch
- * item n, row y, from x0), group 1 and dilation 1 across: in the padded copy of an input row,
- * window row ky of output x is kw * cin contiguous floats from x * sw * cin on, so the GEMM reads
- * A there (row stride sw * cin), one reduction range per window row, accumulating: no im2col,
- * and border positions are no different from the others. Window rows outside the input read
- * the row of zeros. */
+/* Output channels [row0, row1) of m consecutive columns from b0, all of batch item p.n from row
+ * p.y, column p.x on (at most PADDED_MAX_SLOTS rows), group 1 and dilation 1 across. In the padded
+ * copy of an input row, window row ky of output x is kw * cin contiguous floats from x * sw * cin
+ * on, so the GEMM reads A there (row stride sw * cin), one reduction range per window row,
+ * accumulating: no im2col, and border positions are no different from the others (window rows
+ * outside the input read the row of zeros). The block's output rows are its segments; loop
+ * order: window rows, K blocks, panels, segments, row blocks, so that each panel slice of the
+ * weights is read from memory once per block and reused by every segment's row blocks. Channels
+ * before the tile's first panel boundary go segment by segment through conv_gemm's temporary. */
 static void conv_block_padded(const layer *l, const conv_geometry *g, const float *x,
-                              const float *res, float *out, int64_t b0, int64_t m, int64_t n,
-                              int64_t y, int64_t x0, int64_t row0, int64_t row1, float *tmp,
+                              const float *res, float *out, int64_t b0, int64_t m,
+                              ops_position p, int64_t row0, int64_t row1, float *tmp,
                               padded_rows *pr) {
-    const int64_t c = l->c, cin = g->cin, run = g->kw * cin;
-    float *cb = out + b0 * c;
-    const float *rb = res ? res + b0 * c : NULL;
+    const gemm_kernel *kern = l->kern;
+    const int64_t c = l->c, cin = g->cin, run = g->kw * cin, w = l->w;
+    const size_t mr = kern->mr, nr = kern->nr, k = (size_t)g->k, kc_max = gemm_block_k(kern);
+    const size_t lda = (size_t)(g->sw * cin), ldc = (size_t)c;
+    int64_t seg_col[PADDED_MAX_SLOTS], seg_m[PADDED_MAX_SLOTS], seg_y[PADDED_MAX_SLOTS],
+        seg_x[PADDED_MAX_SLOTS];
+    int64_t nseg = 0;
+    size_t blocks = 0;
+    for (int64_t col = b0, y = p.y, x0 = p.x; col < b0 + m; col += seg_m[nseg++], y++, x0 = 0) {
+        seg_col[nseg] = col;
+        seg_y[nseg] = y;
+        seg_x[nseg] = x0;
+        seg_m[nseg] = w - x0 < b0 + m - col ? w - x0 : b0 + m - col;
+        blocks += ((size_t)seg_m[nseg] + mr - 1) / mr;
+    }
+    /* Every input row the block reads, into its slot (all fit at once: see padded_block_rows). */
+    for (int64_t s = 0; s < nseg; s++)
+        for (int64_t ky = 0; ky < g->kh; ky++)
+            padded_row(pr, g, x, p.n, seg_y[s] * g->sh - g->pt + ky * g->dh);
+
+    int64_t jmid = (int64_t)ops_round_up((size_t)row0, nr);
+    if (jmid > row1) jmid = row1;
+    if (row0 < jmid)
+        for (int64_t s = 0; s < nseg; s++)
+            for (int64_t ky = 0; ky < g->kh; ky++) {
+                const float *a = padded_row(pr, g, x, p.n, seg_y[s] * g->sh - g->pt + ky * g->dh) +
+                                 seg_x[s] * g->sw * cin;
+                conv_gemm(l, g, (size_t)seg_m[s], (size_t)(ky * run), (size_t)(ky * run + run), a,
+                          lda, 0, (size_t)row0, (size_t)jmid, out + seg_col[s] * c,
+                          res ? res + seg_col[s] * c : NULL, tmp);
+            }
+    if (jmid >= row1) return;
+
+    const float *bias = l->arrays[1];
+    float lo, hi;
+    ops_act_bounds((int32_t)g->act, l->fparams[0], l->fparams[1], &lo, &hi);
+    const float *a_seg[PADDED_MAX_SLOTS];
     for (int64_t ky = 0; ky < g->kh; ky++) {
-        const float *a = padded_row(pr, g, x, n, y * g->sh - g->pt + ky * g->dh) +
-                         x0 * g->sw * cin;
-        conv_gemm(l, g, (size_t)m, (size_t)(ky * run), (size_t)(ky * run + run), a,
-                  (size_t)(g->sw * cin), 0, (size_t)row0, (size_t)row1, cb, rb, tmp);
+        for (int64_t s = 0; s < nseg; s++)
+            a_seg[s] = padded_row(pr, g, x, p.n, seg_y[s] * g->sh - g->pt + ky * g->dh) +
+                       seg_x[s] * g->sw * cin;
+        const size_t k_end = (size_t)(ky * run + run);
+        for (size_t kb = (size_t)(ky * run), kc; kb < k_end; kb += kc) {
+            kc = k_end - kb < kc_max ? k_end - kb : kc_max;
+            const int last = kb + kc == k;
+            const size_t quarter = kc * nr / 4, koff = kb - (size_t)(ky * run);
+            for (size_t j = (size_t)jmid; j < (size_t)row1; j += nr) {
+                const size_t nrj = (size_t)row1 - j < nr ? (size_t)row1 - j : nr;
+                const float *panel = l->packed + j * k + kb * nr;
+                /* Prefetch the slice read next, as gemm_run_k does. */
+                const float *next = NULL;
+                if (j + nr < (size_t)row1)
+                    next = l->packed + (j + nr) * k + kb * nr;
+                else if (kb + kc < k)
+                    next = l->packed + (size_t)jmid * k + (kb + kc) * nr;
+                const int spread = next && blocks >= 4;
+                size_t r = 0;
+                for (int64_t s = 0; s < nseg; s++) {
+                    float *cs = out + seg_col[s] * c + j;
+                    const float *rs = res ? res + seg_col[s] * c + j : NULL;
+                    for (size_t i = 0; i < (size_t)seg_m[s]; i += mr, r++) {
+                        gemm_epilogue ep = {bias ? bias + j : NULL, rs ? rs + i * ldc : NULL, ldc,
+                                            lo, hi};
+                        const float *pf = spread ? (r < 4 ? next + r * quarter : NULL)
+                                                 : (r == 0 ? next : NULL);
+                        kern->ukernel((size_t)seg_m[s] - i < mr ? (size_t)seg_m[s] - i : mr, nrj,
+                                      kc, a_seg[s] + i * lda + koff, lda, panel, cs + i * ldc, ldc,
+                                      kb > 0, last ? &ep : NULL, pf, spread);
+                    }
+                }
+            }
+        }
     }
 }
-
-/* Most weight bytes one window row of an in-place tile may touch (see conv_execute_gemm). */
-#define DIRECT_MAX_B_BYTES (256 * 1024)
 
 /* Output channels [row0, row1) of m columns from b0 of a convolution whose A the GEMM reads in
  * place: the input itself (1x1, stride 1, no padding) or, for CONV_FC, column b0's batch item. */
@@ -403,16 +484,21 @@ static void conv_execute_gemm(const layer *l, const float *const *in, float *out
     if (l->variant == CONV_IM2COL)
         tmp += ops_round_up((size_t)(block * (int64_t)conv_slice_k(l, &g)), 16);
 
-    /* im2col convolutions read their input in place (conv_block_padded) when output rows are
-     * long enough for whole row blocks of the micro-kernel and the weights one window row touches
-     * (kw * cin by the tile's channels) stay in L2 while the row's blocks reuse them (VGG-16's
-     * 56 x 56 x 256 layers, 768 KiB, ran 16% slower in place, its 224 x 224 x 64 ones, 48 KiB, 13%
-     * faster); one output row (or the tile's part of it) per GEMM. */
-    const size_t direct_b_bytes = (size_t)(g.kw * g.cin * (row1 - row0)) * sizeof(float);
-    const size_t rows_floats = l->variant == CONV_IM2COL ? padded_rows_floats(&g) : 0;
-    const int direct = rows_floats > 0 && l->w >= (int64_t)l->kern->mr &&
-                       direct_b_bytes <= DIRECT_MAX_B_BYTES;
-    padded_rows pr = {.slots = padded_slots(&g), .row_floats = padded_row_floats(&g)};
+    /* Group-1 convolutions with dilation 1 across read their input in place (conv_block_padded),
+     * in blocks of whole output rows, when rows are at least one row block of the micro-kernel
+     * long (shorter rows would leave every row block partial), and window rows long enough for
+     * the passes over the output (one per window row) to cost less than an im2col copy of the
+     * tile's positions would: at least a quarter of the tile's channels (ViT's 16 x 16 patch
+     * convolution, 48 values a window row for 768 channels, ran 9% slower in place; MobileNetV2's
+     * first, 9 for 32, ran faster). One output row per GEMM, as an
+     * earlier form of this path ran, left VGG-16's 56 x 56 x 256 layers 16% slower than im2col:
+     * each row re-read the weights. The row blocks of all the block's rows now share each panel
+     * slice, as im2col's blocks do (those layers 6% faster than im2col, the 14 x 14 x 512 ones 3%,
+     * 28 x 28 x 512 1%). */
+    const int64_t brows = l->variant == CONV_IM2COL ? padded_block_rows(l, &g, block) : 0;
+    const int direct = brows > 0 && l->w >= (int64_t)l->kern->mr &&
+                       4 * g.kw * g.cin >= row1 - row0;
+    padded_rows pr = {.slots = padded_slots(&g, brows), .row_floats = padded_row_floats(&g)};
     if (direct) {
         pr.base = tmp + ops_round_up((size_t)block * l->kern->nr, 16);
         for (int64_t i = 0; i < pr.slots; i++) pr.tag[i] = -1;
@@ -420,11 +506,12 @@ static void conv_execute_gemm(const layer *l, const float *const *in, float *out
 
     for (int64_t col = col0, m; col < col1; col += m) {
         if (direct) {
+            /* To the end of the row brows - 1 rows on, within the batch item and the tile. */
             ops_position p = ops_position_of(col, l->h, l->w);
-            m = l->w - p.x;
+            const int64_t rows = l->h - p.y < brows ? l->h - p.y : brows;
+            m = rows * l->w - p.x;
             if (m > col1 - col) m = col1 - col;
-            if (m > block) m = block;
-            conv_block_padded(l, &g, x, res, out, col, m, p.n, p.y, p.x, row0, row1, tmp, &pr);
+            conv_block_padded(l, &g, x, res, out, col, m, p, row0, row1, tmp, &pr);
         } else if (l->variant == CONV_IM2COL) {
             m = even_block(col1 - col, block, (int64_t)l->kern->mr);
             conv_block_im2col(l, &g, x, res, out, col, m, row0, row1, acol, tmp);
