@@ -58,6 +58,18 @@ MIN_TILE_COLUMNS = 48
 #: slower at 1; ResNet-50's (4 to 9 MB per layer) ran 4% slower, re-reading its weights.
 MIN_TILE_COLUMNS_SMALL_WEIGHTS = 24
 SMALL_WEIGHT_BYTES = 2 << 20
+#: Fewest columns per column block of a convolution that reads its input in place (see
+#: _reads_in_place) and has more than LARGE_WEIGHT_BYTES of weights, by the default heuristic.
+#: Every column block streams the weights from memory again, while a row block only copies the
+#: padded input rows it reads (no im2col to redo), so such layers split rows instead: VGG-16's
+#: 28 x 28 x 512 layers as 4 x 4 tiles instead of 16 x 1, its 14 x 14 x 512 ones as 1 x 4 instead
+#: of 4 x 3 (0.99x the model at 2 threads). ResNet-50's 14 x 14 x 256 layers (2.4 MB) measured
+#: 1.006x this way, hence the threshold.
+MIN_TILE_COLUMNS_LARGE_WEIGHTS = 196
+LARGE_WEIGHT_BYTES = 4 << 20
+#: Shortest output row the native convolution reads in place (the AVX-512 micro-kernel's row block;
+#: see conv_execute_gemm in native/src/ops_conv.c).
+IN_PLACE_MIN_WIDTH = 14
 #: Column tiles of an input layer by default: set_input copies the input tile by tile and
 #: completes each as it lands, so the first layer starts on the first tiles during the copy; when
 #: offloading, finer input tiles let the server start on the
@@ -182,6 +194,17 @@ def _needs_im2col(layer: ir.Layer) -> bool:
             and (a["kh"] * a["kw"] > 1 or a["sh"] * a["sw"] > 1))
 
 
+def _reads_in_place(graph: ir.Graph, layer: ir.Layer) -> bool:
+    """A convolution the native runtime computes from padded input rows rather than im2col (the
+    conditions of conv_execute_gemm, with the whole layer's channels)."""
+    a = layer.attrs
+    if not _needs_im2col(layer) or layer.layout == ir.LAYOUT_LAST or len(layer.shape) != 4:
+        return False
+    cin = graph.layers[layer.inputs[0]].rows
+    return (a.get("dw", 1) == 1 and layer.shape[3] >= IN_PLACE_MIN_WIDTH
+            and 4 * a["kw"] * cin >= layer.rows)
+
+
 def _row_align(layer: ir.Layer) -> int:
     return CONV_ROW_ALIGN if layer.op == "CONV" else OTHER_ROW_ALIGN
 
@@ -196,7 +219,8 @@ def choose_splits(graph: ir.Graph, li: int, tiles_per_layer: int | None,
     OFFLOAD_MIN_COLUMN_BLOCKS). Columns are split first,
     into blocks of at least MIN_TILE_COLUMNS columns (a GEMM over fewer rows wastes most of the
     micro-kernel, and every column block re-reads the layer's weights; MIN_TILE_COLUMNS_SMALL_-
-    WEIGHTS for layers whose weights are small, see there); when that gives fewer
+    WEIGHTS for layers whose weights are small, MIN_TILE_COLUMNS_LARGE_WEIGHTS for convolutions
+    read in place whose weights are large, see there); when that gives fewer
     than T blocks — a layer with too few columns — rows are split to make up the rest, at
     multiples of CONV_ROW_ALIGN for convolutions (and, by default, in blocks of at least
     DEFAULT_MIN_CONV_ROWS channels for convolutions that need im2col). Layers that read all rows
@@ -219,9 +243,13 @@ def choose_splits(graph: ir.Graph, li: int, tiles_per_layer: int | None,
     else:
         want = max(1, int(tiles_per_layer))
     min_cols = MIN_TILE_COLUMNS
+    weight_bytes = sum(int(w.nbytes) for w in layer.weights.values())
     if tiles_per_layer is None and layer.layout != ir.LAYOUT_LAST and \
-            sum(int(w.nbytes) for w in layer.weights.values()) <= SMALL_WEIGHT_BYTES:
+            weight_bytes <= SMALL_WEIGHT_BYTES:
         min_cols = MIN_TILE_COLUMNS_SMALL_WEIGHTS
+    if tiles_per_layer is None and weight_bytes > LARGE_WEIGHT_BYTES and \
+            _reads_in_place(graph, layer):
+        min_cols = MIN_TILE_COLUMNS_LARGE_WEIGHTS
     col_parts = min(want, max(1, cols // min_cols))
     if tiles_per_layer is None and layer.layout != ir.LAYOUT_LAST:
         col_parts = max(col_parts, min(int(min_column_blocks), cols // MIN_TILE_COLUMNS))

@@ -290,6 +290,34 @@ def test_small_weight_layers_on_small_maps_split_by_columns():
     assert list(cols) == [0, 49] and len(rows) == 5
 
 
+def test_large_weight_convolutions_read_in_place_split_rows():
+    """A 3x3 convolution the runtime reads in place with more than LARGE_WEIGHT_BYTES of weights
+    (VGG-16's 28 x 28 x 512) gets column blocks of at least MIN_TILE_COLUMNS_LARGE_WEIGHTS
+    positions and splits its channels instead, so its weights stream from memory 4 times, not 16;
+    one with smaller weights (ResNet-50's 14 x 14 x 256), a short-row map (7 x 7, im2col) and a
+    strided-width dilation (im2col) keep the column split."""
+    from coacto.partition import (LARGE_WEIGHT_BYTES, MIN_TILE_COLUMNS,
+                                  MIN_TILE_COLUMNS_LARGE_WEIGHTS, choose_splits)
+
+    def conv3x3(c, hw, dw=1):
+        attrs = dict(kh=3, kw=3, sh=1, sw=1, pt=dw, pl=dw, pb=dw, pr=dw, dh=1, dw=dw, group=1)
+        w = np.zeros((c, c, 3, 3), np.float32)
+        layers = [ir.Layer("x", "INPUT", [], (1, c, hw, hw)),
+                  ir.Layer("conv", "CONV", [0], (1, c, hw, hw), attrs, weights={"w": w})]
+        return ir.Graph(layers, {"x": 0}, {"y": 1})
+
+    big = conv3x3(512, 28)
+    assert big.layers[1].weights["w"].nbytes > LARGE_WEIGHT_BYTES
+    cols, rows = choose_splits(big, 1, None)
+    assert min(np.diff(cols)) >= MIN_TILE_COLUMNS_LARGE_WEIGHTS and len(cols) == 5
+    assert len(rows) == 5 and (len(cols) - 1) * (len(rows) - 1) == 16
+    check_plan(conv3x3(8, 14), partition(conv3x3(8, 14)))  # the oracle on an affordable size
+    for graph in (conv3x3(256, 14), conv3x3(512, 7), conv3x3(512, 28, dw=2)):
+        cols, rows = choose_splits(graph, 1, None)
+        assert min(np.diff(cols)) < MIN_TILE_COLUMNS_LARGE_WEIGHTS, graph.layers[1].shape
+        assert min(np.diff(cols)) >= min(MIN_TILE_COLUMNS, graph.layers[1].columns)
+
+
 def test_offloading_tiles_keep_the_wavefront():
     """A server receiving ResNet-50's input row by row can start on the first rows: with the
     tiles clients use, the work that waits for the last input tile is not far above what the
