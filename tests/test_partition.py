@@ -235,9 +235,12 @@ def test_row_splits_for_few_columns():
 
 
 def test_linear_layers_of_a_sequence_get_equal_even_tiles():
-    """ViT's 197 x 768 -> 3072 linear layer (0.93 GFLOP: about 9 tiles by FLOPs) is cut into 8
-    equal row tiles, not 9 of 10 or 11 panels; an odd panel count gets the least idle split."""
-    from coacto.partition import _balanced_parts, choose_splits
+    """A 127-token 1152 -> 3072 linear layer (0.9 GFLOP: about 9 tiles by FLOPs, one token block)
+    is cut into 8 equal row tiles, not 9 of 10 or 11 panels; an odd panel count gets the least
+    idle split. With 128 tokens or more the tokens are halved (TOKEN_BLOCKS), each half cut into
+    equal row tiles: ViT's 197 x 768 -> 3072 as 2 x 4. 64 tokens (GPT-2) and weights over
+    TOKEN_SPLIT_MAX_WEIGHT_BYTES (a language-model head) keep one token block."""
+    from coacto.partition import TOKEN_SPLIT_MAX_WEIGHT_BYTES, _balanced_parts, choose_splits
 
     def linear(cols, d_in, d_out):
         w = np.zeros((d_out, d_in, 1, 1), np.float32)
@@ -247,10 +250,19 @@ def test_linear_layers_of_a_sequence_get_equal_even_tiles():
                            weights={"w": w}, layout=ir.LAYOUT_LAST)]
         return ir.Graph(layers, {"x": 0}, {"y": 1})
 
+    cols, rows = choose_splits(linear(127, 1152, 3072), 1, None)
+    assert len(cols) == 2 and len(rows) == 9, rows
+    assert len(set(np.diff(rows))) == 1
     for d_in, d_out in [(768, 3072), (3072, 768)]:
         cols, rows = choose_splits(linear(197, d_in, d_out), 1, None)
-        assert len(cols) == 2 and len(rows) == 9, rows
+        assert list(cols) == [0, 98, 197] and len(rows) == 5, (cols, rows)
         assert len(set(np.diff(rows))) == 1
+    cols, rows = choose_splits(linear(128, 768, 768), 1, None)
+    assert list(cols) == [0, 64, 128] and len(rows) == 3
+    assert len(choose_splits(linear(64, 768, 3072), 1, None)[0]) == 2
+    head = linear(256, 768, 12000)
+    assert head.layers[1].weights["w"].nbytes > TOKEN_SPLIT_MAX_WEIGHT_BYTES
+    assert len(choose_splits(head, 1, None)[0]) == 2
     assert _balanced_parts(24, 9) == 8 and _balanced_parts(96, 9) == 8
     assert _balanced_parts(5, 4) == 4 and _balanced_parts(30, 5) == 4  # even beats equal-but-odd
     assert _balanced_parts(1571, 16) == 16  # already within 1%: the count stays
