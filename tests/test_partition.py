@@ -330,6 +330,24 @@ def test_large_weight_convolutions_read_in_place_split_rows():
         assert min(np.diff(cols)) >= min(MIN_TILE_COLUMNS, graph.layers[1].columns)
 
 
+def test_pooling_follows_its_producers_column_blocks():
+    """A max pooling after a 16-tile convolution (VGG-16's 112 x 112 x 128) gets 16 column blocks,
+    not the 4 its FLOPs ask for, each reading the output of one or two convolution tiles; given
+    tile counts are left alone."""
+    conv = dict(kh=3, kw=3, sh=1, sw=1, pt=1, pl=1, pb=1, pr=1, group=1)
+    pool = dict(kind=ir.POOL_MAX, kh=2, kw=2, sh=2, sw=2, pt=0, pl=0, pb=0, pr=0, dh=1, dw=1)
+    w = np.zeros((128, 128, 3, 3), np.float32)
+    layers = [ir.Layer("x", "INPUT", [], (1, 128, 112, 112)),
+              ir.Layer("conv", "CONV", [0], (1, 128, 112, 112), conv, weights={"w": w}),
+              ir.Layer("pool", "POOL", [1], (1, 128, 56, 56), pool)]
+    graph = ir.Graph(layers, {"x": 0}, {"y": 2})
+    plan = partition(graph)
+    assert len(plan.col_bounds[1]) - 1 == 16 and len(plan.col_bounds[2]) - 1 == 16
+    for t in range(plan.layer_first_tile[2], plan.layer_first_tile[3]):
+        assert 1 <= len(plan.dependencies(t)) <= 2
+    assert len(partition(graph, layer_tiles={2: 4}).col_bounds[2]) - 1 == 4
+
+
 def test_offloading_tiles_keep_the_wavefront():
     """A server receiving ResNet-50's input row by row can start on the first rows: with the
     tiles clients use, the work that waits for the last input tile is not far above what the
