@@ -511,6 +511,7 @@ static void conv_execute_gemm(const layer *l, const float *const *in, float *out
             const int64_t rows = l->h - p.y < brows ? l->h - p.y : brows;
             m = rows * l->w - p.x;
             if (m > col1 - col) m = col1 - col;
+            if (m > block) m = block; /* rows longer than a block (conv_gemm's temporary) */
             conv_block_padded(l, &g, x, res, out, col, m, p, row0, row1, tmp, &pr);
         } else if (l->variant == CONV_IM2COL) {
             m = even_block(col1 - col, block, (int64_t)l->kern->mr);

@@ -129,6 +129,7 @@ static void conv_cases(void) {
          * cache, asymmetric pads; then one whose window spans more rows than the cache holds
          * (im2col) */
         {"conv rows dilated 2 wide batch 2", 2, 24, 13, 33, 40, 3, 3, 1, 1, 2, 1, 2, 0, 2, 1, 1, 1, 1, 1, 0, 0},
+        {"conv rows longer than a block", 1, 8, 3, 300, 40, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0},
         {"conv two-row maps batch 3", 3, 8, 2, 20, 12, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 1, 0, 0},
         {"conv rows dilated 3 s(2,1)", 1, 16, 20, 30, 20, 3, 3, 2, 1, 3, 1, 3, 1, 3, 1, 1, 0, 0, 1, 0, 0},
         {"conv 5x5 rows dilated 2 wide", 1, 8, 14, 30, 16, 5, 5, 1, 1, 4, 4, 4, 4, 2, 1, 1, 1, 1, 1, 0, 0},
