@@ -81,8 +81,9 @@ DEFAULT_INPUT_TILES = 16
 #: blocks would waste most of their time. (A 1x1 convolution re-reads its input from cache, a
 #: depthwise one reads only its own channels: their row blocks cost nothing extra.)
 DEFAULT_MIN_CONV_ROWS = 128
-#: Token blocks of a transformer's linear layer (see _streams_weights) by the default heuristic,
-#: when each keeps at least MIN_TOKENS_PER_BLOCK tokens and the weights are at most
+#: Token blocks of a transformer's linear layer (see _streams_weights) with the default tile
+#: count or a given one of at least two (coacto tune's), when each block keeps at least
+#: MIN_TOKENS_PER_BLOCK tokens and the weights are at most
 #: TOKEN_SPLIT_MAX_WEIGHT_BYTES (each token block streams them again). The layers after it then
 #: start on the first half of the tokens while the second is computed, and a thread's tiles read
 #: more of what it wrote itself than what the other core wrote: BERT-base (128 tokens) 0.95x and
@@ -269,8 +270,8 @@ def choose_splits(graph: ir.Graph, li: int, tiles_per_layer: int | None,
         in_bytes = float(cols * graph.layers[layer.inputs[0]].rows)
         w_bytes = float(layer.weights["w"].size) if "w" in layer.weights else in_bytes
         col_parts = max(1, min(col_parts, int(math.sqrt(want * in_bytes / (4.0 * w_bytes)))))
-        if tiles_per_layer is None and 4.0 * w_bytes <= TOKEN_SPLIT_MAX_WEIGHT_BYTES:
-            col_parts = max(col_parts, min(TOKEN_BLOCKS, cols // MIN_TOKENS_PER_BLOCK))
+        if 4.0 * w_bytes <= TOKEN_SPLIT_MAX_WEIGHT_BYTES:  # given tile counts too (tuning)
+            col_parts = max(col_parts, min(TOKEN_BLOCKS, cols // MIN_TOKENS_PER_BLOCK, want))
     if layer.op == "INPUT":
         col_parts = min(cols, max(1, want if tiles_per_layer is not None else DEFAULT_INPUT_TILES))
     col_bounds = _even_bounds(cols, col_parts)
