@@ -211,7 +211,8 @@ def _needs_im2col(layer: ir.Layer) -> bool:
 
 def _reads_in_place(graph: ir.Graph, layer: ir.Layer) -> bool:
     """A convolution the native runtime computes from padded input rows rather than im2col (the
-    conditions of conv_execute_gemm, with the whole layer's channels)."""
+    conditions of conv_execute_gemm for a tile of all the layer's channels, less the row cache's
+    limits, which only very wide or very tall windows reach)."""
     a = layer.attrs
     if not _needs_im2col(layer) or layer.layout == ir.LAYOUT_LAST or len(layer.shape) != 4:
         return False

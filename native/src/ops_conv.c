@@ -6,11 +6,13 @@
  *   CONV_POINTWISE  1x1, stride 1, no padding: A is the NHWC input itself (lda = C_in);
  *   CONV_FC         the kernel covers the whole input, no padding: one A row per batch is that
  *                   batch's whole input block (lda = H_in*W_in*C_in);
- *   CONV_IM2COL     anything else: with group 1, dilation 1 across and output rows at least a
- *                   row block long, in place from padded copies of the input rows, a block of
- *                   whole output rows at a time (conv_block_padded); otherwise im2col of a block
- *                   of the tile's positions into scratch, one reduction slice (gemm_block_k
- *                   values per row) at a time.
+ *   CONV_IM2COL     anything else: in place from padded copies of the input rows, a block of
+ *                   whole output rows at a time (conv_block_padded), where the group is 1, the
+ *                   dilation across 1, output rows a row block of the micro-kernel long, the
+ *                   window rows and their padded copies fit the row cache (padded_block_rows)
+ *                   and a window row holds a quarter of the tile's channels; otherwise im2col of
+ *                   a block of the tile's positions into scratch, one reduction slice
+ *                   (gemm_block_k values per row) at a time.
  * Depthwise convolutions (group == C_in == C_out) use a direct loop over contiguous channels.
  *
  * Loop order of a GEMM tile: blocks of up to CONV_BLOCK_ROWS positions; per block, the whole
@@ -28,8 +30,8 @@ enum { CONV_IM2COL = 0, CONV_POINTWISE = 1, CONV_FC = 2, CONV_DEPTHWISE = 3 };
  * block (CONV_BLOCK_ROWS x gemm_block_k floats, 256 KiB) stays in L2 while every panel of the
  * tile's channels reads it. */
 #define CONV_BLOCK_ROWS 256
-/* Positions per block of the variants that read A in place (no im2col scratch): the block only
- * bounds the temporary of a tile that starts inside a panel. */
+/* Positions per block of CONV_POINTWISE and CONV_FC, which read A in place (no im2col scratch):
+ * the block only bounds the temporary of a tile that starts inside a panel. */
 #define CONV_BLOCK_ROWS_DIRECT 1024
 
 typedef struct conv_geometry {
@@ -68,9 +70,9 @@ static size_t conv_slice_k(const layer *l, const conv_geometry *g) {
 /* The in-place path (conv_block_padded) reads each input row it needs from a copy with the
  * layer's left and right padding around it, so that the windows of a whole output row are kw *
  * cin contiguous floats sw * cin apart, borders included. A block of the path is up to
- * padded_block_rows output rows of one batch item; the input rows their windows span are cached
- * in that many slots (a row stays while later blocks still read it), plus one row of zeros for
- * window rows above or below the input. */
+ * padded_block_rows output rows of one batch item; the input rows their windows span
+ * (padded_slots of them) are cached in as many slots (a row stays while later blocks still read
+ * it), plus one row of zeros for window rows above or below the input. */
 #define PADDED_MAX_SLOTS 64
 #define PADDED_MAX_BYTES (1024 * 1024)
 
@@ -83,10 +85,12 @@ static size_t padded_row_floats(const conv_geometry *g) {
 }
 
 /* Output rows per in-place block: whole rows as many as `block` positions hold (at least one),
- * fewer when their padded input rows would not fit PADDED_MAX_BYTES; 0 when the layer never
- * reads its input in place. */
+ * fewer when the input rows their windows span would need more than PADDED_MAX_SLOTS slots or
+ * PADDED_MAX_BYTES; 0 when the layer never reads its input in place (a group, dilation across,
+ * output rows shorter than a row block of the micro-kernel, or a row cache that cannot hold one
+ * output row's window). */
 static int64_t padded_block_rows(const layer *l, const conv_geometry *g, int64_t block) {
-    if (g->group != 1 || g->dw != 1) return 0;
+    if (g->group != 1 || g->dw != 1 || l->w < (int64_t)l->kern->mr) return 0;
     for (int64_t rows = block / l->w > 1 ? block / l->w : 1; rows >= 1; rows--) {
         const int64_t slots = padded_slots(g, rows);
         if (slots <= PADDED_MAX_SLOTS &&
@@ -323,8 +327,8 @@ static void conv_block_im2col(const layer *l, const conv_geometry *g, const floa
 }
 
 /* The padded input rows of one tile: slot i holds input row tag[i] (batch item and row as
- * n * hin + iy, in slot tag % slots; -1 when empty), zero the row of zeros once it has been
- * cleared. */
+ * n * hin + iy, in slot tag % slots; -1 when empty); zero_ready once the row of zeros after the
+ * slots has been cleared. */
 typedef struct padded_rows {
     float *base;
     size_t row_floats;
@@ -496,8 +500,7 @@ static void conv_execute_gemm(const layer *l, const float *const *in, float *out
      * slice, as im2col's blocks do (those layers 6% faster than im2col, the 14 x 14 x 512 ones 3%,
      * 28 x 28 x 512 1%). */
     const int64_t brows = l->variant == CONV_IM2COL ? padded_block_rows(l, &g, block) : 0;
-    const int direct = brows > 0 && l->w >= (int64_t)l->kern->mr &&
-                       4 * g.kw * g.cin >= row1 - row0;
+    const int direct = brows > 0 && 4 * g.kw * g.cin >= row1 - row0;
     padded_rows pr = {.slots = padded_slots(&g, brows), .row_floats = padded_row_floats(&g)};
     if (direct) {
         pr.base = tmp + ops_round_up((size_t)block * l->kern->nr, 16);
@@ -506,9 +509,14 @@ static void conv_execute_gemm(const layer *l, const float *const *in, float *out
 
     for (int64_t col = col0, m; col < col1; col += m) {
         if (direct) {
-            /* To the end of the row brows - 1 rows on, within the batch item and the tile. */
+            /* Whole rows (the first from p.x) in blocks of equal row counts, at most brows each
+             * (a 28-row tile in blocks of 9 left a last one of a single row that streamed all
+             * the weights again), within the batch item and the tile. */
             ops_position p = ops_position_of(col, l->h, l->w);
-            const int64_t rows = l->h - p.y < brows ? l->h - p.y : brows;
+            const int64_t rows_left = (p.x + col1 - col + l->w - 1) / l->w;
+            const int64_t nblocks = (rows_left + brows - 1) / brows;
+            int64_t rows = (rows_left + nblocks - 1) / nblocks;
+            if (rows > l->h - p.y) rows = l->h - p.y;
             m = rows * l->w - p.x;
             if (m > col1 - col) m = col1 - col;
             if (m > block) m = block; /* rows longer than a block (conv_gemm's temporary) */

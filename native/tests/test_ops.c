@@ -126,13 +126,16 @@ static void conv_cases(void) {
         {"conv 7x7 s2 stem residual hardswish", 2, 3, 70, 66, 16, 7, 7, 2, 2, 3, 3, 3, 3, 1, 1, 1, 6, 1, 1, 0, 0},
         {"conv s2 wide", 1, 24, 9, 61, 33, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, 1, 2, 0, 1, 0, 6},
         /* in place with window rows dilated (slots that skip rows), batches sharing the row
-         * cache, asymmetric pads; then one whose window spans more rows than the cache holds
-         * (im2col) */
+         * cache, asymmetric pads, rows longer than a block, a 5x5 window over 9 input rows;
+         * then windows the row cache cannot hold (67 input rows; a padded row over 1 MiB):
+         * im2col */
         {"conv rows dilated 2 wide batch 2", 2, 24, 13, 33, 40, 3, 3, 1, 1, 2, 1, 2, 0, 2, 1, 1, 1, 1, 1, 0, 0},
         {"conv rows longer than a block", 1, 8, 3, 300, 40, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0},
         {"conv two-row maps batch 3", 3, 8, 2, 20, 12, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 1, 0, 0},
         {"conv rows dilated 3 s(2,1)", 1, 16, 20, 30, 20, 3, 3, 2, 1, 3, 1, 3, 1, 3, 1, 1, 0, 0, 1, 0, 0},
         {"conv 5x5 rows dilated 2 wide", 1, 8, 14, 30, 16, 5, 5, 1, 1, 4, 4, 4, 4, 2, 1, 1, 1, 1, 1, 0, 0},
+        {"conv window taller than the row cache", 1, 8, 90, 30, 16, 3, 3, 1, 1, 33, 1, 33, 1, 33, 1, 1, 1, 1, 1, 0, 0},
+        {"conv padded row over 1 MiB", 1, 2048, 3, 32, 8, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0},
         {"conv deep k", 1, 160, 5, 6, 35, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 0, 0},
         /* im2col slices that start and end inside taps, with groups, dilation and borders */
         {"conv taps across slices", 1, 300, 7, 6, 40, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0},
