@@ -87,12 +87,12 @@ DEFAULT_MIN_CONV_ROWS = 128
 #: Token blocks of a transformer's linear layer (see _streams_weights) with the default tile
 #: count or a given one of at least two (coacto tune's), when each block keeps at least
 #: MIN_TOKENS_PER_BLOCK tokens and the weights are at most
-#: TOKEN_SPLIT_MAX_WEIGHT_BYTES (each token block streams them again). The layers after it then
-#: start on the first half of the tokens while the second is computed, and a thread's tiles read
-#: more of what it wrote itself than what the other core wrote: BERT-base (128 tokens) 0.95x and
-#: ViT-B/16 (197) 0.956x at 2 threads, both unchanged at 1 (same tile count: feature blocks
-#: halve). Three blocks measured 0.963x on ViT; 32-token blocks (GPT-2 at 64 tokens) 1.23x at 1
-#: and 2 threads, each weight panel read by too few rows.
+#: TOKEN_SPLIT_MAX_WEIGHT_BYTES (each token block streams them again). BERT-base's 2-thread run
+#: then spends the CPU time of its 1-thread run (1.002x, was 1.071x, the excess in tiles reading
+#: what the other core wrote), and the layers after one start on half of the tokens while the
+#: other half is computed: BERT-base (128 tokens) 0.94x and ViT-B/16 (197) 0.955x at 2 threads,
+#: 1.015x at 1 (the weights read twice). Three blocks measured 0.963x on ViT; 32-token blocks
+#: (GPT-2 at 64 tokens) 1.23x at 1 and 2 threads, each weight panel read by too few rows.
 TOKEN_BLOCKS = 2
 MIN_TOKENS_PER_BLOCK = 64
 TOKEN_SPLIT_MAX_WEIGHT_BYTES = 32 << 20
