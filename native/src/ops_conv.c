@@ -494,11 +494,11 @@ static void conv_execute_gemm(const layer *l, const float *const *in, float *out
      * the passes over the output (one per window row) to cost less than an im2col copy of the
      * tile's positions would: at least a quarter of the tile's channels (ViT's 16 x 16 patch
      * convolution, 48 values a window row for 768 channels, ran 9% slower in place; MobileNetV2's
-     * first, 9 for 32, ran faster). One output row per GEMM, as an
-     * earlier form of this path ran, left VGG-16's 56 x 56 x 256 layers 16% slower than im2col:
-     * each row re-read the weights. The row blocks of all the block's rows now share each panel
-     * slice, as im2col's blocks do (those layers 6% faster than im2col, the 14 x 14 x 512 ones 3%,
-     * 28 x 28 x 512 1%). */
+     * first, 9 for 32, ran faster). One output row per GEMM, as an earlier form of this path
+     * ran, left VGG-16's 56 x 56 x 256 layers 16% slower than im2col: each row re-read the
+     * weights. The row blocks of all the block's rows now share each panel slice, as im2col's
+     * blocks do (those layers 6% faster than im2col, the 14 x 14 x 512 ones 3%, 28 x 28 x 512
+     * 1%). */
     const int64_t brows = l->variant == CONV_IM2COL ? padded_block_rows(l, &g, block) : 0;
     const int direct = brows > 0 && 4 * g.kw * g.cin >= row1 - row0;
     padded_rows pr = {.slots = padded_slots(&g, brows), .row_floats = padded_row_floats(&g)};
@@ -510,8 +510,8 @@ static void conv_execute_gemm(const layer *l, const float *const *in, float *out
     for (int64_t col = col0, m; col < col1; col += m) {
         if (direct) {
             /* Whole rows (the first from p.x) in blocks of equal row counts, at most brows each
-             * (a 28-row tile in blocks of 9 left a last one of a single row that streamed all
-             * the weights again), within the batch item and the tile. */
+             * (a 28-row tile in blocks of 9 would leave a last block of one row to stream all the
+             * weights again), within the batch item and the tile. */
             ops_position p = ops_position_of(col, l->h, l->w);
             const int64_t rows_left = (p.x + col1 - col + l->w - 1) / l->w;
             const int64_t nblocks = (rows_left + brows - 1) / brows;
