@@ -366,35 +366,31 @@ static const float *padded_row(padded_rows *pr, const conv_geometry *g, const fl
  * copy of an input row, window row ky of output x is kw * cin contiguous floats from x * sw * cin
  * on, so the GEMM reads A there (row stride sw * cin), one reduction range per window row,
  * accumulating: no im2col, and border positions are no different from the others (window rows
- * outside the input read the row of zeros). The block's output rows are its segments; loop
- * order: window rows, K blocks, panels, segments, row blocks, so that each panel slice of the
- * weights is read from memory once per block and reused by every segment's row blocks. Channels
- * before the tile's first panel boundary go segment by segment through conv_gemm's temporary. */
+ * outside the input read the row of zeros). The block's output rows are its segments, one
+ * gemm_run_k_rows per window row, so that each panel slice of the weights is read from memory
+ * once per block and reused by every segment's row blocks. Channels before the tile's first
+ * panel boundary go segment by segment through conv_gemm's temporary. */
 static void conv_block_padded(const layer *l, const conv_geometry *g, const float *x,
                               const float *res, float *out, int64_t b0, int64_t m,
                               ops_position p, int64_t row0, int64_t row1, float *tmp,
                               padded_rows *pr) {
-    const gemm_kernel *kern = l->kern;
     const int64_t c = l->c, cin = g->cin, run = g->kw * cin, w = l->w;
-    const size_t mr = kern->mr, nr = kern->nr, k = (size_t)g->k, kc_max = gemm_block_k(kern);
     const size_t lda = (size_t)(g->sw * cin), ldc = (size_t)c;
     int64_t seg_col[PADDED_MAX_SLOTS], seg_m[PADDED_MAX_SLOTS], seg_y[PADDED_MAX_SLOTS],
         seg_x[PADDED_MAX_SLOTS];
     int64_t nseg = 0;
-    size_t blocks = 0;
     for (int64_t col = b0, y = p.y, x0 = p.x; col < b0 + m; col += seg_m[nseg++], y++, x0 = 0) {
         seg_col[nseg] = col;
         seg_y[nseg] = y;
         seg_x[nseg] = x0;
         seg_m[nseg] = w - x0 < b0 + m - col ? w - x0 : b0 + m - col;
-        blocks += ((size_t)seg_m[nseg] + mr - 1) / mr;
     }
     /* Every input row the block reads, into its slot (all fit at once: see padded_block_rows). */
     for (int64_t s = 0; s < nseg; s++)
         for (int64_t ky = 0; ky < g->kh; ky++)
             padded_row(pr, g, x, p.n, seg_y[s] * g->sh - g->pt + ky * g->dh);
 
-    int64_t jmid = (int64_t)ops_round_up((size_t)row0, nr);
+    int64_t jmid = (int64_t)ops_round_up((size_t)row0, l->kern->nr);
     if (jmid > row1) jmid = row1;
     if (row0 < jmid)
         for (int64_t s = 0; s < nseg; s++)
@@ -407,45 +403,21 @@ static void conv_block_padded(const layer *l, const conv_geometry *g, const floa
             }
     if (jmid >= row1) return;
 
-    const float *bias = l->arrays[1];
     float lo, hi;
     ops_act_bounds((int32_t)g->act, l->fparams[0], l->fparams[1], &lo, &hi);
-    const float *a_seg[PADDED_MAX_SLOTS];
+    const gemm_epilogue ep = {l->arrays[1], NULL, ldc, lo, hi};
+    gemm_rows runs[PADDED_MAX_SLOTS];
+    for (int64_t s = 0; s < nseg; s++) {
+        runs[s].c = out + seg_col[s] * c;
+        runs[s].residual = res ? res + seg_col[s] * c : NULL;
+        runs[s].m = (size_t)seg_m[s];
+    }
     for (int64_t ky = 0; ky < g->kh; ky++) {
         for (int64_t s = 0; s < nseg; s++)
-            a_seg[s] = padded_row(pr, g, x, p.n, seg_y[s] * g->sh - g->pt + ky * g->dh) +
-                       seg_x[s] * g->sw * cin;
-        const size_t k_end = (size_t)(ky * run + run);
-        for (size_t kb = (size_t)(ky * run), kc; kb < k_end; kb += kc) {
-            kc = k_end - kb < kc_max ? k_end - kb : kc_max;
-            const int last = kb + kc == k;
-            const size_t quarter = kc * nr / 4, koff = kb - (size_t)(ky * run);
-            for (size_t j = (size_t)jmid; j < (size_t)row1; j += nr) {
-                const size_t nrj = (size_t)row1 - j < nr ? (size_t)row1 - j : nr;
-                const float *panel = l->packed + j * k + kb * nr;
-                /* Prefetch the slice read next, as gemm_run_k does. */
-                const float *next = NULL;
-                if (j + nr < (size_t)row1)
-                    next = l->packed + (j + nr) * k + kb * nr;
-                else if (kb + kc < k)
-                    next = l->packed + (size_t)jmid * k + (kb + kc) * nr;
-                const int spread = next && blocks >= 4;
-                size_t r = 0;
-                for (int64_t s = 0; s < nseg; s++) {
-                    float *cs = out + seg_col[s] * c + j;
-                    const float *rs = res ? res + seg_col[s] * c + j : NULL;
-                    for (size_t i = 0; i < (size_t)seg_m[s]; i += mr, r++) {
-                        gemm_epilogue ep = {bias ? bias + j : NULL, rs ? rs + i * ldc : NULL, ldc,
-                                            lo, hi};
-                        const float *pf = spread ? (r < 4 ? next + r * quarter : NULL)
-                                                 : (r == 0 ? next : NULL);
-                        kern->ukernel((size_t)seg_m[s] - i < mr ? (size_t)seg_m[s] - i : mr, nrj,
-                                      kc, a_seg[s] + i * lda + koff, lda, panel, cs + i * ldc, ldc,
-                                      kb > 0, last ? &ep : NULL, pf, spread);
-                    }
-                }
-            }
-        }
+            runs[s].a = padded_row(pr, g, x, p.n, seg_y[s] * g->sh - g->pt + ky * g->dh) +
+                        seg_x[s] * g->sw * cin;
+        gemm_run_k_rows(l->kern, runs, (size_t)nseg, (size_t)jmid, (size_t)row1, (size_t)g->k,
+                        (size_t)(ky * run), (size_t)(ky * run + run), lda, l->packed, ldc, &ep);
     }
 }
 

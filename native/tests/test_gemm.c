@@ -324,6 +324,26 @@ static void run_one(const gemm_kernel *const *kernels, size_t j_align, const run
                      "variant=%d", m, j0, j1, n_total, k, step, v);
             count(check_block("run_k", kern->name, params, cbuf, rows_total, row0, ldc, m, j0, j1,
                               ref, tol));
+            /* And by gemm_run_k_rows, the rows cut into runs of 1, 2, 3, ... rows (each with its
+             * own A, C and residual pointers), over the same reduction ranges. */
+            gemm_rows runs[64];
+            size_t n_runs = 0;
+            for (size_t i0 = 0, len = 1; i0 < m && n_runs < 64; i0 += len, len++, n_runs++) {
+                runs[n_runs].c = cbuf + (row0 + i0) * ldc;
+                runs[n_runs].residual = ep && ep->residual ? ep->residual + i0 * ldr : NULL;
+                runs[n_runs].m = m - i0 < len ? m - i0 : len;
+            }
+            for (size_t x = 0; x < rows_total * ldc; x++) cbuf[x] = GUARD;
+            for (size_t k0 = 0; k0 < k; k0 += step) {
+                const size_t k1 = k - k0 < step ? k : k0 + step;
+                for (size_t r = 0, i0 = 0; r < n_runs; i0 += runs[r].m, r++)
+                    runs[r].a = a + i0 * lda + k0;
+                gemm_run_k_rows(kern, runs, n_runs, j0, j1, k, k0, k1, lda, packed, ldc, ep);
+            }
+            snprintf(params, sizeof params, "run_k_rows m=%zu j0=%zu j1=%zu n_total=%zu k=%zu "
+                     "step=%zu runs=%zu variant=%d", m, j0, j1, n_total, k, step, n_runs, v);
+            count(check_block("run_k_rows", kern->name, params, cbuf, rows_total, row0, ldc, m,
+                              j0, j1, ref, tol));
         }
         free(packed);
     }

@@ -121,6 +121,50 @@ static const gemm_epilogue *block_epilogue(const gemm_epilogue *ep, size_t i, si
     return out;
 }
 
+/* K block [kb, kb + kc) of channels [j0, j1) for the row runs (A at reduction offset aoff of
+ * each run's a), panels outer and every run's row blocks inner, so each panel slice is read once
+ * for all of them; ep (NULL unless this is the last K block) with each run's residual rows. The
+ * row blocks of each panel prefetch the slice read next (the next panel, or the first panel of
+ * the next K block): the first four a quarter each, or the first all of it when there are
+ * fewer, so that cold weights stream in while the current slice is being used. */
+static void run_block(const gemm_kernel *kern, const gemm_rows *runs, size_t n_runs, size_t j0,
+                      size_t j1, size_t k, size_t kb, size_t kc, size_t aoff, size_t lda,
+                      const float *packed, size_t ldc, const gemm_epilogue *ep)
+{
+    const size_t mr_max = kern->mr, nr_max = kern->nr;
+    const size_t quarter = kc * nr_max / 4; /* floats of a quarter of the next slice */
+    size_t blocks = 0;
+    for (size_t s = 0; s < n_runs; s++) blocks += (runs[s].m + mr_max - 1) / mr_max;
+    gemm_epilogue run_ep, block_ep;
+    for (size_t j = j0; j < j1; j += nr_max) {
+        const size_t nr = j1 - j < nr_max ? j1 - j : nr_max;
+        const float *panel = packed + j * k + kb * nr_max;
+        const float *next = NULL;
+        if (j + nr_max < j1)
+            next = packed + (j + nr_max) * k + kb * nr_max;
+        else if (kb + kc < k)
+            next = packed + j0 * k + (kb + kc) * nr_max;
+        const int spread = next && blocks >= 4; /* a quarter to each of four blocks */
+        size_t r = 0;
+        for (size_t s = 0; s < n_runs; s++) {
+            const gemm_rows *run = &runs[s];
+            if (ep) {
+                run_ep = *ep;
+                run_ep.residual = run->residual;
+            }
+            for (size_t i = 0; i < run->m; i += mr_max, r++) {
+                const size_t mr = run->m - i < mr_max ? run->m - i : mr_max;
+                kern->ukernel(mr, nr, kc, run->a + i * lda + aoff, lda, panel,
+                              run->c + i * ldc + j, ldc, kb > 0,
+                              ep ? block_epilogue(&run_ep, i, j, &block_ep) : NULL,
+                              spread ? (r < 4 ? next + r * quarter : NULL)
+                                     : (r == 0 ? next : NULL),
+                              spread);
+            }
+        }
+    }
+}
+
 void gemm_run_k(const gemm_kernel *kern, size_t m, size_t j0, size_t j1, size_t k, size_t k0,
                 size_t k1, const float *a, size_t lda, const float *packed, float *c, size_t ldc,
                 const gemm_epilogue *ep)
@@ -148,40 +192,38 @@ void gemm_run_k(const gemm_kernel *kern, size_t m, size_t j0, size_t j1, size_t 
         }
         return;
     }
-    /* Loop order (BLIS): K blocks, then row chunks of BLOCK_M, then panels, then MR row blocks.
-     * Later K blocks accumulate into C; only the last applies the epilogue. k == 0 still runs
-     * once, so C = epilogue(0). The row blocks of each panel prefetch the slice the loop reads
-     * next (the next panel, or the first panel of the next K block): the first four a quarter
-     * each, or the first all of it when there are fewer, so that cold weights stream in while
-     * the current slice is being used. */
+    /* Loop order (BLIS): K blocks, then row chunks of BLOCK_M, then (run_block) panels, then MR
+     * row blocks. Later K blocks accumulate into C; only the last applies the epilogue. k == 0
+     * still runs once, so C = epilogue(0). */
     size_t kb = k0;
     do {
         const size_t kc = k1 - kb < kc_max ? k1 - kb : kc_max;
         const int last = kb + kc == k;
-        const size_t quarter = kc * nr_max / 4; /* floats of a quarter of the next slice */
         for (size_t ib = 0; ib < m; ib += mc_max) {
             const size_t i_end = m - ib < mc_max ? m : ib + mc_max;
-            const size_t blocks = (i_end - ib + mr_max - 1) / mr_max;
-            for (size_t j = j0; j < j1; j += nr_max) {
-                const size_t nr = j1 - j < nr_max ? j1 - j : nr_max;
-                const float *panel = packed + j * k + kb * nr_max;
-                const float *next = NULL;
-                if (j + nr_max < j1)
-                    next = packed + (j + nr_max) * k + kb * nr_max;
-                else if (kb + kc < k)
-                    next = packed + j0 * k + (kb + kc) * nr_max;
-                const int spread = next && blocks >= 4; /* a quarter to each of four blocks */
-                for (size_t i = ib, r = 0; i < i_end; i += mr_max, r++) {
-                    const size_t mr = i_end - i < mr_max ? i_end - i : mr_max;
-                    kern->ukernel(mr, nr, kc, a + i * lda + (kb - k0), lda, panel,
-                                  c + i * ldc + j, ldc, kb > 0,
-                                  last ? block_epilogue(ep, i, j, &block_ep) : NULL,
-                                  spread ? (r < 4 ? next + r * quarter : NULL)
-                                         : (r == 0 ? next : NULL),
-                                  spread);
-                }
-            }
+            const gemm_rows run = {a + ib * lda, c + ib * ldc,
+                                   ep && ep->residual ? ep->residual + ib * ep->ld_residual : NULL,
+                                   i_end - ib};
+            run_block(kern, &run, 1, j0, j1, k, kb, kc, kb - k0, lda, packed, ldc,
+                      last ? ep : NULL);
         }
+        kb += kc;
+    } while (kb < k1);
+}
+
+void gemm_run_k_rows(const gemm_kernel *kern, const gemm_rows *runs, size_t n_runs, size_t j0,
+                     size_t j1, size_t k, size_t k0, size_t k1, size_t lda, const float *packed,
+                     size_t ldc, const gemm_epilogue *ep)
+{
+    const size_t kc_max = gemm_block_k(kern);
+    assert(j0 % kern->nr == 0);
+    assert(k0 <= k1 && k1 <= k && (k0 < k1 || k == 0));
+    if (n_runs == 0 || j1 <= j0) return;
+    size_t kb = k0;
+    do {
+        const size_t kc = k1 - kb < kc_max ? k1 - kb : kc_max;
+        run_block(kern, runs, n_runs, j0, j1, k, kb, kc, kb - k0, lda, packed, ldc,
+                  kb + kc == k ? ep : NULL);
         kb += kc;
     } while (kb < k1);
 }

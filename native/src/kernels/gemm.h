@@ -68,6 +68,24 @@ void gemm_run_k(const gemm_kernel *kern, size_t m, size_t j0, size_t j1, size_t 
                 size_t k1, const float *a, size_t lda, const float *packed, float *c, size_t ldc,
                 const gemm_epilogue *ep);
 
+/* A run of consecutive rows for gemm_run_k_rows: m rows of A from a (at the call's reduction
+ * index k0), of C from c, and of the residual from `residual` (NULL: none), each with the
+ * call's row stride (lda, ldc, ep->ld_residual); c and residual index absolute channels. */
+typedef struct gemm_rows {
+    const float *a;
+    float *c;
+    const float *residual;
+    size_t m;
+} gemm_rows;
+
+/* gemm_run_k for several row runs as one block of rows (a few hundred in all: the A they read
+ * should stay in L2): per K block, each panel slice is read once and used by the row blocks of
+ * every run. Each run's residual stands in for ep->residual. Callers whose rows of A are not
+ * equally spaced (the output rows of a convolution read in place) use it. */
+void gemm_run_k_rows(const gemm_kernel *kern, const gemm_rows *runs, size_t n_runs, size_t j0,
+                     size_t j1, size_t k, size_t k0, size_t k1, size_t lda, const float *packed,
+                     size_t ldc, const gemm_epilogue *ep);
+
 /* Notes for callers (additions to the contract above):
  * - packed must be 64-byte aligned (the SIMD kernels use aligned loads on it); so is then every
  *   panel (packed + p * nr * k) for the SIMD kernels, whose nr is 16 or more. a, c, bias and
