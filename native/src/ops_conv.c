@@ -385,11 +385,8 @@ static void conv_block_padded(const layer *l, const conv_geometry *g, const floa
         seg_x[nseg] = x0;
         seg_m[nseg] = w - x0 < b0 + m - col ? w - x0 : b0 + m - col;
     }
-    /* Every input row the block reads, into its slot (all fit at once: see padded_block_rows). */
-    for (int64_t s = 0; s < nseg; s++)
-        for (int64_t ky = 0; ky < g->kh; ky++)
-            padded_row(pr, g, x, p.n, seg_y[s] * g->sh - g->pt + ky * g->dh);
-
+    /* padded_row copies a row in on first use; the rows of one block all fit the cache at once
+     * (padded_block_rows), so none is evicted while the block still reads it. */
     int64_t jmid = (int64_t)ops_round_up((size_t)row0, l->kern->nr);
     if (jmid > row1) jmid = row1;
     if (row0 < jmid)
