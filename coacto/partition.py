@@ -56,6 +56,10 @@ MIN_TILE_COLUMNS = 48
 #: a 1x1 convolution all wait for every row block of the layer before. MobileNetV2's 7x7 stage
 #: (weights of 0.6 to 1.6 MB, read once per column block) ran 4% faster at 2 threads, and no
 #: slower at 1; ResNet-50's (4 to 9 MB per layer) ran 4% slower, re-reading its weights.
+#: A transformer's whole-row ops (WHOLE_ROWS in the "last" layout: LayerNorm, Softmax) run no
+#: GEMM and get this minimum too: GPT-2's LayerNorms over 64 tokens ran as one tile, which the
+#: other thread waited for at every one of them (two tiles: GPT-2 0.974x at 2 threads, 0.996x at
+#: 1; BERT-base's 128 tokens in four tiles instead of two, 0.991x; 16-token tiles no better).
 MIN_TILE_COLUMNS_SMALL_WEIGHTS = 24
 SMALL_WEIGHT_BYTES = 2 << 20
 #: Fewest columns per column block of a convolution that reads its input in place (see
@@ -235,7 +239,8 @@ def choose_splits(graph: ir.Graph, li: int, tiles_per_layer: int | None,
     OFFLOAD_MIN_COLUMN_BLOCKS). Columns are split first,
     into blocks of at least MIN_TILE_COLUMNS columns (a GEMM over fewer rows wastes most of the
     micro-kernel, and every column block re-reads the layer's weights; MIN_TILE_COLUMNS_SMALL_-
-    WEIGHTS for layers whose weights are small, MIN_TILE_COLUMNS_LARGE_WEIGHTS for convolutions
+    WEIGHTS for layers whose weights are small and for a sequence's whole-row ops,
+    MIN_TILE_COLUMNS_LARGE_WEIGHTS for convolutions
     read in place whose weights are large, see there); when that gives fewer
     than T blocks — a layer with too few columns — rows are split to make up the rest, at
     multiples of CONV_ROW_ALIGN for convolutions (and, by default, in blocks of at least
@@ -263,6 +268,8 @@ def choose_splits(graph: ir.Graph, li: int, tiles_per_layer: int | None,
     weight_bytes = sum(int(w.nbytes) for w in layer.weights.values())
     if tiles_per_layer is None and layer.layout != ir.LAYOUT_LAST and \
             weight_bytes <= SMALL_WEIGHT_BYTES:
+        min_cols = MIN_TILE_COLUMNS_SMALL_WEIGHTS
+    if tiles_per_layer is None and layer.layout == ir.LAYOUT_LAST and layer.op in WHOLE_ROWS:
         min_cols = MIN_TILE_COLUMNS_SMALL_WEIGHTS
     if tiles_per_layer is None and weight_bytes > LARGE_WEIGHT_BYTES and \
             _reads_in_place(graph, layer):

@@ -36,7 +36,7 @@ from .partition import TilePlan
 MAGIC = b"COACTOTG"
 FORMAT_VERSION = 2
 #: Bumped whenever partitioning changes the tiles it derives for the same parameters.
-PARTITIONER_VERSION = 4
+PARTITIONER_VERSION = 5
 _ALIGN = 64
 _PREFIX = struct.Struct("<8sIIQ")
 

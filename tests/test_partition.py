@@ -269,6 +269,30 @@ def test_linear_layers_of_a_sequence_get_equal_even_tiles():
     assert _balanced_parts(8, 1) == 1
 
 
+def test_layer_norm_over_a_short_sequence_is_shared():
+    """A LayerNorm over GPT-2's 64 tokens gets two token tiles (MIN_TILE_COLUMNS_SMALL_WEIGHTS),
+    not one that the other thread would wait for; BERT's 128 tokens get four. A LayerNorm is never
+    split by rows (it reads the whole row of a token), and its tiles depend on exactly the tokens
+    they normalise."""
+    from coacto.partition import choose_splits
+
+    def norm(tokens, d):
+        layers = [ir.Layer("x", "INPUT", [], (1, d, 1, tokens), layout=ir.LAYOUT_LAST),
+                  ir.Layer("ln", "LAYERNORM", [0], (1, d, 1, tokens), {"eps": 1e-5},
+                           weights={"scale": np.ones(d, np.float32),
+                                    "shift": np.zeros(d, np.float32)},
+                           layout=ir.LAYOUT_LAST)]
+        return ir.Graph(layers, {"x": 0}, {"y": 1})
+
+    cols, rows = choose_splits(norm(64, 768), 1, None)
+    assert list(cols) == [0, 32, 64] and list(rows) == [0, 768]
+    cols, rows = choose_splits(norm(128, 768), 1, None)
+    assert len(cols) == 5 and len(rows) == 2
+    assert len(choose_splits(norm(20, 768), 1, None)[0]) == 2  # too few tokens for two tiles
+    small = norm(50, 16)
+    check_plan(small, partition(small))
+
+
 def test_small_weight_layers_on_small_maps_split_by_columns():
     """A 1x1 convolution on a 7x7 map (49 columns) gets two column blocks when its weights are
     small (MobileNetV2's 160 -> 960), so a chain of them runs as two independent halves; with
