@@ -20,11 +20,26 @@
  * were last read one inference ago), so blocks are as large as the im2col slice that must stay in
  * L2 allows, and im2col is built slice by slice right before the GEMM that consumes it, so it is
  * still in cache when read. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "ops_internal.h"
 
-enum { CONV_IM2COL = 0, CONV_POINTWISE = 1, CONV_FC = 2, CONV_DEPTHWISE = 3 };
+enum { CONV_IM2COL = 0, CONV_POINTWISE = 1, CONV_FC = 2, CONV_DEPTHWISE = 3, CONV_WINOGRAD = 4 };
+
+/* 3x3 convolutions with stride 1, dilation 1, one group and one pixel of padding on every side
+ * run as Winograd F(2x2, 3x3) (ops_winograd.c), 16 multiply-adds for every 36 of the direct
+ * convolution, when they have WINOGRAD_MIN_CIN input channels or more (the transforms are per
+ * channel), at most WINOGRAD_MAX_WEIGHTS weights per tap, and output maps of at least
+ * WINOGRAD_MIN_POSITIONS positions: each block of 2x2 tiles reads the 16 transformed weight
+ * matrices (16/9 of the weights), so a small map leaves too little work per read. One thread,
+ * each layer against onnxruntime: VGG-16's 224 x 224 x 64 layer 0.80 (was 1.07), 112 x 112 x 128
+ * 0.72, 56 x 56 x 256 0.78, 28 x 28 x 512 0.87; ResNet-50's 7 x 7 x 512 1.14 (direct: 0.88) and
+ * its 14 x 14 x 256 layers no faster in the model. COACTO_WINOGRAD=0 in the environment turns it
+ * off (the direct paths then compute every convolution). */
+#define WINOGRAD_MIN_CIN 16
+#define WINOGRAD_MAX_WEIGHTS (512 * 512)
+#define WINOGRAD_MIN_POSITIONS (28 * 28)
 
 /* Output positions per block: the weights stream once per block, and the im2col slice of a
  * block (CONV_BLOCK_ROWS x gemm_block_k floats, 256 KiB) stays in L2 while every panel of the
@@ -106,6 +121,15 @@ static size_t padded_rows_floats(const layer *l, const conv_geometry *g, int64_t
     return rows ? (size_t)(padded_slots(g, rows) + 1) * padded_row_floats(g) : 0;
 }
 
+static int winograd_fits(const layer *l, const conv_geometry *g) {
+    const char *env = getenv("COACTO_WINOGRAD");
+    if (env && strcmp(env, "0") == 0) return 0;
+    return g->group == 1 && g->kh == 3 && g->kw == 3 && g->sh == 1 && g->sw == 1 && g->dh == 1 &&
+           g->dw == 1 && g->pt == 1 && g->pl == 1 && g->pb == 1 && g->pr == 1 &&
+           g->cin >= WINOGRAD_MIN_CIN && g->cin * l->c <= WINOGRAD_MAX_WEIGHTS &&
+           (int64_t)l->h * l->w >= WINOGRAD_MIN_POSITIONS;
+}
+
 coacto_status conv_prepare(layer *l, char *err, size_t err_size) {
     conv_geometry g = geometry(l);
     OPS_REQUIRE(g.kh >= 1 && g.kw >= 1, "kernel %lldx%lld must be positive", (long long)g.kh,
@@ -155,6 +179,17 @@ coacto_status conv_prepare(layer *l, char *err, size_t err_size) {
 
     const gemm_kernel *kern = l->kern ? l->kern : gemm_select();
     l->kern = kern;
+    if (winograd_fits(l, &g)) {
+        l->variant = CONV_WINOGRAD;
+        l->scratch_fixed = winograd_scratch_floats(kern, g.cin, l->c);
+        l->packed_group_stride = winograd_packed_stride(kern, g.cin, l->c);
+        l->packed = ops_alloc_floats(16 * l->packed_group_stride);
+        if (!l->packed) return COACTO_ERR_OUT_OF_MEMORY;
+        coacto_status ws = winograd_pack(kern, w, g.cin, l->c, l->packed);
+        if (ws != COACTO_OK) return ws;
+        l->arrays_consumed = 1u << 0;
+        return COACTO_OK;
+    }
     if (g.kh == 1 && g.kw == 1 && g.sh == 1 && g.sw == 1 && g.pt + g.pl + g.pb + g.pr == 0)
         l->variant = CONV_POINTWISE;
     else if (g.group == 1 && g.kh == g.hin && g.kw == g.win && g.pt + g.pl + g.pb + g.pr == 0)
@@ -682,8 +717,19 @@ OPS_CLONES static void conv_execute_depthwise(const layer *l, const float *const
 
 void conv_execute(const layer *l, const float *const *in, float *out, int32_t col0, int32_t col1,
                   int32_t row0, int32_t row1, float *scratch) {
-    if (l->variant == CONV_DEPTHWISE)
+    if (l->variant == CONV_DEPTHWISE) {
         conv_execute_depthwise(l, in, out, col0, col1, row0, row1);
-    else
+    } else if (l->variant == CONV_WINOGRAD) {
+        const int32_t act = l->iparams[11];
+        float lo, hi;
+        ops_act_bounds(act, l->fparams[0], l->fparams[1], &lo, &hi);
+        winograd_execute(l, l->packed, in[0], l->n_inputs > 1 ? in[1] : NULL, out, col0, col1,
+                         row0, row1, lo, hi, scratch);
+        if (!ops_act_is_clamp(act))
+            for (int64_t col = col0; col < col1; col++)
+                ops_act_apply(out + col * l->c + row0, (size_t)(row1 - row0), act, l->fparams[0],
+                              l->fparams[1]);
+    } else {
         conv_execute_gemm(l, in, out, col0, col1, row0, row1, scratch);
+    }
 }

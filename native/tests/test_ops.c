@@ -148,6 +148,27 @@ static void conv_cases(void) {
     /* Every GEMM kernel this CPU has: each has its own panel width, so its own misaligned rows. */
     for (const gemm_kernel *const *k = gemm_available(); *k; k++)
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) test_conv(&cases[i], *k);
+
+    /* 3x3, stride 1, one pixel of padding, maps of 28 x 28 positions or more: Winograd F(2x2,
+     * 3x3) (ops_winograd.c), then with COACTO_WINOGRAD=0 the direct path. Odd heights and widths
+     * (tiles half outside the map), batches, input channels off the vector width, one-row-pair
+     * and one-column maps, several blocks of tiles; the tilings cut Winograd tiles between layer
+     * tiles and channels off panel boundaries. */
+    static const conv_case winograd[] = {
+        {"winograd odd map residual relu", 1, 24, 29, 31, 40, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0},
+        {"winograd batch 2 odd channels hardswish", 2, 19, 20, 40, 33, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 6, 1, 1, 0, 0},
+        {"winograd clip no bias", 1, 16, 28, 30, 70, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 0, 0, -0.5f, 0.7f},
+        {"winograd two rows", 1, 16, 2, 400, 8, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 0, 0},
+        {"winograd one column", 1, 16, 801, 1, 5, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 1, 0, 0},
+        {"winograd several blocks", 1, 64, 33, 32, 96, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 1, 0, 0},
+    };
+    for (int direct = 0; direct < 2; direct++) {
+        if (direct) setenv("COACTO_WINOGRAD", "0", 1);
+        for (const gemm_kernel *const *k = gemm_available(); *k; k++)
+            for (size_t i = 0; i < sizeof winograd / sizeof winograd[0]; i++)
+                test_conv(&winograd[i], *k);
+    }
+    unsetenv("COACTO_WINOGRAD");
 }
 
 /* ---- POOL / GLOBAL_POOL ---------------------------------------------------------------------- */
