@@ -104,7 +104,7 @@ typedef struct wino_tile {
  * planes (one per xi) plane floats apart. d[r][c] is the input at patch row r, column c, or zero
  * outside the input and where no owned output reads it. */
 OPS_CLONES static void winograd_input(const layer *l, const float *x, const wino_tile *tiles,
-                               int64_t count, const float *zero, float *v, size_t plane) {
+                                      int64_t count, const float *zero, float *v, size_t plane) {
     const int64_t hin = l->in_h[0], win = l->in_w[0], cin = l->in_c[0];
     for (int64_t t = 0; t < count; t++) {
         const wino_tile *wt = &tiles[t];
@@ -174,9 +174,9 @@ typedef int32_t wino_i32x8 __attribute__((vector_size(32)));
  * floats a row, planes plane floats apart), plus bias and residual, clamped; stored where the
  * layer tile owns the output. */
 OPS_CLONES static void winograd_output(const layer *l, const wino_tile *tiles, int64_t count,
-                                const float *m, size_t plane, size_t ldm, int64_t j0,
-                                int64_t row0, int64_t row1, const float *res, float *out,
-                                float lo, float hi) {
+                                       const float *m, size_t plane, size_t ldm, int64_t j0,
+                                       int64_t row0, int64_t row1, const float *res, float *out,
+                                       float lo, float hi) {
     const int64_t h = l->h, w = l->w, c = l->c;
     const float *bias = l->arrays[1];
     const ops_f32x8 lov = {lo, lo, lo, lo, lo, lo, lo, lo}, hiv = {hi, hi, hi, hi, hi, hi, hi, hi};
@@ -194,9 +194,10 @@ OPS_CLONES static void winograd_output(const layer *l, const wino_tile *tiles, i
 #define WINO_OUT(LOAD)                                                                         \
     {                                                                                          \
         for (int cc = 0; cc < 4; cc++) { /* A^T M, column cc */                              \
-            const TYPE m0 = LOAD(mt + (size_t)cc * plane), m1 = LOAD(mt + (size_t)(4 + cc) * plane), \
-                       m2 = LOAD(mt + (size_t)(8 + cc) * plane),                              \
-                       m3 = LOAD(mt + (size_t)(12 + cc) * plane);                              \
+            const TYPE m0 = LOAD(mt + (size_t)cc * plane);                                   \
+            const TYPE m1 = LOAD(mt + (size_t)(4 + cc) * plane);                             \
+            const TYPE m2 = LOAD(mt + (size_t)(8 + cc) * plane);                             \
+            const TYPE m3 = LOAD(mt + (size_t)(12 + cc) * plane);                            \
             s[0][cc] = m0 + m1 + m2;                                                           \
             s[1][cc] = m1 - m2 - m3;                                                           \
         }                                                                                      \
