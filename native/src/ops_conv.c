@@ -723,8 +723,8 @@ void conv_execute(const layer *l, const float *const *in, float *out, int32_t co
         const int32_t act = l->iparams[11];
         float lo, hi;
         ops_act_bounds(act, l->fparams[0], l->fparams[1], &lo, &hi);
-        winograd_execute(l, l->packed, in[0], l->n_inputs > 1 ? in[1] : NULL, out, col0, col1,
-                         row0, row1, lo, hi, scratch);
+        winograd_execute(l, in[0], l->n_inputs > 1 ? in[1] : NULL, out, col0, col1, row0, row1,
+                         lo, hi, scratch);
         if (!ops_act_is_clamp(act))
             for (int64_t col = col0; col < col1; col++)
                 ops_act_apply(out + col * l->c + row0, (size_t)(row1 - row0), act, l->fparams[0],

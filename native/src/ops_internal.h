@@ -132,18 +132,18 @@ coacto_status conv_prepare(layer *l, char *err, size_t err_size);
 void conv_execute(const layer *l, const float *const *in, float *out, int32_t col0, int32_t col1,
                   int32_t row0, int32_t row1, float *scratch);
 /* ops_winograd.c: F(2x2, 3x3) convolution tiles (stride 1, dilation 1, one pixel of padding).
- * packed: 16 packed matrices (one per transform element, cin x cout each) winograd_packed_stride
- * floats apart, filled by winograd_pack from weights laid out [ky][kx][ci][co]; scratch: at least
- * winograd_scratch_floats. winograd_execute computes columns [col0, col1) x channels [row0, row1)
- * with bias and residual, clamped to [lo, hi] (other activations are the caller's). */
+ * l->packed: 16 packed matrices (one per transform element, cin x cout each),
+ * l->packed_group_stride = winograd_packed_stride floats apart, filled by winograd_pack from
+ * weights laid out [ky][kx][ci][co]; scratch: at least winograd_scratch_floats.
+ * winograd_execute computes columns [col0, col1) x channels [row0, row1) with bias and residual,
+ * clamped to [lo, hi] (other activations are the caller's). */
 size_t winograd_packed_stride(const gemm_kernel *kern, int64_t cin, int64_t cout);
-int64_t winograd_block_tiles(const gemm_kernel *kern, int64_t cin, int64_t cout);
 size_t winograd_scratch_floats(const gemm_kernel *kern, int64_t cin, int64_t cout);
 coacto_status winograd_pack(const gemm_kernel *kern, const float *w, int64_t cin, int64_t cout,
                             float *packed);
-void winograd_execute(const layer *l, const float *packed, const float *x, const float *res,
-                      float *out, int64_t col0, int64_t col1, int64_t row0, int64_t row1, float lo,
-                      float hi, float *scratch);
+void winograd_execute(const layer *l, const float *x, const float *res, float *out, int64_t col0,
+                      int64_t col1, int64_t row0, int64_t row1, float lo, float hi,
+                      float *scratch);
 
 coacto_status pool_prepare(layer *l, char *err, size_t err_size);
 void pool_execute(const layer *l, const float *const *in, float *out, int32_t col0, int32_t col1,

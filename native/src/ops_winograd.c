@@ -36,7 +36,7 @@ size_t winograd_packed_stride(const gemm_kernel *kern, int64_t cin, int64_t cout
     return ops_round_up(gemm_packed_size(kern, (size_t)cin, (size_t)cout), 16);
 }
 
-int64_t winograd_block_tiles(const gemm_kernel *kern, int64_t cin, int64_t cout) {
+static int64_t winograd_block_tiles(const gemm_kernel *kern, int64_t cin, int64_t cout) {
     const int64_t mr = (int64_t)kern->mr;
     int64_t t = (int64_t)(WINO_BLOCK_BYTES / (16 * sizeof(float) * (size_t)(cin + cout)));
     if (t > WINO_BLOCK_MAX) t = WINO_BLOCK_MAX;
@@ -241,9 +241,9 @@ OPS_CLONES static void winograd_output(const layer *l, const wino_tile *tiles, i
 
 /* Scratch of one layer tile: the row of zeros, V and M (see winograd_scratch_floats). */
 typedef struct wino_block {
-    const float *packed, *x, *res, *zero;
+    const float *x, *res, *zero;
     float *v, *m, *out;
-    size_t vplane, mplane, ldm, pstride;
+    size_t vplane, mplane, ldm;
     int64_t j0, row0, row1;
     float lo, hi;
 } wino_block;
@@ -256,7 +256,8 @@ static void winograd_block(const layer *l, const wino_block *b, const wino_tile 
     winograd_input(l, b->x, tiles, count, b->zero, b->v, b->vplane);
     for (size_t xi = 0; xi < 16; xi++)
         gemm_run(l->kern, (size_t)count, 0, b->ldm, cin, b->v + xi * b->vplane, cin,
-                 b->packed + xi * b->pstride + (size_t)b->j0 * cin, b->m + xi * b->mplane, b->ldm,
+                 l->packed + xi * l->packed_group_stride + (size_t)b->j0 * cin,
+                 b->m + xi * b->mplane, b->ldm,
                  NULL);
     winograd_output(l, tiles, count, b->m, b->mplane, b->ldm, b->j0, b->row0, b->row1, b->res,
                     b->out, b->lo, b->hi);
@@ -264,19 +265,18 @@ static void winograd_block(const layer *l, const wino_block *b, const wino_tile 
 
 /* Columns [col0, col1) x channels [row0, row1): the Winograd tiles that own any of the columns,
  * in blocks of winograd_block_tiles. */
-void winograd_execute(const layer *l, const float *packed, const float *x, const float *res,
-                      float *out, int64_t col0, int64_t col1, int64_t row0, int64_t row1, float lo,
-                      float hi, float *scratch) {
+void winograd_execute(const layer *l, const float *x, const float *res, float *out, int64_t col0,
+                      int64_t col1, int64_t row0, int64_t row1, float lo, float hi,
+                      float *scratch) {
     const gemm_kernel *kern = l->kern;
     const int64_t h = l->h, w = l->w, cin = l->in_c[0], c = l->c, tw = (w + 1) / 2;
     const int64_t block = winograd_block_tiles(kern, cin, c);
-    wino_block b = {.packed = packed, .x = x, .res = res, .out = out, .row0 = row0,
+    wino_block b = {.x = x, .res = res, .out = out, .row0 = row0,
                     .row1 = row1, .lo = lo, .hi = hi};
     b.j0 = row0 / (int64_t)kern->nr * (int64_t)kern->nr;
     b.ldm = (size_t)(row1 - b.j0);
     b.vplane = (size_t)(block * cin);
     b.mplane = (size_t)block * b.ldm;
-    b.pstride = winograd_packed_stride(kern, cin, c);
     float *zero = scratch;
     b.zero = zero;
     b.v = zero + ops_round_up((size_t)cin, 16);
