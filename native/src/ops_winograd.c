@@ -257,8 +257,7 @@ static void winograd_block(const layer *l, const wino_block *b, const wino_tile 
     for (size_t xi = 0; xi < 16; xi++)
         gemm_run(l->kern, (size_t)count, 0, b->ldm, cin, b->v + xi * b->vplane, cin,
                  l->packed + xi * l->packed_group_stride + (size_t)b->j0 * cin,
-                 b->m + xi * b->mplane, b->ldm,
-                 NULL);
+                 b->m + xi * b->mplane, b->ldm, NULL);
     winograd_output(l, tiles, count, b->m, b->mplane, b->ldm, b->j0, b->row0, b->row1, b->res,
                     b->out, b->lo, b->hi);
 }
