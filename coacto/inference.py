@@ -127,6 +127,31 @@ class NativeInference:
         p.server_flops, p.alpha = float(server_flops), max(1.0, float(alpha))
         check(lib.coacto_inference_set_offload_params(self.handle, p), "setting offload parameters")
 
+    def enable_trace(self) -> None:
+        """Record every tile computed here (start, end, worker) and every send decision with its
+        two completion times; before the first input is set."""
+        check(lib.coacto_inference_enable_trace(self.handle), "enabling the inference's trace")
+
+    def tile_trace(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(start, end, worker) per tile, seconds on ``now()``'s clock; worker -1: not computed here."""
+        n = self.tg.n_tiles
+        t0, t1 = np.zeros(n), np.zeros(n)
+        worker = np.full(n, -1, dtype=np.int32)
+        check(lib.coacto_inference_tile_trace(self.handle, ffi.from_buffer("double[]", t0),
+                                              ffi.from_buffer("double[]", t1),
+                                              ffi.from_buffer("int32_t[]", worker), n),
+              "reading the inference's trace (enable_trace first)")
+        return t0, t1, worker
+
+    def decisions(self) -> list[dict]:
+        """The send decisions in the order made: tile, sent, time and both completion times."""
+        n = self.tg.n_tiles
+        buf = ffi.new("coacto_decision[]", max(n, 1))
+        k = lib.coacto_inference_decisions(self.handle, buf, n)
+        return [{"tile": buf[i].tile, "sent": bool(buf[i].sent), "time": buf[i].time,
+                 "ect_offloaded": buf[i].ect_offloaded, "ect_server": buf[i].ect_server}
+                for i in range(k)]
+
     def compute_all(self) -> None:
         """Fallback: compute every remaining tile here."""
         check(lib.coacto_inference_compute_all(self.handle), "falling back to local computation")

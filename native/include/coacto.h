@@ -219,6 +219,13 @@ typedef struct coacto_report {
 } coacto_report;
 
 double coacto_now_seconds(void);
+/* The send rule above, the one implementation the runtime and the simulator (coacto.sim) both
+ * call: 1 when sending a tile of tile_bytes, with queued_bytes ahead of it on the link at time
+ * now, gets it to the server sooner than the server computing it (work: FLOPs from the inputs),
+ * else 0 (also when the estimates cannot decide: bandwidth or server_flops not positive). The two
+ * completion times are written where the pointers are not NULL (+inf when undecidable). */
+int32_t coacto_send_rule(const coacto_offload_params *params, double now, double queued_bytes,
+                         double tile_bytes, double work, double *ect_offloaded, double *ect_server);
 /* Per-tile plan, before the first input is set. Arrays of n_tiles bytes; NULL keeps the default
  * (local: every tile; send: never; report: none). tag identifies the inference in reports. */
 coacto_status coacto_inference_set_plan(coacto_inference *inf, const uint8_t *local,
@@ -242,6 +249,22 @@ coacto_status coacto_inference_get_tile(coacto_inference *inf, int32_t tile, flo
 /* A batch of get_tile, data concatenated in ids order (checked before anything is copied). */
 coacto_status coacto_inference_get_tiles(coacto_inference *inf, const int32_t *ids, int32_t n,
                                          float *out, int64_t n_floats);
+/* Per-inference trace, enabled before the first input is set: every tile this runtime computes
+ * for the inference records its start, end (coacto_now_seconds) and worker index (-1: not
+ * computed here), and every SEND_DECIDE decision is logged with both completion times. */
+typedef struct coacto_decision {
+    int32_t tile;
+    int32_t sent;            /* 1: queued for sending */
+    double time;             /* when decided */
+    double ect_offloaded;
+    double ect_server;
+} coacto_decision;
+coacto_status coacto_inference_enable_trace(coacto_inference *inf);
+/* Each array holds n_tiles (the graph's tile count). COACTO_ERR_STATE without enable_trace. */
+coacto_status coacto_inference_tile_trace(const coacto_inference *inf, double *t0, double *t1,
+                                          int32_t *worker, int32_t n_tiles);
+/* Copies up to max logged decisions in the order they were made; returns how many. */
+int32_t coacto_inference_decisions(const coacto_inference *inf, coacto_decision *out, int32_t max);
 int32_t coacto_runtime_report_fd(coacto_runtime *rt);
 /* Takes up to max pending reports (non-blocking); returns how many. */
 int32_t coacto_runtime_take_reports(coacto_runtime *rt, coacto_report *out, int32_t max);

@@ -3,6 +3,7 @@
  * decision, the copy into the send queue and the announcement cost well under 5 us per tile. */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
@@ -147,24 +148,42 @@ coacto_status coacto_inference_compute_all(coacto_inference *inf) {
 
 /* ---------------------------------------------------------------- send decision and queue */
 
+int32_t coacto_send_rule(const coacto_offload_params *p, double now, double queued_bytes,
+                         double tile_bytes, double work, double *ect_offloaded, double *ect_server) {
+    double off = INFINITY, srv = INFINITY;
+    int32_t send = 0;
+    if (p && p->bandwidth > 0 && p->server_flops > 0 && work >= 0) {
+        off = now + (queued_bytes + tile_bytes) / p->bandwidth + 0.5 * p->rtt;
+        /* The input goes first on the same link: no tile reaches the server before it, whatever
+         * the engine still holds beyond this queue. */
+        double after_inputs = p->inputs_at_server + tile_bytes / p->bandwidth;
+        if (after_inputs > off) off = after_inputs;
+        srv = p->inputs_at_server + p->alpha * work / p->server_flops;
+        send = off < srv;
+    }
+    if (ect_offloaded) *ect_offloaded = off;
+    if (ect_server) *ect_server = srv;
+    return send;
+}
+
 static int send_decided(coacto_inference *inf, int32_t tile, int64_t bytes) {
     int mode = inf->plan_send[tile];
     if (mode == COACTO_SEND_ALWAYS) return 1;
     if (mode != COACTO_SEND_DECIDE) return 0;
     const double *work = __atomic_load_n(&inf->g->work, __ATOMIC_ACQUIRE);
+    if (!work) return 0;
     pthread_mutex_lock(&inf->params_mu);
     coacto_offload_params p = inf->params;
     pthread_mutex_unlock(&inf->params_mu);
-    if (!(p.bandwidth > 0) || !(p.server_flops > 0) || !work) return 0;
     double now = coacto_now_seconds();
     double queued = (double)atomic_load_explicit(&inf->send_bytes, memory_order_relaxed);
-    double ect_offloaded = now + (queued + (double)bytes) / p.bandwidth + 0.5 * p.rtt;
-    /* The input goes first on the same link: no tile reaches the server before it, whatever
-     * the engine still holds beyond this queue. */
-    double after_inputs = p.inputs_at_server + (double)bytes / p.bandwidth;
-    if (after_inputs > ect_offloaded) ect_offloaded = after_inputs;
-    double ect_server = p.inputs_at_server + p.alpha * work[tile] / p.server_flops;
-    return ect_offloaded < ect_server;
+    double off, srv;
+    int send = coacto_send_rule(&p, now, queued, (double)bytes, work[tile], &off, &srv);
+    if (inf->decisions) {
+        int i = atomic_fetch_add_explicit(&inf->n_decisions, 1, memory_order_relaxed);
+        if (i < inf->g->n_tiles) inf->decisions[i] = (coacto_decision){tile, send, now, off, srv};
+    }
+    return send;
 }
 
 void offload_on_local_completion(coacto_inference *inf, int32_t tile, const float *layer_buf) {
@@ -231,6 +250,10 @@ void offload_release(coacto_inference *inf) {
     free(inf->plan_local);
     free(inf->plan_send);
     free(inf->plan_report);
+    free(inf->trace_t0);
+    free(inf->trace_t1);
+    free(inf->trace_worker);
+    free(inf->decisions);
     pthread_mutex_destroy(&inf->params_mu);
     pthread_mutex_destroy(&inf->send_mu);
 }
@@ -247,4 +270,49 @@ coacto_status coacto_inference_get_tile(coacto_inference *inf, int32_t tile, flo
     if (!buf) return COACTO_ERR_STATE;
     tile_copy_out(g, tile, buf, out);
     return COACTO_OK;
+}
+
+/* ---------------------------------------------------------------- per-inference trace */
+
+coacto_status coacto_inference_enable_trace(coacto_inference *inf) {
+    if (!inf) return COACTO_ERR_INVALID_ARGUMENT;
+    if (atomic_load(&inf->started)) return COACTO_ERR_STATE;
+    if (inf->trace_t0) return COACTO_OK;
+    size_t n = (size_t)inf->g->n_tiles;
+    double *t0 = malloc(sizeof(double) * n), *t1 = malloc(sizeof(double) * n);
+    int32_t *w = malloc(sizeof(int32_t) * n);
+    coacto_decision *d = malloc(sizeof(coacto_decision) * n);
+    if (!t0 || !t1 || !w || !d) {
+        free(t0), free(t1), free(w), free(d);
+        return COACTO_ERR_OUT_OF_MEMORY;
+    }
+    for (size_t t = 0; t < n; t++) {
+        t0[t] = t1[t] = 0.0;
+        w[t] = -1;
+    }
+    inf->trace_t0 = t0, inf->trace_t1 = t1, inf->trace_worker = w, inf->decisions = d;
+    atomic_store(&inf->n_decisions, 0);
+    return COACTO_OK;
+}
+
+coacto_status coacto_inference_tile_trace(const coacto_inference *inf, double *t0, double *t1,
+                                          int32_t *worker, int32_t n_tiles) {
+    if (!inf || !t0 || !t1 || !worker || n_tiles != inf->g->n_tiles)
+        return COACTO_ERR_INVALID_ARGUMENT;
+    if (!inf->trace_t0) return COACTO_ERR_STATE;
+    memcpy(t0, inf->trace_t0, sizeof(double) * (size_t)n_tiles);
+    memcpy(t1, inf->trace_t1, sizeof(double) * (size_t)n_tiles);
+    memcpy(worker, inf->trace_worker, sizeof(int32_t) * (size_t)n_tiles);
+    return COACTO_OK;
+}
+
+int32_t coacto_inference_decisions(const coacto_inference *inf, coacto_decision *out, int32_t max) {
+    if (!inf || !out || max <= 0 || !inf->decisions) return 0;
+    int32_t n = atomic_load(&inf->n_decisions);
+    if (n > inf->g->n_tiles) n = inf->g->n_tiles;
+    if (n > max) n = max;
+    /* A slot is claimed before it is written: entries copied while the inference still runs
+     * may be the newest few unwritten; read after it ends for an exact log. */
+    memcpy(out, inf->decisions, sizeof(coacto_decision) * (size_t)n);
+    return n;
 }

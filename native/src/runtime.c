@@ -301,7 +301,14 @@ static void run_chain(worker *w, coacto_inference *inf, int32_t tile) {
         if (!atomic_compare_exchange_strong(&inf->state[tile], &expected, COACTO_TILE_RUNNING))
             break; /* completed from outside meanwhile */
         coacto_status st;
-        if (atomic_load_explicit(&inf->g->profiling, memory_order_relaxed)) {
+        if (inf->trace_t0) {
+            double t0 = coacto_now_seconds();
+            st = execute_tile(w, inf, tile);
+            double t1 = coacto_now_seconds();
+            inf->trace_t0[tile] = t0;
+            inf->trace_t1[tile] = t1;
+            inf->trace_worker[tile] = w->index;
+        } else if (atomic_load_explicit(&inf->g->profiling, memory_order_relaxed)) {
             double t0 = coacto_now_seconds();
             st = execute_tile(w, inf, tile);
             double t1 = coacto_now_seconds();

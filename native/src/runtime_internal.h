@@ -149,6 +149,12 @@ struct coacto_inference {
     send_fifo sendq[POOL_DEPTH_BUCKETS];
     atomic_long send_bytes;          /* bytes queued */
     atomic_long tiles_sent, bytes_sent, tiles_parked;
+    /* Trace (coacto_inference_enable_trace; NULL when off): per tile start, end, worker, and
+     * the send decisions in the order made (each tile is decided at most once). */
+    double *trace_t0, *trace_t1;
+    int32_t *trace_worker;
+    coacto_decision *decisions;
+    atomic_int n_decisions;
 };
 
 /* runtime.c */
