@@ -1,0 +1,126 @@
+"""The device side of an experiment: one process that plays the edge device for one model.
+
+The experiment scripts start it inside the testbed's device namespace and CPU quota
+(`Testbed.device_cmd`), so that compiling the model and its first packing happen once per model
+instead of once per setting. It reads one JSON command per line on stdin and answers each with
+one JSON line on stdout:
+
+    {"cmd": "calibrate"}                                   -> {"device_flops": F}
+    {"cmd": "run", "policy": "dynamic", "repeat": 3,
+     "warmup": 1, "bandwidth": "20mbit" | null,
+     "trace": "/path/t.json" | null}                       -> {"latencies_s": [...], "stats": [...],
+                                                               "max_rel_error": E, ...}
+    {"cmd": "client", "bandwidth": "20mbit" | null}        -> a fresh Client (new estimates, new
+                                                               connection) for what follows
+
+A Client is kept between runs of the same bandwidth argument: its estimates carry over from one
+policy to the next as they would on a device that runs several inferences. Every output is
+compared with onnxruntime's (computed by the experiment beforehand and passed as an .npz).
+
+    python experiments/device_driver.py --server tcp://10.203.0.1:5555 --model m.onnx \
+        --inputs in.npz --reference ref.npz --threads 1
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+
+import numpy as np
+
+
+def rel_error(got: dict, ref) -> float:
+    worst = 0.0
+    for name in ref.files:
+        r = ref[name]
+        g = np.asarray(got[name], dtype=np.float64)
+        scale = max(float(np.abs(r).max()), 1e-12)
+        worst = max(worst, float(np.abs(g - r).max()) / scale)
+    return worst
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--server", required=True)
+    ap.add_argument("--model", required=True, help="ONNX file (the server holds the same one)")
+    ap.add_argument("--inputs", required=True, help=".npz of the model's inputs")
+    ap.add_argument("--reference", required=True, help=".npz of onnxruntime's outputs")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--tiles", type=int, default=None, help="tiles per layer (default: coacto's)")
+    ap.add_argument("--timeout", type=float, default=5.0)
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+
+    import coacto
+    from coacto.mobile.client import resolve_model
+
+    feeds = dict(np.load(args.inputs))
+    ref = np.load(args.reference)
+    tg, model_bytes = resolve_model(args.model, tiles_per_layer=args.tiles)
+    client = None
+    client_bw = "unset"
+    device_flops = None
+
+    def make_client(bandwidth):
+        nonlocal client, client_bw
+        if client is not None:
+            client.close()
+        client = coacto.Client(args.server, tg, threads=args.threads, bandwidth=bandwidth,
+                               timeout=args.timeout, model_bytes=model_bytes,
+                               device_flops=device_flops)
+        client.connect(timeout=30)
+        client_bw = bandwidth
+
+    for line in sys.stdin:
+        line = line.strip()
+        if not line:
+            continue
+        cmd = json.loads(line)
+        try:
+            if cmd["cmd"] == "calibrate":
+                if client is None:
+                    make_client(cmd.get("bandwidth"))
+                device_flops = client.calibrate()
+                reply = {"device_flops": device_flops}
+            elif cmd["cmd"] == "client":
+                make_client(cmd.get("bandwidth"))
+                reply = {"ok": True}
+            elif cmd["cmd"] == "run":
+                bw = cmd.get("bandwidth")
+                if client is None or bw != client_bw:
+                    make_client(bw)
+                lat, stats, err = [], [], 0.0
+                for i in range(cmd.get("warmup", 0) + cmd["repeat"]):
+                    t0 = time.perf_counter()
+                    out = client.infer(feeds, policy=cmd["policy"])
+                    wall = time.perf_counter() - t0
+                    err = max(err, rel_error(out, ref))
+                    if i >= cmd.get("warmup", 0):
+                        lat.append(client.last_stats.get("latency_s", wall))
+                        stats.append(client.last_stats)
+                reply = {"latencies_s": lat, "stats": stats, "max_rel_error": err,
+                         "estimates": client.estimates()}
+            else:
+                reply = {"error": f"unknown command {cmd['cmd']!r}"}
+        except Exception as e:  # the experiment records the failure and goes on
+            reply = {"error": f"{type(e).__name__}: {e}"}
+        print(json.dumps(reply, default=_json_default), flush=True)
+    if client is not None:
+        client.close()
+    return 0
+
+
+def _json_default(o):
+    if isinstance(o, (np.integer,)):
+        return int(o)
+    if isinstance(o, (np.floating,)):
+        return float(o)
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    return str(o)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,152 @@
+"""Several devices with distinct models on one server (CoActo's Fig. 11): per-device p50 / p95
+latency and the system's throughput, per policy, for 1, 2, 4 and 8 devices.
+
+Each device is its own process (its own ZeroMQ identity, runtime and link) in the testbed's
+device namespace, all pinned to CPU 0; each gets its own CPU quota (`--quota` of a core) while
+the devices' quotas sum to at most one core — beyond that (8 devices at 25%) the core is shared
+and each device is slower than its quota, which the CSV's `device_quota` column says. Each device
+has its own link: the client's token bucket at `--bandwidth` (a real device has its own radio
+link; the veth between the namespaces is left unshaped). The server: one thread on CPU 1.
+All devices start together and each runs `--repeat` inferences back to back; throughput is all
+inferences over the wall time from the first start to the last finish.
+
+    python experiments/fig_multitenant.py --out results/
+    python experiments/fig_multitenant.py --quick --devices 1,2,4
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness as H  # noqa: E402
+
+#: Distinct models, lightest first, so that N devices run the first N.
+TENANT_MODELS = ("mobilenetv2", "resnet18", "squeezenet", "resnet50", "bert", "mobilenetv3_block",
+                 "inception_block", "densenet_block")
+POLICIES = ("local", "cloud", "split", "fl", "dynamic")
+
+
+def run_round(devs, policy: str, repeat: int, bw: str) -> tuple[list[dict], float]:
+    results: list = [None] * len(devs)
+
+    def one(i):
+        try:
+            results[i] = devs[i].run(policy, repeat=repeat, warmup=0, bandwidth=bw)
+        except Exception as e:  # reported below with the device's number
+            results[i] = e
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(devs))]
+    t0 = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.monotonic() - t0
+    for i, r in enumerate(results):
+        if isinstance(r, Exception):
+            raise H.ExperimentError(f"device {i} ({devs[i].case.name}) {policy}: {r}")
+    return results, wall
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    H.add_common_args(ap, models=TENANT_MODELS)
+    ap.add_argument("--devices", default=None, metavar="N,N",
+                    help="device counts (default: 1,2,4,8; --quick: 1,2,4)")
+    ap.add_argument("--bandwidth", type=float, default=100, help="each device's Mbit/s (default: %(default)s)")
+    ap.add_argument("--policies", default=",".join(POLICIES))
+    args = ap.parse_args(argv)
+    H.resolve_common(args)
+    args.policies = args.policies.split(",")
+    counts = [int(x) for x in args.devices.split(",")] if args.devices else \
+        ([1, 2, 4] if args.quick else [1, 2, 4, 8])
+    if max(counts) > len(args.models):
+        raise SystemExit(f"{max(counts)} devices need {max(counts)} distinct models; --models "
+                         f"gives {len(args.models)}")
+    bw = f"{args.bandwidth:g}mbit"
+    progress = H.Progress(sum(counts) * len(args.policies) * args.rounds, "multitenant")
+    rows: list[dict] = []
+    with H.testbed(args) as tb, H.Workdir() as wd:
+        tb.set_link(None)
+        described = tb.describe()
+        cases = [wd.model(m) for m in args.models[:max(counts)]]
+        for n in counts:
+            with H.Server(tb, wd, cases[:n], threads=1) as srv:
+                devs = [H.Device(tb, srv, c, slot=i) for i, c in enumerate(cases[:n])]
+                for d in devs:
+                    d.__enter__()
+                try:
+                    for d in devs:
+                        d.calibrate(bw)
+                        d.run("dynamic", repeat=0, warmup=1, bandwidth=bw)
+                    for rnd in range(args.rounds):
+                        k = rnd % len(args.policies)
+                        for policy in args.policies[k:] + args.policies[:k]:
+                            results, wall = run_round(devs, policy, args.repeat, bw)
+                            lat_all = [x for r in results for x in r["latencies_s"]]
+                            for i, r in enumerate(results):
+                                rows.append({"devices": n, "device": i, "model": devs[i].case.name,
+                                             "policy": policy, "round": rnd, "nominal_mbps": args.bandwidth,
+                                             "device_quota": args.quota, "quota_share_of_core": n * args.quota,
+                                             **H.summarize(r["latencies_s"]),
+                                             "throughput_inf_s": len(lat_all) / wall,
+                                             "fallbacks": sum(bool(s["fallback"]) for s in r["stats"]),
+                                             "max_rel_error": r["max_rel_error"]})
+                            progress.step(n, f"{n} devices {policy}")
+                finally:
+                    for d in devs:
+                        d.__exit__()
+    progress.close()
+    settings = {"quota_per_device": args.quota, "bandwidth_mbps_per_device": args.bandwidth,
+                "repeat": args.repeat, "rounds": args.rounds, "server_threads": 1,
+                "device_threads": 1, "models": args.models[:max(counts)], "testbed": described}
+    H.write_table(args.out, "multitenant", rows, settings)
+    png = plot(args.out, rows, {k: v for k, v in settings.items() if k != "testbed"})
+    for n in counts:
+        for p in args.policies:
+            sel = [r for r in rows if r["devices"] == n and r["policy"] == p]
+            if sel:
+                p50 = sorted(r["median_ms"] for r in sel)[len(sel) // 2]
+                p95 = max(r["p95_ms"] for r in sel)
+                thr = sorted(r["throughput_inf_s"] for r in sel)[len(sel) // 2]
+                print(f"{n} devices {p:8s} p50 {p50:7.0f} ms  worst p95 {p95:7.0f} ms  {thr:5.2f} inf/s")
+    print(f"wrote {args.out / 'multitenant.csv'}, {png}")
+    return 0
+
+
+def plot(out: Path, rows: list[dict], settings: dict) -> Path:
+    plt = H.pyplot()
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.4))
+    pols = [p for p in POLICIES if any(r["policy"] == p for r in rows)]
+    for p in pols:
+        sel = [r for r in rows if r["policy"] == p]
+        counts = sorted({r["devices"] for r in sel})
+        p50 = [H.medians_by(sel, "devices")[n] for n in counts]
+        p95 = [max(r["p95_ms"] for r in sel if r["devices"] == n) for n in counts]
+        thr = [H.medians_by(sel, "devices", "throughput_inf_s")[n] for n in counts]
+        lw = 2 if p == "dynamic" else 1
+        axes[0].plot(counts, p50, "-o", label=p, lw=lw)
+        axes[1].plot(counts, p95, "-o", label=p, lw=lw)
+        axes[2].plot(counts, thr, "-o", label=p, lw=lw)
+    for ax, title in zip(axes, ("p50 latency per device (ms, median over devices)",
+                                "worst device's p95 latency (ms)", "throughput (inferences/s)")):
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("devices")
+        ax.set_xscale("log", base=2)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle("Several devices with distinct models on a one-core server")
+    fig.text(0.01, 0.005, H.settings_note(settings), fontsize=6, va="bottom", family="monospace")
+    fig.tight_layout(rect=(0, 0.07, 1, 0.95))
+    path = out / "multitenant.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+if __name__ == "__main__":
+    sys.exit(main())

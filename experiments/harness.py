@@ -1,0 +1,438 @@
+"""What every figure script shares: models with their onnxruntime references, a coacto server and
+a device process on the testbed, progress with an ETA, and CSV / settings / PNG output.
+
+A figure script does roughly:
+
+    with Testbed(quota=0.25) as tb, Workdir() as wd:
+        case = wd.model("resnet50")
+        with Server(tb, wd, [case], threads=1) as srv, Device(tb, srv, case) as dev:
+            tb.set_link(20)
+            r = dev.run("dynamic", repeat=3, bandwidth=tb.client_link_args())
+        write_table(out, "bandwidth", rows, settings)
+
+Everything runs as real processes: `coacto-server` in the server namespace pinned to its core(s),
+`experiments/device_driver.py` (a `coacto.Client`) in the device namespace inside the CPU quota.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import os
+import platform
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+log = logging.getLogger("experiments")
+
+#: The four zoo models of the figures (CoActo's Fig. 9 uses ResNet-50, VGG-16 and BERT-base).
+FIGURE_MODELS = ("resnet50", "vgg16", "mobilenetv2", "bert")
+POLICIES = ("local", "cloud", "split", "fl", "dynamic")
+
+
+class ExperimentError(RuntimeError):
+    """A process of the experiment failed; the message quotes its log."""
+
+
+def bin_path(name: str) -> str:
+    found = shutil.which(name)
+    if not found:
+        raise ExperimentError(f"{name} is not installed: run `pip install -e .` first")
+    return found
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ----------------------------------------------------------------------------- progress
+
+class Progress:
+    """A one-line progress bar with an ETA on stderr, by units of expected work (seconds, say)."""
+
+    def __init__(self, total: float, label: str = "", stream=sys.stderr):
+        self.total = max(float(total), 1e-9)
+        self.done = 0.0
+        self.label = label
+        self.t0 = time.monotonic()
+        self.stream = stream
+        self.tty = hasattr(stream, "isatty") and stream.isatty()
+
+    def step(self, units: float = 1.0, what: str = "") -> None:
+        self.done = min(self.total, self.done + units)
+        elapsed = time.monotonic() - self.t0
+        frac = self.done / self.total
+        eta = elapsed * (1 - frac) / frac if frac > 0 else float("nan")
+        bar = "#" * int(30 * frac) + "-" * (30 - int(30 * frac))
+        msg = (f"{self.label} [{bar}] {100 * frac:5.1f}%  elapsed {fmt_s(elapsed)}  "
+               f"eta {fmt_s(eta)}  {what}")
+        if self.tty:
+            self.stream.write("\r" + msg[:160].ljust(160))
+        else:
+            self.stream.write(msg + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def fmt_s(s: float) -> str:
+    if s != s:
+        return "?"
+    s = int(round(s))
+    return f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
+
+
+# ----------------------------------------------------------------------------- models
+
+class ModelCase:
+    """A zoo model saved as ONNX with its inputs and onnxruntime's outputs."""
+
+    def __init__(self, name: str, folder: Path, **kw):
+        import onnxruntime as ort
+
+        from coacto import zoo
+
+        self.name = name
+        model = zoo.build(name, **kw)
+        self.path = folder / "models" / f"{name}.onnx"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_bytes(model.SerializeToString())
+        feeds = zoo.input_feeds(model)
+        self.inputs = folder / f"{name}.inputs.npz"
+        np.savez(self.inputs, **feeds)
+        sess = ort.InferenceSession(str(self.path), providers=["CPUExecutionProvider"])
+        outs = sess.run(None, feeds)
+        self.reference = folder / f"{name}.reference.npz"
+        np.savez(self.reference, **{o.name: v for o, v in zip(sess.get_outputs(), outs)})
+        self.flops = None
+
+
+class Workdir:
+    """A temporary folder (readable by the namespaced processes) removed at exit."""
+
+    def __enter__(self) -> "Workdir":
+        self.path = Path(tempfile.mkdtemp(prefix="coacto-exp-"))
+        os.chmod(self.path, 0o755)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+
+    def model(self, name: str, **kw) -> ModelCase:
+        return ModelCase(name, self.path, **kw)
+
+
+# ----------------------------------------------------------------------------- processes
+
+def _tail(path: Path, n: int = 1500) -> str:
+    try:
+        return path.read_text(errors="replace")[-n:]
+    except OSError:
+        return ""
+
+
+class Server:
+    """`coacto-server` in the testbed's server namespace, on its cores, serving ``cases``."""
+
+    def __init__(self, tb, wd: Workdir, cases, threads: int = 1, extra: list[str] | None = None):
+        self.tb, self.wd, self.threads = tb, wd, threads
+        self.models = wd.path / f"server-models-{id(self)}"
+        self.models.mkdir()
+        for c in cases:  # a hard link: VGG-16's file is over 500 MB
+            try:
+                os.link(c.path, self.models / c.path.name)
+            except OSError:
+                shutil.copy(c.path, self.models)
+        self.port = free_port()
+        self.log = wd.path / f"server-{self.port}.log"
+        self.extra = extra or []
+        self.address = f"tcp://{tb.server_addr}:{self.port}"
+
+    def __enter__(self) -> "Server":
+        bind = f"tcp://{self.tb.server_addr}:{self.port}"
+        argv = [bin_path("coacto-server"), "--bind", bind, "--threads", str(self.threads),
+                "--models", str(self.models), *self.extra]
+        self._logf = open(self.log, "w")
+        self.proc = subprocess.Popen(self.tb.server_cmd(argv), stdout=self._logf,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 300  # compiling VGG-16 on one core takes a while
+        while time.monotonic() < deadline:
+            if "ready:" in _tail(self.log, 100000):
+                return self
+            if self.proc.poll() is not None:
+                raise ExperimentError(f"coacto-server exited ({self.proc.returncode}):\n{_tail(self.log)}")
+            time.sleep(0.2)
+        self.__exit__()
+        raise ExperimentError(f"coacto-server was not ready within 300 s:\n{_tail(self.log)}")
+
+    def __exit__(self, *exc) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._logf.close()
+
+
+class Device:
+    """experiments/device_driver.py for one model, in the device namespace and CPU quota."""
+
+    def __init__(self, tb, server: Server | None, case: ModelCase, threads: int = 1,
+                 tiles: int | None = None, timeout: float = 5.0, slot: int | None = None):
+        # slot: one of several devices at once, each in a CPU quota of its own
+        self.tb, self.case, self.slot = tb, case, slot
+        address = server.address if server is not None else "tcp://127.0.0.1:9"
+        argv = [sys.executable, str(HERE / "device_driver.py"), "--server", address,
+                "--model", str(case.path), "--inputs", str(case.inputs),
+                "--reference", str(case.reference), "--threads", str(threads),
+                "--timeout", str(timeout)]
+        if tiles:
+            argv += ["--tiles", str(tiles)]
+        self.argv = argv
+        self.log = (server.wd.path if server else case.path.parent) / f"device-{case.name}-{id(self)}.log"
+
+    def __enter__(self) -> "Device":
+        self._logf = open(self.log, "w")
+        cmd = self.tb.device_cmd(self.argv) if self.slot is None else \
+            self.tb.device_cmd(self.argv, slot=self.slot)
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self._logf, text=True,
+                                     start_new_session=True)
+        return self
+
+    def command(self, cmd: dict, timeout: float = 900) -> dict:
+        self.proc.stdin.write(json.dumps(cmd) + "\n")
+        self.proc.stdin.flush()
+        line: list[str] = []
+        reader = threading.Thread(target=lambda: line.append(self.proc.stdout.readline()), daemon=True)
+        reader.start()
+        reader.join(timeout)
+        if not line or not line[0]:
+            self.__exit__()
+            raise ExperimentError(f"the device process gave no answer to {cmd} "
+                                  f"(exit {self.proc.poll()}):\n{_tail(self.log)}")
+        reply = json.loads(line[0])
+        if "error" in reply:
+            raise ExperimentError(f"device: {reply['error']}\n{_tail(self.log, 600)}")
+        return reply
+
+    def calibrate(self, bandwidth=None) -> float:
+        return self.command({"cmd": "calibrate", "bandwidth": bandwidth})["device_flops"]
+
+    def fresh_client(self, bandwidth=None) -> None:
+        self.command({"cmd": "client", "bandwidth": bandwidth})
+
+    def run(self, policy: str, repeat: int, warmup: int = 1, bandwidth=None, trace=None) -> dict:
+        r = self.command({"cmd": "run", "policy": policy, "repeat": repeat, "warmup": warmup,
+                          "bandwidth": bandwidth, "trace": trace})
+        if r["max_rel_error"] > 1e-4:
+            raise ExperimentError(f"{self.case.name} {policy}: outputs differ from onnxruntime's "
+                                  f"(max relative error {r['max_rel_error']:.2e})")
+        return r
+
+    def __exit__(self, *exc) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.close()
+                self.proc.wait(30)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait()
+        self._logf.close()
+
+
+def bandwidth_arg(tb, mbps: float | None):
+    """What the device driver's Client gets: the cap in shaper mode, nothing with kernel shaping
+    (the device must measure the link as a real one would)."""
+    args = tb.client_link_args()
+    return args[1] if args else None
+
+
+def summarize(lat_s: list[float]) -> dict:
+    xs = sorted(lat_s)
+    p95 = xs[min(len(xs) - 1, int(round(0.95 * (len(xs) - 1))))]
+    return {"median_ms": 1e3 * statistics.median(xs), "p95_ms": 1e3 * p95,
+            "min_ms": 1e3 * xs[0], "max_ms": 1e3 * xs[-1], "n": len(xs)}
+
+
+# ----------------------------------------------------------------------------- output
+
+def machine() -> dict:
+    cpu = platform.processor()
+    try:
+        for ln in Path("/proc/cpuinfo").read_text().splitlines():
+            if ln.startswith("model name"):
+                cpu = ln.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    from coacto.runtime import lib
+
+    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    isa = "avx512" if " avx512f" in flags else "avx2" if " avx2" in flags else platform.machine()
+    return {"cpu": cpu, "isa": isa, "cores": os.cpu_count(), "kernel": platform.release(),
+            "python": platform.python_version(), "coacto_kernel": _kernel_name(lib)}
+
+
+def _kernel_name(lib) -> str:
+    try:
+        from coacto.runtime import ffi
+
+        return ffi.string(lib.coacto_gemm_kernel_name()).decode()
+    except Exception:
+        return "unknown"
+
+
+def write_table(out: Path, name: str, rows: list[dict], settings: dict) -> Path:
+    """NAME.csv (one row per measurement) and NAME.settings.json (how it was measured, where)."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{name}.csv"
+    keys: list[str] = []
+    for r in rows:
+        keys += [k for k in r if k not in keys]
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
+    meta = {"figure": name, "written": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": machine(),
+            **settings}
+    (out / f"{name}.settings.json").write_text(json.dumps(meta, indent=2, default=str))
+    return path
+
+
+def settings_note(settings: dict, width: int = 150) -> str:
+    """The settings as a few lines of text for a figure's footer."""
+    parts = [f"{k}={v}" for k, v in settings.items() if not isinstance(v, (dict, list))]
+    lines, cur = [], ""
+    for p in parts:
+        if len(cur) + len(p) + 2 > width:
+            lines.append(cur)
+            cur = ""
+        cur += ("; " if cur else "") + p
+    if cur:
+        lines.append(cur)
+    return "\n".join(lines)
+
+
+def pyplot():
+    """matplotlib's pyplot without a display; a clear error when it is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        raise ExperimentError("the figures need matplotlib: pip install -e '.[experiments]'") from e
+    return plt
+
+
+# ----------------------------------------------------------------------------- command line
+
+def add_common_args(ap, models=FIGURE_MODELS) -> None:
+    ap.add_argument("--out", default="experiments/results", metavar="DIR",
+                    help="folder for NAME.csv, NAME.settings.json and NAME.png (default: %(default)s)")
+    ap.add_argument("--quick", action="store_true",
+                    help="a reduced sweep (fewer settings and repeats) for CI and a first look")
+    ap.add_argument("--models", default=",".join(models), metavar="M,M",
+                    help="zoo models (default: %(default)s)")
+    ap.add_argument("--quota", type=float, default=0.25,
+                    help="the device's CPU share of one core (cgroup quota): 0.25 makes it 4x "
+                         "slower than the server's core (default: %(default)s)")
+    ap.add_argument("--mode", choices=("auto", "netns", "shaper"), default="auto",
+                    help="netns: kernel shaping between two network namespaces (root); shaper: "
+                         "the client's own token bucket on loopback; auto: netns when possible")
+    ap.add_argument("--repeat", type=int, default=None, metavar="R",
+                    help="measured inferences per setting (default: 2 with --quick, else 5)")
+    ap.add_argument("--rounds", type=int, default=None, metavar="N",
+                    help="passes over all settings, interleaved (default: 1 with --quick, else 2)")
+    ap.add_argument("--verbose", "-v", action="store_true")
+
+
+def resolve_common(args) -> None:
+    args.models = [m for m in args.models.split(",") if m]
+    if args.repeat is None:
+        args.repeat = 2 if args.quick else 5
+    if args.rounds is None:
+        args.rounds = 1 if args.quick else 2
+    args.out = Path(args.out)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(message)s", stream=sys.stderr)
+    from coacto import zoo
+
+    unknown = [m for m in args.models if m not in zoo.MODELS]
+    if unknown:
+        raise SystemExit(f"unknown model(s) {', '.join(unknown)}; choose from "
+                         f"{', '.join(sorted(zoo.MODELS))}")
+
+
+def testbed(args):
+    sys.path.insert(0, str(HERE))
+    from testbed import Testbed
+
+    return Testbed(quota=args.quota, mode=args.mode)
+
+
+# ----------------------------------------------------------------------------- measurements
+
+def link_columns(link: dict) -> dict:
+    return {"measured_up_mbps": link["goodput_up_mbps"], "measured_down_mbps": link["goodput_down_mbps"],
+            "measured_rtt_ms": link["rtt_ms"]}
+
+
+def run_policies(dev: Device, policies, repeat: int, rnd: int, bw_arg, base: dict,
+                 progress: Progress | None = None, warmup: bool = True) -> list[dict]:
+    """A fresh Client, one warm-up inference (the estimates settle), then every policy ``repeat``
+    times, the order rotated by the round number; one row per policy."""
+    dev.fresh_client(bw_arg)
+    if warmup:
+        dev.run("dynamic", repeat=0, warmup=1, bandwidth=bw_arg)
+    rows = []
+    k = rnd % len(policies)
+    for policy in list(policies[k:]) + list(policies[:k]):
+        r = dev.run(policy, repeat=repeat, warmup=0, bandwidth=bw_arg)
+        st = r["stats"]
+        rows.append({
+            "system": "coacto", **base, "policy": policy, "round": rnd,
+            **summarize(r["latencies_s"]),
+            "latencies_ms": " ".join(f"{1e3 * x:.1f}" for x in r["latencies_s"]),
+            "client_goodput_mbps": r["estimates"]["bandwidth_est_mbps"],
+            "client_rtt_ms": r["estimates"]["rtt_est_ms"],
+            "alpha": r["estimates"]["alpha"],
+            "tiles_sent": statistics.median(s["tiles_sent"] for s in st),
+            "tiles_from_server": statistics.median(s["tiles_from_server"] for s in st),
+            "bytes_sent": statistics.median(s["bytes_sent"] for s in st),
+            "fallbacks": sum(bool(s["fallback"]) for s in st),
+            "finished_by": ",".join(sorted({s["finished_by"] for s in st})),
+            "max_rel_error": r["max_rel_error"],
+        })
+        if progress:
+            progress.step(1, f"{base.get('model', '')} {policy} " +
+                          " ".join(f"{k}={v}" for k, v in base.items() if k != "model"))
+    return rows
+
+
+def medians_by(rows: list[dict], key: str, value: str = "median_ms", **where) -> dict:
+    """{row[key]: median of row[value]} over the rows matching ``where``."""
+    groups: dict = {}
+    for r in rows:
+        if all(r.get(k) == v for k, v in where.items()) and r.get(value) not in (None, ""):
+            groups.setdefault(r[key], []).append(float(r[value]))
+    return {k: statistics.median(v) for k, v in sorted(groups.items())}

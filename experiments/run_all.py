@@ -1,0 +1,86 @@
+"""Every figure of the experiments, one after the other, into one folder.
+
+    python experiments/run_all.py --out results/            # the full sweep (hours)
+    python experiments/run_all.py --quick --out /tmp/quick  # a reduced sweep of every figure
+    python experiments/run_all.py --quick --only bandwidth,sim_vs_real --out /tmp/q
+
+Runs, each as its own process (a figure that fails is reported and the others still run):
+  bandwidth     fig_bandwidth.py     latency vs 5..200 Mbit/s, all policies, the CoActo reference
+  server_cores  fig_server_cores.py  latency vs server threads (1-2 measured, 4-64 simulated)
+  multitenant   fig_multitenant.py   1-8 devices with distinct models: p50/p95, throughput
+  tiles         fig_tiles.py         latency vs tiles per layer
+  timeline      fig_timeline.py      one dynamic inference, device and server side by side
+  sim_vs_real   sim_vs_real.py       the simulator against the bandwidth figure's real rows
+
+Each leaves NAME.csv, NAME.settings.json (settings, machine, testbed) and NAME.png under --out.
+Needs root for kernel shaping and the CPU quota (without it, the client's token bucket on an
+unthrottled device, and every file says so). Exit status: 0 when every figure was written.
+"""
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import harness as H  # noqa: E402
+
+#: name -> (script, expected seconds with --quick, expected seconds in full) for the ETA
+FIGURES = {
+    "bandwidth": ("fig_bandwidth.py", 420, 5400),
+    "server_cores": ("fig_server_cores.py", 200, 1800),
+    "multitenant": ("fig_multitenant.py", 240, 2400),
+    "tiles": ("fig_tiles.py", 150, 1800),
+    "timeline": ("fig_timeline.py", 40, 60),
+    "sim_vs_real": ("sim_vs_real.py", 30, 60),
+}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, metavar="DIR", help="folder for every figure's files")
+    ap.add_argument("--quick", action="store_true", help="the reduced sweep of every figure")
+    ap.add_argument("--only", default=",".join(FIGURES), metavar="NAME,..",
+                    help="figures to make (default: all: %(default)s)")
+    ap.add_argument("--mode", choices=("auto", "netns", "shaper"), default="auto")
+    ap.add_argument("--quota", type=float, default=0.25)
+    args = ap.parse_args(argv)
+    names = [n for n in args.only.split(",") if n]
+    unknown = [n for n in names if n not in FIGURES]
+    if unknown:
+        ap.error(f"unknown figure(s) {', '.join(unknown)}; choose from {', '.join(FIGURES)}")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    expected = {n: FIGURES[n][1 if args.quick else 2] for n in names}
+    progress = H.Progress(sum(expected.values()), "run_all")
+    failed = []
+    t_start = time.monotonic()
+    for n in names:
+        script = HERE / FIGURES[n][0]
+        cmd = [sys.executable, str(script), "--out", str(out), "--mode", args.mode,
+               "--quota", str(args.quota)]
+        if args.quick:
+            cmd.append("--quick")
+        print(f"\n== {n}: {' '.join(cmd[1:])}", file=sys.stderr, flush=True)
+        t0 = time.monotonic()
+        rc = subprocess.call(cmd)
+        took = time.monotonic() - t0
+        if rc != 0:
+            failed.append(n)
+            print(f"== {n} FAILED (exit {rc}) after {H.fmt_s(took)}", file=sys.stderr, flush=True)
+        progress.step(expected[n], f"{n} done in {H.fmt_s(took)}")
+    progress.close()
+    written = sorted(p.name for p in out.iterdir() if p.suffix in (".csv", ".png"))
+    print(f"\n{len(names) - len(failed)}/{len(names)} figures in {H.fmt_s(time.monotonic() - t_start)}"
+          f" -> {out}: {', '.join(written)}")
+    if failed:
+        print(f"failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
