@@ -180,7 +180,7 @@ def main(argv=None) -> int:
              + sum(len(bandwidths) * (len(REF_POLICIES) - 1) + 1 for _ in ref_models))
     progress = H.Progress(units, "bandwidth")
     rows: list[dict] = []
-    with H.testbed(args) as tb, H.Workdir() as wd:
+    with H.testbed(args) as tb, H.Workdir(args.image_size) as wd:
         settings = {"quota": args.quota, "server_threads": args.server_threads,
                     "device_threads": 1, "repeat": args.repeat, "rounds": args.rounds,
                     "bandwidths_mbps": bandwidths, "testbed": tb.describe()}

@@ -70,7 +70,7 @@ def main(argv=None) -> int:
     bw = f"{args.bandwidth:g}mbit"
     progress = H.Progress(sum(counts) * len(args.policies) * args.rounds, "multitenant")
     rows: list[dict] = []
-    with H.testbed(args) as tb, H.Workdir() as wd:
+    with H.testbed(args) as tb, H.Workdir(args.image_size) as wd:
         tb.set_link(None)
         described = tb.describe()
         cases = [wd.model(m) for m in args.models[:max(counts)]]

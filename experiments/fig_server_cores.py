@@ -28,7 +28,7 @@ def measure(args, progress) -> tuple[list[dict], dict]:
 
     rows: list[dict] = []
     described = {}
-    with H.Workdir() as wd:
+    with H.Workdir(args.image_size) as wd:
         cases = {m: wd.model(m) for m in args.models}
         for threads, cpus in ((1, "1"), (2, "0,1")):
             with Testbed(quota=args.quota, mode=args.mode, server_cpus=cpus) as tb:

@@ -37,7 +37,7 @@ def main(argv=None) -> int:
         list(QUICK_TILES if args.quick else FULL_TILES)
     progress = H.Progress(len(args.models) * len(tiles) * args.rounds * len(args.policies), "tiles")
     rows: list[dict] = []
-    with H.testbed(args) as tb, H.Workdir() as wd:
+    with H.testbed(args) as tb, H.Workdir(args.image_size) as wd:
         tb.set_link(args.bandwidth)
         link = tb.measure_link(0.5)
         described = tb.describe()

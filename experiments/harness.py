@@ -125,6 +125,9 @@ class ModelCase:
 class Workdir:
     """A temporary folder (readable by the namespaced processes) removed at exit."""
 
+    def __init__(self, image_size: int | None = None):
+        self.image_size = image_size
+
     def __enter__(self) -> "Workdir":
         self.path = Path(tempfile.mkdtemp(prefix="coacto-exp-"))
         os.chmod(self.path, 0o755)
@@ -134,6 +137,10 @@ class Workdir:
         shutil.rmtree(self.path, ignore_errors=True)
 
     def model(self, name: str, **kw) -> ModelCase:
+        from coacto import zoo
+
+        if self.image_size and name not in zoo.TRANSFORMERS:
+            kw.setdefault("image_size", self.image_size)
         return ModelCase(name, self.path, **kw)
 
 
@@ -363,6 +370,9 @@ def add_common_args(ap, models=FIGURE_MODELS) -> None:
                     help="measured inferences per setting (default: 2 with --quick, else 5)")
     ap.add_argument("--rounds", type=int, default=None, metavar="N",
                     help="passes over all settings, interleaved (default: 1 with --quick, else 2)")
+    ap.add_argument("--image-size", type=int, default=None, metavar="PX",
+                    help="build the zoo's image models at this size (default: their own, 224): "
+                         "for a fast look or a test, not for figures to compare with the papers'")
     ap.add_argument("--verbose", "-v", action="store_true")
 
 

@@ -1,0 +1,82 @@
+"""The experiments' shared machinery: tables, settings files, figures, progress, and one real
+bandwidth sweep on the testbed (a small model, three policies, one bandwidth)."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+EXPERIMENTS = Path(__file__).resolve().parent.parent / "experiments"
+sys.path.insert(0, str(EXPERIMENTS))
+
+import fig_bandwidth  # noqa: E402
+import harness as H  # noqa: E402
+
+
+def row(model, bw, policy, ms, system="coacto"):
+    return {"system": system, "model": model, "nominal_mbps": bw, "policy": policy,
+            "median_ms": ms, "measured_up_mbps": bw * 0.95}
+
+
+def test_best_table_compares_dynamic_with_the_best_baseline_per_setting():
+    rows = [row("resnet50", 5, "local", 600), row("resnet50", 5, "cloud", 1100),
+            row("resnet50", 5, "split", 580), row("resnet50", 5, "dynamic", 590),
+            row("resnet50", 100, "local", 600), row("resnet50", 100, "cloud", 200),
+            row("resnet50", 100, "dynamic", 150), row("resnet50", 100, "dynamic", 170),
+            row("resnet50", 100, "dynamic", 400, system="coacto-ref x")]
+    t = {r["nominal_mbps"]: r for r in fig_bandwidth.best_table(rows, H.POLICIES)}
+    assert t[5]["best_baseline"] == "split"
+    assert t[5]["dynamic_over_best"] == pytest.approx(590 / 580)
+    assert t[100]["best_baseline"] == "cloud" and t[100]["dynamic"] == pytest.approx(160)
+    assert t[100]["dynamic_over_best"] == pytest.approx(0.8)
+    assert t[100]["ref_dynamic"] == 400 and t[5]["ref_dynamic"] is None
+    assert t[100]["measured_mbps"] == pytest.approx(95)
+
+
+def test_tables_carry_their_settings_and_machine(tmp_path):
+    rows = [{"a": 1, "b": 0.1234567}, {"a": 2, "c": "x"}]
+    path = H.write_table(tmp_path, "fig", rows, {"quota": 0.25, "testbed": {"mode": "netns"}})
+    with open(path) as f:
+        got = list(csv.DictReader(f))
+    assert [r["a"] for r in got] == ["1", "2"] and got[0]["b"] == "0.123457" and got[1]["c"] == "x"
+    meta = json.loads((tmp_path / "fig.settings.json").read_text())
+    assert meta["quota"] == 0.25 and meta["testbed"]["mode"] == "netns"
+    assert meta["machine"]["cores"] == os.cpu_count() and meta["machine"]["cpu"]
+
+
+def test_bandwidth_plot_is_a_png(tmp_path):
+    rows = [row(m, bw, p, 100.0 * (1 + i) / bw ** 0.3) for m in ("resnet50", "bert")
+            for bw in (5, 20, 100) for i, p in enumerate(H.POLICIES)]
+    rows += [row("resnet50", bw, "dynamic", 300, system="coacto-ref x") for bw in (5, 20, 100)]
+    path = fig_bandwidth.plot(tmp_path, rows, H.POLICIES, {"quota": 0.25})
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
+
+
+def test_progress_reports_an_eta():
+    out = io.StringIO()
+    p = H.Progress(10, "x", stream=out)
+    p.step(5, "half")
+    assert "50.0%" in out.getvalue() and "eta" in out.getvalue() and "half" in out.getvalue()
+
+
+def test_summarize_and_medians():
+    s = H.summarize([0.3, 0.1, 0.2])
+    assert s["median_ms"] == pytest.approx(200) and s["min_ms"] == pytest.approx(100)
+    assert s["p95_ms"] == pytest.approx(300) and s["n"] == 3
+    rows = [{"k": 1, "median_ms": 3.0, "p": "a"}, {"k": 1, "median_ms": 5.0, "p": "a"},
+            {"k": 2, "median_ms": 7.0, "p": "b"}]
+    assert H.medians_by(rows, "k", p="a") == {1: 4.0}
+
+
+def test_run_all_refuses_an_unknown_figure(capsys):
+    import run_all
+
+    with pytest.raises(SystemExit) as e:
+        run_all.main(["--out", "/tmp/x", "--only", "bandwidth,nonsense"])
+    assert e.value.code == 2 and "nonsense" in capsys.readouterr().err
