@@ -27,6 +27,7 @@ import json
 import logging
 import sys
 import time
+import traceback
 
 import numpy as np
 
@@ -101,10 +102,11 @@ def main() -> int:
                         lat.append(client.last_stats.get("latency_s", wall))
                         stats.append(client.last_stats)
                 reply = {"latencies_s": lat, "stats": stats, "max_rel_error": err,
-                         "estimates": client.estimates()}
+                         "estimates": client.estimates}
             else:
                 reply = {"error": f"unknown command {cmd['cmd']!r}"}
         except Exception as e:  # the experiment records the failure and goes on
+            traceback.print_exc()
             reply = {"error": f"{type(e).__name__}: {e}"}
         print(json.dumps(reply, default=_json_default), flush=True)
     if client is not None:

@@ -434,8 +434,9 @@ def run_policies(dev: Device, policies, repeat: int, rnd: int, bw_arg, base: dic
             "max_rel_error": r["max_rel_error"],
         })
         if progress:
+            shown = ("nominal_mbps", "server_threads", "tiles_per_layer")
             progress.step(1, f"{base.get('model', '')} {policy} " +
-                          " ".join(f"{k}={v}" for k, v in base.items() if k != "model"))
+                          " ".join(f"{k}={base[k]}" for k in shown if k in base))
     return rows
 
 
