@@ -1,0 +1,422 @@
+"""A simulated device: its computing threads, its client's communication engine, its link.
+
+The engine's decisions are the real client's (coacto/mobile/engine.py), and where the engine's
+code is pure Python it is *called*, not copied: planning (``Engine._plan`` -> policies.make_plan),
+the gate that keeps a dynamic inference local when no split could win (``_local_is_faster``),
+parking local work while the input goes out (``_park_local``) and the ECT parameters pushed to the
+runtime (``_push_params``) all run on this object, which carries the attributes they read (``est``,
+``tg``, ``link.backlog_bytes``, ``_gated``). The estimates are coacto.mobile.estimates.Estimates,
+fed with simulated ACKs and heartbeats. What the engine does through the native runtime or
+ZeroMQ is modelled here: the send queue (shallowest depth bucket first), TILES batches up to the
+engine's batch size inside its send window, inputs first, ``send_whole`` plans in one message,
+the coalescing delay, ACK handling, RESULTs completing tiles, CANCEL when the device wins, the
+fallback after ``timeout`` seconds without news.
+
+Not modelled: the engine's own CPU time (copies, msgpack, the poll loop) -- on a CPU-capped
+device it competes with the computing threads; message headers are counted at their msgpack size
+but per-message processing is free; the probe after the handshake and the handshake itself (the
+session is ready when the simulation starts; the RTT estimate starts at the true RTT).
+"""
+from __future__ import annotations
+
+import collections
+import logging
+
+import numpy as np
+
+from .. import protocol as P
+from ..inference import SEND_ALWAYS, SEND_DECIDE, SEND_NEVER
+from ..mobile import policies
+from ..mobile.engine import BATCH_SECONDS, MAX_BATCH_BYTES, MIN_BATCH_BYTES, WINDOW_S, Engine
+from ..mobile.estimates import Estimates
+from ..mobile.jobs import COALESCE_S, MAX_BATCH_TILES, Job
+from . import rule
+from .cores import Cores, TileState
+from .graph import POOL_DEPTH_BUCKETS, SimGraph
+from .link import Link, Msg
+
+log = logging.getLogger(__name__)
+
+#: msgpack sizes of the control messages the simulator sends (headers only, no frames)
+_CONTROL_BYTES = {kind: len(P.pack(h)[0]) for kind, h in {
+    P.BEGIN: {"t": P.BEGIN, "inf": 1, "graph_id": "0" * 64},
+    P.CANCEL: {"t": P.CANCEL, "inf": 1},
+    P.HEARTBEAT: {"t": P.HEARTBEAT, "t_send": 1.0},
+}.items()}
+
+
+def tiles_header_bytes(inf: int, batch: int) -> int:
+    return len(P.pack({"t": P.TILES, "inf": inf, "batch": batch, "t_send": 1.0})[0])
+
+
+class DeviceNative:
+    """What the engine sees of a native inference (NativeInference): the tile state, the plan's
+    send mask with the C send rule, the send queue and the ECT parameters."""
+
+    def __init__(self, device: "SimDevice", job: Job, plan: policies.Plan):
+        self.device = device
+        self.job = job
+        g = device.g
+        decides = self._on_local_complete if plan.send is not None else None
+        self.ts = TileState(device.cores, g, local=plan.local, on_local_complete=decides,
+                            on_done=self._on_done, tag=job.id)
+        self.send = None if plan.send is None else np.asarray(plan.send).tolist()
+        self.params = rule.OffloadParams()
+        self.queue = [collections.deque() for _ in range(POOL_DEPTH_BUCKETS)]
+        self.queued = 0
+        self.tiles_queued = 0
+        self.decisions: list[tuple] = []
+
+    # the NativeInference methods the engine's code calls
+    def queued_bytes(self) -> int:
+        return self.queued
+
+    def set_offload_params(self, bandwidth, rtt, inputs_at_server, server_flops, alpha=1.0) -> None:
+        self.params.set(bandwidth, rtt, inputs_at_server, server_flops, alpha)
+
+    def compute_all(self, t: float) -> None:
+        self.ts.compute_all(t)
+
+    def _on_local_complete(self, tile: int, t: float) -> None:
+        mode = self.send[tile]
+        if mode == SEND_NEVER:
+            return
+        g = self.device.g
+        nbytes = g.nbytes_list[tile]
+        if mode == SEND_DECIDE:
+            sent, off, srv = rule.decide(self.params, t, self.queued, nbytes, g.work[tile])
+            self.decisions.append((tile, sent, t, off, srv))
+            if not sent:
+                return
+        elif mode != SEND_ALWAYS:
+            return
+        self.queue[g.bucket[tile]].append(tile)
+        self.queued += nbytes
+        self.tiles_queued += 1
+        self.device.wake(t)
+
+    def take(self, max_tiles: int, max_bytes: int) -> list[int]:
+        """coacto_inference_take_sends: shallowest first, stop at the first tile that does not
+        fit."""
+        ids, used, nb = [], 0, self.device.g.nbytes_list
+        for q in self.queue:
+            while q and len(ids) < max_tiles:
+                t = q[0]
+                if used + nb[t] > max_bytes:
+                    return ids
+                q.popleft()
+                ids.append(t)
+                used += nb[t]
+                self.queued -= nb[t]
+            if len(ids) >= max_tiles:
+                break
+        return ids
+
+    def _on_done(self, t: float) -> None:
+        self.device.loop.at(t, self.device.finish, self.job)
+
+
+class SimDevice:
+    """One device (see the module text)."""
+
+    def __init__(self, sim, index: int, *, threads: int, durations, uplink_trace,
+                 downlink_trace, rtt: float, bandwidth0: float, device_flops: float,
+                 server_flops: float, timeout: float, heartbeat_s: float):
+        self.sim = sim
+        self.loop = sim.loop
+        self.index = index
+        self.tg = sim.tg
+        self.g: SimGraph = sim.g
+        self.cores = Cores(self.loop, threads, durations, name=f"device {index}")
+        self.timeout = float(timeout)
+        self.heartbeat_s = float(heartbeat_s)
+        self.rtt = float(rtt)
+        # the estimates as the session leaves them after the handshake (module text)
+        self.est = Estimates(bandwidth0)
+        self.est.rtt.sample(self.rtt)
+        self.est.server_flops = float(server_flops)
+        self.est.server_flops_known = True
+        self.est.on_local_run(self.tg.total_flops, self.tg.total_flops / device_flops)
+        self.link = Link(self.loop, uplink_trace, rtt / 2, on_release=self._on_released,
+                         on_arrive=self._arrive_at_server, tiles_kind=P.TILES)
+        self.downlink = Link(self.loop, downlink_trace, rtt / 2, on_arrive=self._receive)
+        self._gated = 0
+        self.jobs: dict[int, Job] = {}
+        self.outbox: collections.deque = collections.deque()
+        self._pump_due = False
+        self.records: list[dict] = []
+        self.remaining = 0
+        self.policy = "dynamic"
+        self.options: dict = {}
+        self._ids = 0
+        self.closed = False
+
+    # ------------------------------------------------------------------ inferences
+
+    def start(self, policy: str, n: int, t0: float, options: dict | None = None) -> None:
+        self.policy, self.remaining, self.options = policy, int(n), dict(options or {})
+        self.loop.at(t0, self._submit)
+        if policy != "local":  # the handshake's heartbeat was just answered: the next one is due
+            self.loop.at(t0 + self.heartbeat_s, self._heartbeat)
+
+    def _submit(self) -> None:
+        if self.remaining <= 0:
+            return
+        self.remaining -= 1
+        t = self.loop.now
+        self._ids += 1
+        job = Job(self._ids, None, self.policy, self.options, t)
+        job.tiles_computed_at = None
+        self.jobs[job.id] = job
+        if self.policy == "local":
+            plan = policies.plan_local(self.tg)
+        elif self.policy == "dynamic" and Engine._local_is_faster(self, job):
+            plan = policies.plan_local(self.tg)
+        else:
+            plan = Engine._plan(self, job)
+        self._start_native(job, plan, t)
+
+    def _start_native(self, job: Job, plan: policies.Plan, t: float) -> None:
+        job.plan = plan
+        native = DeviceNative(self, job, plan)
+        job.native = native
+        g = self.g
+        if plan.uses_server:
+            send = np.asarray(plan.send)
+            job.inputs_to_send = int((send[g.is_input] == SEND_ALWAYS).sum())
+            job.input_bytes = int(g.nbytes[g.is_input & (send == SEND_ALWAYS)].sum())
+            job.decides = bool((send == SEND_DECIDE).any())
+            if plan.info.get("send_whole"):
+                job.whole_bytes = int(g.nbytes[send == SEND_ALWAYS].sum())
+        job.t_start = t
+        if plan.info.get("local_after_inputs"):
+            Engine._park_local(self, job)
+            if job.resume_at is not None:
+                self.loop.at(job.resume_at, self._resume_timer, job)
+        if plan.uses_server:
+            job.attached, job.epoch, job.deadline = True, 0, None
+            job.t_begin = job.last_news = t
+            job.sending = True
+            self.outbox.append(Msg(P.BEGIN, _CONTROL_BYTES[P.BEGIN], job))
+            Engine._push_params(self, job, t)
+            self.loop.at(t + self.timeout, self._watch, job)
+        native.ts.set_inputs(t)
+        self.wake(t)
+
+    def _resume_timer(self, job: Job) -> None:
+        if job.local_parked and job.resume_at is not None and self.loop.now >= job.resume_at:
+            self._resume_local(job)
+
+    def _resume_local(self, job: Job) -> None:
+        job.local_parked = False
+        if not job.done:
+            job.native.compute_all(self.loop.now)
+
+    def _watch(self, job: Job) -> None:
+        """The engine's silence check: nothing heard about the inference for ``timeout``."""
+        if job.done or job.fallback:
+            return
+        t = self.loop.now
+        if t - job.last_news >= self.timeout:
+            self._fallback(job, f"nothing heard about this inference for {self.timeout:g} s")
+        else:
+            self.loop.at(job.last_news + self.timeout, self._watch, job)
+
+    def _fallback(self, job: Job, reason: str) -> None:
+        log.debug("device %d inference %d falls back: %s", self.index, job.id, reason)
+        job.fallback, job.fallback_reason = True, reason
+        job.sending = False
+        job.native.set_offload_params(0.0, 0.0, 0.0, 1.0, 1.0)
+        job.native.compute_all(self.loop.now)
+
+    def finish(self, job: Job) -> None:
+        if job.done:
+            return
+        t = self.loop.now
+        del self.jobs[job.id]
+        job.done = True
+        native = job.native
+        for m in self.link.drop(job, (P.BEGIN, P.TILES), t):
+            if m.kind == P.TILES:
+                self.est.goodput.forget((job.id, m.data["batch"]))
+        if job.begin_released and not job.server_done:
+            self.outbox.append(Msg(P.CANCEL, _CONTROL_BYTES[P.CANCEL], job))
+        native.ts.cancel()
+        ts = native.ts
+        if ts.computed == self.g.n_computable:
+            self.est.on_local_run(self.tg.total_flops, ts.t_end - ts.t_start)
+        self.records.append(self._record(job, t))
+        self.wake(t)
+        if self.remaining > 0:
+            self.loop.at(t, self._submit)
+
+    def _record(self, job: Job, t: float) -> dict:
+        ts = job.native.ts
+        n_out = len(self.g.outputs)
+        finished_by = ("server" if job.tiles_from_server >= n_out
+                       else "device" if job.tiles_from_server == 0 else "both")
+        plan = job.plan
+        return {
+            "device": self.index, "inference": job.id, "policy": job.policy,
+            "t_submit": job.t_submit, "t_end": t, "latency_s": t - job.t_submit,
+            "tiles_local": ts.computed, "tiles_from_server": job.tiles_from_server,
+            "tiles_sent": job.tiles_sent, "bytes_sent": job.bytes_sent,
+            "bytes_received": job.bytes_received, "batches": job.batches,
+            "fallback": job.fallback, "fallback_reason": job.fallback_reason,
+            "server_skipped": job.skipped, "finished_by": finished_by,
+            "offloaded": plan.uses_server,
+            "split_layer": plan.split_layer if job.policy in ("split", "fl") else None,
+            "estimates": self.est.snapshot(),
+            "_trace": (ts.t0, ts.t1, ts.worker),
+            "_job": job,
+        }
+
+    # ------------------------------------------------------------------ sending
+
+    def wake(self, t: float) -> None:
+        """The engine wakes (a tile was queued, a message left, an ACK came): pump at once."""
+        if not self._pump_due:
+            self._pump_due = True
+            self.loop.at(t, self._pump)
+
+    def _pump(self) -> None:
+        self._pump_due = False
+        t = self.loop.now
+        while True:
+            msg = self.outbox.popleft() if self.outbox else self._next_batch(t)
+            if msg is None:
+                break
+            self.link.send(msg, t)
+
+    def _next_batch(self, t: float) -> Msg | None:
+        """Engine._next_batch: the oldest inference's next batch while the window allows."""
+        b = self.est.bandwidth
+        batch_bytes = int(min(MAX_BATCH_BYTES, max(MIN_BATCH_BYTES, b * BATCH_SECONDS)))
+        window = max(2 * batch_bytes, b * max(2 * self.est.rtt.value, WINDOW_S))
+        if self.est.goodput.inflight_bytes >= window:
+            return None
+        for job in self.jobs.values():
+            if job.attached and job.sending:
+                msg = self._take_batch(job, batch_bytes, t)
+                if msg is not None:
+                    return msg
+        return None
+
+    def _take_batch(self, job: Job, max_bytes: int, t: float) -> Msg | None:
+        """Job.take_batch on the simulated send queue."""
+        native = job.native
+        queued = native.queued
+        if queued <= 0:
+            job.queued_since = None
+            return None
+        if job.whole_bytes:
+            if queued < job.whole_bytes:
+                return None
+            job.whole_bytes = 0
+            max_bytes = max(max_bytes, queued)
+        if queued < max_bytes and not job.inputs_to_send:
+            if job.queued_since is None:
+                job.queued_since = t
+            if t < job.queued_since + COALESCE_S:
+                due = job.queued_since + COALESCE_S
+                self.loop.at(due, self.wake, due)
+                return None
+        job.queued_since = None
+        ids = native.take(MAX_BATCH_TILES, (min(queued, max_bytes) // 4) * 4)
+        if not ids:  # the next tile alone is larger than a batch: it goes alone
+            ids = native.take(1, queued)
+            if not ids:
+                return None
+        job.batches += 1
+        batch = job.batches
+        data = int(sum(self.g.nbytes_list[i] for i in ids))
+        nbytes = tiles_header_bytes(job.id, batch) + 4 * len(ids) + data
+        self.est.goodput.sent((job.id, batch), nbytes, t)
+        job.inflight[batch] = nbytes
+        job.unacked += nbytes
+        if job.inputs_to_send:
+            job.inputs_to_send -= int(sum(1 for i in ids if self.g.is_input[i]))
+            if job.inputs_to_send <= 0:
+                job.input_batch = batch
+        return Msg(P.TILES, nbytes, job, {"batch": batch, "ids": ids, "inf": job.id})
+
+    def _heartbeat(self) -> None:
+        if self.closed:
+            return
+        t = self.loop.now
+        self.outbox.append(Msg(P.HEARTBEAT, _CONTROL_BYTES[P.HEARTBEAT], None, {"t_send": t}))
+        self.wake(t)
+        self.loop.at(t + self.heartbeat_s, self._heartbeat)
+
+    def _on_released(self, msg: Msg, t: float) -> bool:
+        """Engine._on_sent: the link released a message; False drops it."""
+        job = msg.job
+        if job is None:
+            return True
+        if msg.kind == P.TILES:
+            key = (job.id, msg.data["batch"])
+            if job.done:
+                self.est.goodput.forget(key)
+                return False
+            self.est.goodput.booked(key, t)
+            job.tiles_sent += len(msg.data["ids"])
+            if job.local_parked and job.resume_on_release and msg.data["batch"] == job.input_batch:
+                self._resume_local(job)
+        elif msg.kind == P.BEGIN and job.done:
+            return False
+        job.bytes_sent += msg.nbytes
+        if msg.kind == P.BEGIN:
+            job.begin_released = True
+        self.wake(t)
+        return True
+
+    def _arrive_at_server(self, msg: Msg) -> None:
+        self.sim.server.receive(self, msg, self.loop.now)
+
+    # ------------------------------------------------------------------ receiving
+
+    def _receive(self, msg: Msg) -> None:
+        t = self.loop.now
+        kind, data = msg.kind, msg.data
+        job = self.jobs.get(data.get("inf")) if "inf" in data else None
+        if job is not None:
+            job.bytes_received += msg.nbytes
+            job.last_news = t
+        if kind == P.ACK:
+            sample = self.est.goodput.acked((data["inf"], data["batch"]), t, self.est.rtt.value,
+                                            data["t_server"])
+            if sample is not None:
+                self.est.rtt.sample(sample)
+            if job is not None:
+                job.unacked -= job.inflight.pop(data["batch"], 0)
+                if data["batch"] == job.input_batch and job.inputs_at_server is None:
+                    # one clock for both sides here: the server's stamp is ours
+                    job.inputs_at_server = min(data["t_server"], t)
+            self._refresh_params(t)
+        elif kind == P.RESULT:
+            if job is not None and not job.done:
+                ts = job.native.ts
+                accepted = sum(1 for tile in data["ids"] if ts.put_tile(tile, t))
+                job.tiles_from_server += accepted
+                self.cores.dispatch(t)
+        elif kind == P.DONE:
+            if job is not None:
+                job.server_done = True
+        elif kind == P.STATS:
+            self.est.rtt.sample(t - data["t_send"])
+            flops = self.est.server_flops
+            self.est.on_stats(data)
+            self.est.server_flops = flops  # the per-graph rate of MODEL_READY beats the server's
+            self._refresh_params(t)
+        elif kind == P.ERROR:
+            if "batch" in data:
+                self.est.goodput.forget((data.get("inf"), data["batch"]))
+            if job is not None:
+                job.server_done = True
+                self._fallback(job, f"server error: {data.get('text')}")
+        self.wake(t)
+
+    def _refresh_params(self, t: float) -> None:
+        for job in self.jobs.values():
+            if job.attached and job.decides and job.sending:
+                Engine._push_params(self, job, t)

@@ -1,0 +1,170 @@
+"""``coacto profile``: measure this machine (and optionally its link to a server) and write a
+profile the simulator reads.
+
+Per thread count T, zoo models run on T computing threads with per-layer timing
+(Runtime.profile). A layer's busy seconds are summed over the threads, so FLOPs over busy
+seconds is the rate of one thread while T run together; the profile stores T times that (the
+machine's rate). Tiles are cut as clients cut them for offloading (OFFLOAD_MIN_COLUMN_BLOCKS),
+the partition the simulator simulates; fixed costs inside a tile's kernel are part of the rates.
+The per-tile overhead is what the single-thread latency holds beyond the kernels' busy time
+(scheduling, bookkeeping), per tile. A class no model exercises enough (under
+MIN_CLASS_SECONDS of busy time) gets the rate of ``other`` and the profile says so.
+
+With a server address, a Client runs cloud inferences against it and the profile records the
+goodput and RTT the client measured (its own estimates).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import CoactoError
+from .profiles import OP_CLASSES, OTHER, PROFILE_DIR, op_class, profile_dict
+
+log = logging.getLogger(__name__)
+
+#: Models whose layers cover the op classes: conv / gemm (ResNet-50), depthwise (MobileNetV2),
+#: elementwise and other (a DenseNet block's concatenations, a MobileNetV3 block's
+#: squeeze-and-excitation products).
+DEFAULT_MODELS = ("resnet50", "mobilenetv2", "densenet_block", "mobilenetv3_block")
+#: Busy time below which a class's rate is not trusted (clock reads and noise dominate).
+MIN_CLASS_SECONDS = 2e-4
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def measure_threads(models, threads: int, runs: int, progress) -> dict:
+    """Busy seconds and FLOPs per op class, latency, tiles and busy time of each model at
+    ``threads`` computing threads."""
+    from ..runtime import Runtime
+
+    secs = np.zeros(len(OP_CLASSES))
+    flops = np.zeros(len(OP_CLASSES))
+    rows = []
+    for name, tg, feeds in models:
+        progress(f"  {name} at {threads} thread(s) ...")
+        with Runtime(tg, threads=threads) as rt:
+            rt.run(feeds)  # packs the weights, warms the caches
+            times = []
+            for _ in range(runs):
+                t0 = time.perf_counter()
+                rt.run(feeds)
+                times.append(time.perf_counter() - t0)
+            layers = rt.profile(feeds, runs)
+        busy = 0.0
+        for row in layers:
+            c = op_class(tg.graph, row["layer"])
+            secs[c] += row["seconds"]
+            flops[c] += row["flops"]
+            busy += row["seconds"]
+        rows.append({"model": name, "threads": threads, "tiles": tg.n_tiles,
+                     "latency_ms": statistics.median(times) * 1e3, "busy_ms": busy * 1e3,
+                     "gflop": tg.total_flops / 1e9})
+    return {"seconds": secs, "flops": flops, "models": rows}
+
+
+def measure_link(address: str, model: str, inferences: int, progress) -> dict:
+    """Goodput and RTT a Client measures against ``address`` over cloud inferences of ``model``."""
+    import coacto
+    from .. import zoo
+
+    progress(f"link to {address}: {inferences} cloud inferences of {model} ...")
+    onnx_model = zoo.build(model)
+    feeds = zoo.input_feeds(onnx_model)
+    with coacto.Client(address, onnx_model, threads=1, policy="cloud") as client:
+        client.connect()
+        for _ in range(inferences):
+            client.infer(feeds)
+        est = client.estimates
+        stats = client.last_stats
+    if stats.get("fallback"):
+        raise CoactoError(f"the inferences against {address} fell back to the device "
+                          f"({stats.get('fallback_reason')}); check the server and try again")
+    return {"goodput_mbps": est["bandwidth_est_mbps"], "rtt_ms": est["rtt_est_ms"],
+            "server": address, "goodput_samples": est["goodput_samples"],
+            "rtt_samples": est["rtt_samples"],
+            "how": f"coacto.Client estimates after {inferences} cloud inferences of {model}"}
+
+
+def run_profile(name: str, threads=None, models=DEFAULT_MODELS, runs: int = 5,
+                server: str | None = None, link_inferences: int = 5, output=None,
+                progress=lambda msg: None) -> tuple[dict, Path]:
+    """Measures this machine, writes the profile (profiles/NAME.json or ``output``) and returns
+    (profile, path)."""
+    import coacto
+    from .. import zoo
+    from ..partition import OFFLOAD_MIN_COLUMN_BLOCKS
+    from ..runtime import default_threads, gemm_kernel_name
+
+    if not name or any(c in name for c in "/\\") or name.startswith("."):
+        raise CoactoError(f"profile name {name!r}: use letters, digits and dashes (the file is "
+                          f"profiles/NAME.json)")
+    counts = sorted(set(threads or range(1, default_threads() + 1)))
+    if not counts or counts[0] < 1:
+        raise CoactoError("thread counts must be positive integers")
+    if runs < 1:
+        raise CoactoError("runs must be at least 1")
+    unknown = [m for m in models if m not in zoo.MODELS]
+    if unknown:
+        raise CoactoError(f"not zoo models: {', '.join(unknown)} (zoo: {', '.join(zoo.MODELS)})")
+    graphs = []
+    for m in models:
+        progress(f"compiling {m} ...")
+        onnx_model = zoo.build(m)
+        tg = coacto.compile(onnx_model, min_column_blocks=OFFLOAD_MIN_COLUMN_BLOCKS)
+        graphs.append((m, tg, zoo.input_feeds(onnx_model)))
+    gflops, notes, rows, overhead_us = {}, [], [], None
+    for t in counts:
+        progress(f"{t} thread(s):")
+        m = measure_threads(graphs, t, runs, progress)
+        rows.extend(m["models"])
+        rates = np.zeros(len(OP_CLASSES))
+        trusted = m["seconds"] >= MIN_CLASS_SECONDS
+        if not trusted[OTHER]:
+            raise CoactoError("the models exercised too little of the 'other' class to rate it; "
+                              "add a model with pooling or normalisation (--models)")
+        for c in range(len(OP_CLASSES)):
+            src = c if trusted[c] and m["flops"][c] > 0 else OTHER
+            if src != c and t == counts[0]:
+                notes.append(f"{OP_CLASSES[c]}: too little busy time in these models; rated as "
+                             f"'other'")
+            rates[c] = m["flops"][src] / m["seconds"][src] * t / 1e9
+        gflops[t] = dict(zip(OP_CLASSES, rates.tolist()))
+        if t == 1:  # at one thread nothing idles: latency - busy is the runtime's own time
+            per_tile = [(r["latency_ms"] - r["busy_ms"]) * 1e3 / r["tiles"] for r in m["models"]]
+            overhead_us = max(0.0, statistics.median(per_tile))
+    if overhead_us is None:
+        notes.append("tile_overhead_us: not measured (1 thread was not among the counts); 0")
+        overhead_us = 0.0
+    link = None
+    if server:
+        link = measure_link(server, models[0], link_inferences, progress)
+    source = (f"measured on this machine by `coacto profile` ({time.strftime('%Y-%m-%d')}): "
+              f"per-layer busy time of zoo models {', '.join(models)} (offloading partition) at "
+              f"{', '.join(map(str, counts))} thread(s), median of {runs} runs"
+              + (f"; link: {link['how']} against {server}" if link else ""))
+    prof = profile_dict(name, os.cpu_count() or max(counts), gflops, overhead_us, source, link,
+                        measured=time.strftime("%Y-%m-%d"),
+                        cpu={"model": cpu_model(), "machine": platform.machine(),
+                             "cores": os.cpu_count(), "usable": default_threads()},
+                        gemm_kernel=gemm_kernel_name(), runs=runs, models=rows,
+                        notes=notes)
+    path = Path(output) if output else PROFILE_DIR / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(prof, indent=1) + "\n")
+    return prof, path

@@ -1,0 +1,245 @@
+"""Machine profiles for the simulator: sustained FLOP rates per op class and thread count, the
+per-tile overhead, and optionally the link a profile was measured over.
+
+A profile is JSON in ``profiles/`` (DESIGN.md §6), written by ``coacto profile`` on the machine
+itself or derived from public figures (then its ``source`` says so)::
+
+    {
+      "name": "raspberry-pi-4",
+      "format": 1,
+      "source": "where every number comes from",
+      "cores": 4,
+      "gflops": {"1": {"conv": 2.9, "gemm": 3.4, "depthwise": 0.8, "elementwise": 0.4,
+                       "other": 0.4},
+                 "4": {...}},
+      "tile_overhead_us": 20.0,
+      "link": {"goodput_mbps": 94.0, "rtt_ms": 0.4}          (optional)
+    }
+
+``gflops[T][class]`` is what the whole machine sustains with T computing threads on tiles of that
+op class (GFLOP/s, FLOPs as coacto counts them: a multiply-add is two). Between measured thread
+counts the rate is interpolated linearly; beyond the largest one each further thread adds that
+count's per-thread rate (optimistic: no memory-bandwidth ceiling is modelled). Threads beyond
+``cores`` add nothing.
+
+Profiles written by ``experiments/profile_machine.py`` (``xeon-avx512-2core.json``) carry no
+per-class rates: every class then gets the FLOP rate the machine sustained on whole zoo models
+(``models[].coacto_gflops_per_s``), and the per-tile overhead their ``tile_overhead`` figure.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import CoactoError
+
+log = logging.getLogger(__name__)
+
+#: Op classes a profile rates separately (DESIGN.md §6: "sustained FLOP/s per operator class").
+OP_CLASSES = ("conv", "gemm", "depthwise", "elementwise", "other")
+CONV, GEMM, DEPTHWISE, ELEMENTWISE, OTHER = range(len(OP_CLASSES))
+PROFILE_FORMAT = 1
+#: Where profiles live: profiles/ at the top of the repository (COACTO_PROFILES overrides).
+PROFILE_DIR = Path(os.environ.get("COACTO_PROFILES")
+                   or Path(__file__).resolve().parents[2] / "profiles")
+
+
+class ProfileError(CoactoError, ValueError):
+    """A machine profile that is missing, unreadable or lacks a field the simulator needs."""
+
+
+def op_class(graph, li: int) -> int:
+    """The op class (index into OP_CLASSES) of layer ``li`` of an ir.Graph.
+
+    conv: spatial convolutions (kernel larger than 1x1, one group); gemm: 1x1 convolutions,
+    fully connected layers (a kernel covering the whole input) and matrix products; depthwise:
+    grouped convolutions; elementwise: BINARY, AFFINE, WHERE; other: pooling, normalisation,
+    softmax, index maps (their FLOPs count output elements; their cost is memory traffic)."""
+    layer = graph.layers[li]
+    op = layer.op
+    if op == "CONV":
+        a = layer.attrs
+        if a.get("group", 1) > 1:
+            return DEPTHWISE
+        src = graph.layers[layer.inputs[0]].shape if layer.inputs else (1, 1, 1, 1)
+        fully_connected = (a["kh"], a["kw"]) == tuple(src[2:4]) and tuple(layer.shape[2:4]) == (1, 1)
+        return GEMM if a["kh"] * a["kw"] == 1 or fully_connected else CONV
+    if op == "MATMUL":
+        return GEMM
+    if op in ("BINARY", "AFFINE", "WHERE"):
+        return ELEMENTWISE
+    return OTHER
+
+
+@dataclass
+class MachineProfile:
+    """A loaded profile (see the module text)."""
+
+    name: str
+    cores: int
+    gflops: dict[int, np.ndarray]  # threads -> GFLOP/s per op class (whole machine)
+    tile_overhead_s: float
+    source: str = ""
+    link: dict | None = None
+    per_class: bool = True  # False: one rate for every class (a profile_machine.py profile)
+    path: str | None = None
+    raw: dict = field(default_factory=dict, repr=False)
+
+    def machine_flops(self, threads: int) -> np.ndarray:
+        """FLOP/s per op class the whole machine sustains with ``threads`` computing threads."""
+        if threads < 1:
+            raise ProfileError(f"thread count must be at least 1, got {threads}")
+        t = min(int(threads), self.cores)
+        counts = sorted(self.gflops)
+        if t in self.gflops:
+            return self.gflops[t] * 1e9
+        lower = [c for c in counts if c < t]
+        upper = [c for c in counts if c > t]
+        if not lower:  # below the smallest measured count: its per-thread rate
+            c = counts[0]
+            return self.gflops[c] / c * t * 1e9
+        lo = lower[-1]
+        if not upper:  # beyond the largest: each thread adds that count's per-thread rate
+            return self.gflops[lo] / lo * t * 1e9
+        hi = upper[0]
+        w = (t - lo) / (hi - lo)
+        return ((1 - w) * self.gflops[lo] + w * self.gflops[hi]) * 1e9
+
+    def thread_flops(self, threads: int) -> np.ndarray:
+        """FLOP/s per op class of one of ``threads`` computing threads running together."""
+        return self.machine_flops(threads) / threads
+
+
+def _resolve(spec) -> Path:
+    if isinstance(spec, Path) or spec.endswith(".json") or os.sep in spec:
+        return Path(spec)
+    return PROFILE_DIR / f"{spec}.json"
+
+
+def available_profiles() -> list[str]:
+    return sorted(p.stem for p in PROFILE_DIR.glob("*.json")) if PROFILE_DIR.is_dir() else []
+
+
+def load_profile(spec) -> MachineProfile:
+    """A MachineProfile from a name in profiles/, a path to a JSON file, a dict, or a
+    MachineProfile (returned as is)."""
+    if isinstance(spec, MachineProfile):
+        return spec
+    path = None
+    if isinstance(spec, dict):
+        raw = spec
+    else:
+        path = _resolve(spec)
+        if not path.exists():
+            names = ", ".join(available_profiles()) or "none"
+            raise ProfileError(f"no profile {str(spec)!r} ({path} does not exist); name one of "
+                               f"profiles/ ({names}), give a path to a JSON file, or write one "
+                               f"with `coacto profile --name NAME` on the machine")
+        try:
+            raw = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            raise ProfileError(f"{path}: cannot read the profile ({e}); fix the JSON or write it "
+                               f"again with `coacto profile`") from None
+    if not isinstance(raw, dict):
+        raise ProfileError(f"{path or 'profile'}: a profile is a JSON object (see "
+                           f"coacto/sim/profiles.py for its fields)")
+    where = str(path) if path else f"profile {raw.get('name', '?')!r}"
+    legacy = "gflops" not in raw and "models" in raw
+    prof = _from_legacy(raw, where) if legacy else _from_raw(raw, where)
+    prof.path = str(path) if path else None
+    return prof
+
+
+def _need(raw: dict, key: str, where: str, what: str):
+    if key not in raw:
+        raise ProfileError(f"{where}: the field {key!r} is missing ({what}); add it, or write the "
+                           f"profile again with `coacto profile`")
+    return raw[key]
+
+
+def _positive(value, where: str, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (value > 0) \
+            or math.isinf(value):
+        raise ProfileError(f"{where}: {what} must be a positive number, got {value!r}")
+    return float(value)
+
+
+def _from_raw(raw: dict, where: str) -> MachineProfile:
+    name = _need(raw, "name", where, "the machine's name")
+    cores = _need(raw, "cores", where, "how many cores the machine has")
+    if isinstance(cores, bool) or not isinstance(cores, int) or cores < 1:
+        raise ProfileError(f"{where}: 'cores' must be a positive integer, got {cores!r}")
+    table = _need(raw, "gflops", where, "GFLOP/s per thread count and op class")
+    if not isinstance(table, dict) or not table:
+        raise ProfileError(f"{where}: 'gflops' must map thread counts to rates per op class, "
+                           f"e.g. {{\"1\": {{\"conv\": 2.0, ...}}}}")
+    gflops = {}
+    for key, rates in table.items():
+        try:
+            threads = int(key)
+        except (TypeError, ValueError):
+            threads = 0
+        if threads < 1:
+            raise ProfileError(f"{where}: 'gflops' keys are thread counts (\"1\", \"4\", ...), "
+                               f"got {key!r}")
+        if not isinstance(rates, dict):
+            raise ProfileError(f"{where}: gflops[{key!r}] must map op classes "
+                               f"({', '.join(OP_CLASSES)}) to GFLOP/s")
+        missing = [c for c in OP_CLASSES if c not in rates]
+        if missing:
+            raise ProfileError(f"{where}: gflops[{key!r}] lacks the op class(es) "
+                               f"{', '.join(missing)}; give a rate for each of "
+                               f"{', '.join(OP_CLASSES)}")
+        gflops[threads] = np.array([_positive(rates[c], where, f"gflops[{key!r}][{c!r}]")
+                                    for c in OP_CLASSES])
+    overhead_us = _need(raw, "tile_overhead_us", where, "the runtime's cost per tile, microseconds")
+    if isinstance(overhead_us, bool) or not isinstance(overhead_us, (int, float)) \
+            or not (overhead_us >= 0):
+        raise ProfileError(f"{where}: 'tile_overhead_us' must be a number >= 0, got "
+                           f"{overhead_us!r}")
+    source = _need(raw, "source", where, "where the numbers come from")
+    link = raw.get("link")
+    if link is not None and not isinstance(link, dict):
+        raise ProfileError(f"{where}: 'link' must be an object with goodput_mbps and rtt_ms")
+    return MachineProfile(str(name), cores, gflops, float(overhead_us) * 1e-6, str(source), link,
+                          True, raw=raw)
+
+
+def _from_legacy(raw: dict, where: str) -> MachineProfile:
+    """A profile of experiments/profile_machine.py: one rate (the median over its models) per
+    thread count for every class."""
+    by_threads: dict[int, list[float]] = {}
+    for row in raw.get("models") or []:
+        rate, threads = row.get("coacto_gflops_per_s"), row.get("threads")
+        if isinstance(rate, (int, float)) and rate > 0 and isinstance(threads, int) and threads > 0:
+            by_threads.setdefault(threads, []).append(float(rate))
+    if not by_threads:
+        raise ProfileError(f"{where}: no model has 'coacto_gflops_per_s' and 'threads'; measure "
+                           f"the machine again with `coacto profile`")
+    gflops = {t: np.full(len(OP_CLASSES), float(np.median(v))) for t, v in by_threads.items()}
+    overhead = [r.get("us_per_tile") for r in raw.get("tile_overhead") or []
+                if r.get("threads") == 1 and r.get("send", "none") == "none"]
+    overhead_us = float(overhead[0]) if overhead and isinstance(overhead[0], (int, float)) else 0.0
+    cores = (raw.get("cpu") or {}).get("cores") or max(by_threads)
+    log.info("%s: no per-class rates; every class at the rate of whole models", where)
+    return MachineProfile(str(raw.get("name", "unnamed")), int(cores), gflops, overhead_us * 1e-6,
+                          str(raw.get("how", "")), raw.get("link"), False, raw=raw)
+
+
+def profile_dict(name: str, cores: int, gflops: dict, tile_overhead_us: float, source: str,
+                 link: dict | None = None, **extra) -> dict:
+    """The JSON object of a profile (what ``coacto profile`` writes)."""
+    out = {"name": name, "format": PROFILE_FORMAT, "source": source, "cores": int(cores),
+           "gflops": {str(t): {c: float(r[c]) for c in OP_CLASSES}
+                      for t, r in sorted(gflops.items())},
+           "tile_overhead_us": float(tile_overhead_us)}
+    if link:
+        out["link"] = link
+    out.update(extra)
+    return out

@@ -1,0 +1,343 @@
+"""``simulate``: D devices, each with its own link, and one N-core server, over a tile graph.
+
+Times are seconds of simulated time from 0; rates are FLOP/s and bytes/s inside, Mbit/s and ms
+at the interface (as the experiments state their settings).
+"""
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import CoactoError
+from ..mobile import policies
+from ..mobile.estimates import DEFAULT_RTT
+from ..tilegraph import TileGraph
+from .cores import Cores, Durations, TileState
+from .device import SimDevice
+from .events import EventLoop
+from .graph import SimGraph, sim_graph
+from .link import BandwidthTrace, TraceError, lte_trace, make_trace, wifi_trace
+from .profiles import MachineProfile, load_profile
+from .server import SimServer
+
+log = logging.getLogger(__name__)
+
+#: RTT when none is given: the client's estimate before it measures one (estimates.DEFAULT_RTT).
+DEFAULT_RTT_MS = DEFAULT_RTT * 1e3
+#: Seconds of simulated time after the last inference ends in which tiles already running finish
+#: (their schedule is complete then); nothing after it changes a result.
+DRAIN_S = 60.0
+
+
+class SimError(CoactoError, ValueError):
+    """Simulation settings that cannot be simulated (say which and what to give instead)."""
+
+
+def _default(func, name: str):
+    return inspect.signature(func).parameters[name].default
+
+
+def _client_timeout() -> float:
+    from ..mobile.client import Client
+    return float(_default(Client.__init__, "timeout"))
+
+
+def _heartbeat_s(timeout: float) -> float:
+    """Session._hb_interval: a third of the client's timeout, at most the server's heartbeat_s
+    (a third of its heartbeat_timeout)."""
+    from ..server.server import Server
+    return min(timeout / 3, float(_default(Server.__init__, "heartbeat_timeout")) / 3)
+
+
+@dataclass
+class InferenceResult:
+    """One simulated inference. Times in seconds; ``schedule()`` lists every tile computed for
+    it as (tile, side, worker, start, end), times from its submission."""
+
+    device: int
+    index: int
+    policy: str
+    latency_s: float
+    t_submit: float
+    t_end: float
+    tiles_local: int
+    tiles_server: int
+    tiles_from_server: int
+    tiles_sent: int
+    bytes_sent: int
+    bytes_received: int
+    batches: int
+    fallback: bool
+    finished_by: str
+    offloaded: bool
+    split_layer: int | None
+    decisions: int
+    decided_sent: int
+    estimates: dict
+    fallback_reason: str | None = None
+    server_skipped: str | None = None
+    _device_trace: tuple = field(default=None, repr=False)
+    _server_trace: tuple | None = field(default=None, repr=False)
+
+    def schedule(self) -> list[tuple[int, str, int, float, float]]:
+        rows = []
+        for side, trace in (("device", self._device_trace), ("server", self._server_trace)):
+            if trace is None:
+                continue
+            t0, t1, worker = trace
+            rows.extend((tile, side, worker[tile], t0[tile] - self.t_submit,
+                         t1[tile] - self.t_submit) for tile in t0)
+        rows.sort(key=lambda r: (r[3], r[1], r[2]))
+        return rows
+
+    def to_dict(self, schedule: bool = False) -> dict:
+        out = {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
+        if schedule:
+            out["schedule"] = [list(r) for r in self.schedule()]
+        return out
+
+
+@dataclass
+class SimResult:
+    """Every inference (``inferences``, in completion order) and the statistics over those after
+    the warm-up ones of each device."""
+
+    inferences: list[InferenceResult]
+    settings: dict
+    measured: list[InferenceResult]
+    wall_s: float = 0.0
+    events: int = 0
+
+    @property
+    def latencies(self) -> np.ndarray:
+        return np.array([r.latency_s for r in self.measured])
+
+    @property
+    def latency_s(self) -> float:
+        """The median latency (p50)."""
+        return self.p50
+
+    @property
+    def p50(self) -> float:
+        return float(np.percentile(self.latencies, 50)) if self.measured else math.nan
+
+    @property
+    def p95(self) -> float:
+        return float(np.percentile(self.latencies, 95)) if self.measured else math.nan
+
+    @property
+    def mean(self) -> float:
+        return float(self.latencies.mean()) if self.measured else math.nan
+
+    @property
+    def throughput(self) -> float:
+        """Measured inferences per second of simulated time, from the first one's submission to
+        the last one's end (all devices together)."""
+        if not self.measured:
+            return math.nan
+        span = max(r.t_end for r in self.measured) - min(r.t_submit for r in self.measured)
+        return len(self.measured) / span if span > 0 else math.inf
+
+    def summary(self) -> dict:
+        m = self.measured
+        return {
+            "p50_ms": self.p50 * 1e3, "p95_ms": self.p95 * 1e3, "mean_ms": self.mean * 1e3,
+            "throughput_per_s": self.throughput, "inferences": len(m),
+            "fallbacks": sum(r.fallback for r in m),
+            "tiles_local": float(np.mean([r.tiles_local for r in m])) if m else math.nan,
+            "tiles_server": float(np.mean([r.tiles_server for r in m])) if m else math.nan,
+            "tiles_sent": float(np.mean([r.tiles_sent for r in m])) if m else math.nan,
+            "bytes_sent": float(np.mean([r.bytes_sent for r in m])) if m else math.nan,
+            "finished_by": {k: sum(r.finished_by == k for r in m)
+                            for k in ("device", "server", "both")},
+        }
+
+    def to_dict(self, schedule: bool = False) -> dict:
+        return {"settings": self.settings, "summary": self.summary(),
+                "inferences": [r.to_dict(schedule) for r in self.inferences],
+                "wall_s": self.wall_s, "events": self.events}
+
+
+def resolve_graph(model_or_tg, tiles_per_layer: int | None = None,
+                  min_column_blocks: int | None = None) -> TileGraph:
+    """A TileGraph from a TileGraph, a zoo model name, an .onnx / .ctg path, ONNX bytes or a
+    ModelProto, compiled as the client compiles it for offloading (OFFLOAD_MIN_COLUMN_BLOCKS)."""
+    import coacto
+    from ..partition import OFFLOAD_MIN_COLUMN_BLOCKS
+
+    if isinstance(model_or_tg, TileGraph):
+        return model_or_tg
+    mcb = OFFLOAD_MIN_COLUMN_BLOCKS if min_column_blocks is None else min_column_blocks
+    if isinstance(model_or_tg, str):
+        if model_or_tg.endswith(".ctg"):
+            return coacto.load(model_or_tg)
+        from .. import zoo
+        if model_or_tg in zoo.MODELS:
+            model_or_tg = zoo.build(model_or_tg)
+        elif not model_or_tg.endswith(".onnx"):
+            raise SimError(f"{model_or_tg!r} is not a zoo model ({', '.join(zoo.MODELS)}) nor an "
+                           f".onnx / .ctg file")
+    return coacto.compile(model_or_tg, tiles_per_layer=tiles_per_layer, min_column_blocks=mcb)
+
+
+def _traces(devices: int, bandwidth_mbps, trace, seed: int) -> list[BandwidthTrace]:
+    if (bandwidth_mbps is None) == (trace is None):
+        raise SimError("give exactly one of bandwidth_mbps (a number of Mbit/s) and trace (a list "
+                       "of (t, Mbit/s) steps, a BandwidthTrace, 'lte' or 'wifi')")
+    if trace is None:
+        try:
+            return [BandwidthTrace.constant(bandwidth_mbps)] * devices
+        except TraceError as e:
+            raise SimError(str(e)) from None
+    if isinstance(trace, str):
+        gen = {"lte": lte_trace, "wifi": wifi_trace}.get(trace)
+        if gen is None:
+            raise SimError(f"trace {trace!r}: name 'lte' or 'wifi' (synthetic), or give steps")
+        return [gen(seed=seed + d) for d in range(devices)]  # each device its own fading
+    if isinstance(trace, (list, tuple)) and trace and isinstance(trace[0], BandwidthTrace):
+        if len(trace) != devices:
+            raise SimError(f"{len(trace)} traces for {devices} devices: give one per device")
+        return list(trace)
+    return [make_trace(trace)] * devices
+
+
+def solo_latency(g: SimGraph, threads: int, durations: Durations) -> float:
+    """Latency of one inference alone on ``threads`` computing threads from the inputs (the
+    runtime's schedule, no network)."""
+    loop = EventLoop()
+    cores = Cores(loop, threads, durations)
+    ts = TileState(cores, g)
+    ts.set_inputs(0.0)
+    loop.run()
+    return ts.t_end if ts.t_end is not None else 0.0
+
+
+def simulate(model_or_tg, policy: str = "dynamic", *, device="raspberry-pi-4",
+             server="threadripper-3990x", server_cores: int | None = None,
+             device_threads: int | None = None, devices: int = 1,
+             bandwidth_mbps: float | None = None, trace=None, rtt_ms: float = DEFAULT_RTT_MS,
+             quota: float | None = None, inferences: int = 1, warmup: int = 0, seed: int = 0,
+             timeout: float | None = None, start_jitter_s: float = 0.0,
+             device_flops: float | None = None, server_flops: float | None = None,
+             tiles_per_layer: int | None = None, split_layer: int | None = None,
+             fl_layer: int | None = None, device_share: float | None = None) -> SimResult:
+    """Simulates ``inferences`` back-to-back inferences on each of ``devices`` devices running
+    ``policy`` against one server (see docs/SIMULATOR.md).
+
+    ``device`` / ``server``: profiles (a name in profiles/, a path, a dict or a MachineProfile);
+    ``device_threads``: computing threads per device (default: the profile's cores);
+    ``server_cores``: the server's computing threads (default: its profile's cores);
+    ``quota``: the device's CPU quota in cores (a cgroup's quota / period; 0.25 = a quarter of one
+    core shared by its threads), None for none; ``bandwidth_mbps`` or ``trace``: the link, both
+    directions (a trace: (t, Mbit/s) steps, a BandwidthTrace, 'lte' or 'wifi' (synthetic), or one
+    BandwidthTrace per device); ``rtt_ms``: round-trip propagation; ``warmup``: inferences per
+    device left out of the statistics; ``seed``: synthetic traces and start jitter;
+    ``start_jitter_s``: devices start at uniform random times in [0, this);
+    ``device_flops`` / ``server_flops``: the rates the device plans with (default: what the real
+    client and server measure, the model's FLOPs over its simulated solo latency on each side);
+    ``timeout``: the client's (default: coacto.Client's); ``tiles_per_layer``: when compiling;
+    ``split_layer`` / ``fl_layer`` / ``device_share``: fix split / fl as the Client options do.
+    """
+    t_wall = time.perf_counter()
+    if policy not in policies.POLICIES:
+        raise SimError(f"unknown policy {policy!r}; choose one of {', '.join(policies.POLICIES)}")
+    for name, v in (("devices", devices), ("inferences", inferences)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise SimError(f"{name} must be a positive integer, got {v!r}")
+    if not (isinstance(warmup, int) and 0 <= warmup < inferences):
+        raise SimError(f"warmup must be an integer from 0 to inferences - 1, got {warmup!r}")
+    if not (rtt_ms >= 0):
+        raise SimError(f"rtt_ms must be >= 0, got {rtt_ms!r}")
+    if quota is not None and not (quota > 0):
+        raise SimError(f"quota must be a positive number of cores (0.25: a quarter of one), got "
+                       f"{quota!r}")
+    tg = resolve_graph(model_or_tg, tiles_per_layer)
+    g = sim_graph(tg)
+    dev_prof: MachineProfile = load_profile(device)
+    srv_prof: MachineProfile = load_profile(server)
+    k = dev_prof.cores if device_threads is None else int(device_threads)
+    n = srv_prof.cores if server_cores is None else int(server_cores)
+    if k < 1 or n < 1:
+        raise SimError(f"device_threads and server_cores must be at least 1, got {k} and {n}")
+    traces = _traces(devices, bandwidth_mbps, trace, seed)
+    timeout = _client_timeout() if timeout is None else float(timeout)
+
+    dev_dur = Durations(g, dev_prof, quota=quota)
+    srv_dur = Durations(g, srv_prof)
+    dev_solo = solo_latency(g, k, dev_dur)
+    srv_solo = solo_latency(g, n, srv_dur)
+    est_device = device_flops or (tg.total_flops / dev_solo if dev_solo > 0 else 1e12)
+    est_server = server_flops or (tg.total_flops / srv_solo if srv_solo > 0 else 1e12)
+
+    loop = EventLoop()
+    sim = _Sim(loop, tg, g)
+    sim.server = SimServer(loop, g, n, srv_dur, est_server)
+    rng = np.random.default_rng(seed)
+    keys = {"split": ("split_layer",), "fl": ("fl_layer", "device_share")}.get(policy, ())
+    given = {"split_layer": split_layer, "fl_layer": fl_layer, "device_share": device_share}
+    options = {key: given[key] for key in keys if given[key] is not None}
+    rtt = rtt_ms / 1e3
+    hb = _heartbeat_s(timeout)
+    for d in range(devices):
+        dev = SimDevice(sim, d, threads=k, durations=dev_dur, uplink_trace=traces[d],
+                        downlink_trace=traces[d], rtt=rtt, bandwidth0=traces[d].rate_at(0.0),
+                        device_flops=est_device, server_flops=est_server, timeout=timeout,
+                        heartbeat_s=hb)
+        sim.devices.append(dev)
+        t0 = float(rng.uniform(0.0, start_jitter_s)) if start_jitter_s > 0 else 0.0
+        dev.start(policy, inferences, t0, options)
+    total = devices * inferences
+    loop.run(stop=lambda: sum(len(dv.records) for dv in sim.devices) >= total)
+    for dev in sim.devices:  # tiles still running finish; heartbeats stop
+        dev.closed = True
+    loop.run(until=loop.now + DRAIN_S)
+
+    results = []
+    for dev in sim.devices:
+        for rec in dev.records:
+            srv = sim.server.traces.get((dev.index, rec["inference"]))
+            results.append(InferenceResult(
+                device=rec["device"], index=rec["inference"], policy=rec["policy"],
+                latency_s=rec["latency_s"], t_submit=rec["t_submit"], t_end=rec["t_end"],
+                tiles_local=rec["tiles_local"], tiles_server=srv.computed if srv else 0,
+                tiles_from_server=rec["tiles_from_server"], tiles_sent=rec["tiles_sent"],
+                bytes_sent=rec["bytes_sent"], bytes_received=rec["bytes_received"],
+                batches=rec["batches"], fallback=rec["fallback"], finished_by=rec["finished_by"],
+                offloaded=rec["offloaded"], split_layer=rec["split_layer"],
+                # counted after the drain: a tile running when the inference ended still
+                # completes, and the runtime decides on it like on any other
+                decisions=len(rec["_job"].native.decisions),
+                decided_sent=sum(1 for d in rec["_job"].native.decisions if d[1]),
+                estimates=rec["estimates"], fallback_reason=rec["fallback_reason"],
+                server_skipped=rec["server_skipped"], _device_trace=rec["_trace"],
+                _server_trace=(srv.t0, srv.t1, srv.worker) if srv else None))
+    results.sort(key=lambda r: (r.t_end, r.device))
+    measured = [r for r in results if r.index > warmup]
+    settings = {
+        "model": model_or_tg if isinstance(model_or_tg, str) else tg.graph.model_hash[:12],
+        "tiles": tg.n_tiles, "gflop": tg.total_flops / 1e9, "policy": policy,
+        "device": dev_prof.name, "device_threads": k, "quota": quota,
+        "server": srv_prof.name, "server_cores": n, "devices": devices,
+        "bandwidth_mbps": bandwidth_mbps,
+        "trace": None if trace is None else (trace if isinstance(trace, str) else traces[0].name
+                                             or "steps"),
+        "rtt_ms": rtt_ms, "inferences": inferences, "warmup": warmup, "seed": seed,
+        "timeout_s": timeout, "device_solo_ms": dev_solo * 1e3, "server_solo_ms": srv_solo * 1e3,
+        "device_flops_est": est_device, "server_flops_est": est_server,
+    }
+    return SimResult(results, settings, measured, wall_s=time.perf_counter() - t_wall,
+                     events=loop.events)
+
+
+class _Sim:
+    """What the devices share: the loop, the graph and the server."""
+
+    def __init__(self, loop: EventLoop, tg: TileGraph, g: SimGraph):
+        self.loop, self.tg, self.g = loop, tg, g
+        self.server: SimServer | None = None
+        self.devices: list[SimDevice] = []
