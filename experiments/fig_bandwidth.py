@@ -119,6 +119,8 @@ def best_table(rows: list[dict], policies) -> list[dict]:
 
 def plot(out: Path, rows: list[dict], policies, settings: dict) -> Path:
     plt = H.pyplot()
+    from matplotlib.ticker import NullLocator, ScalarFormatter
+
     models = sorted({r["model"] for r in rows}, key=lambda m: list(H.FIGURE_MODELS).index(m)
                     if m in H.FIGURE_MODELS else 99)
     cols = min(2, len(models))
@@ -145,6 +147,11 @@ def plot(out: Path, rows: list[dict], policies, settings: dict) -> Path:
                         label=p if ours else f"ref {p}")
         ax.set_xscale("log")
         ax.set_yscale("log")
+        bws = sorted({r["nominal_mbps"] for r in rows if r["model"] == model})
+        ax.set_xticks(bws, [f"{b:g}" for b in bws])
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.yaxis.set_major_formatter(ScalarFormatter())
+        ax.yaxis.set_minor_formatter(ScalarFormatter())
         ax.set_title(model)
         ax.set_xlabel("link bandwidth (Mbit/s, nominal)")
         ax.set_ylabel("latency (ms, median)")
@@ -152,7 +159,8 @@ def plot(out: Path, rows: list[dict], policies, settings: dict) -> Path:
         ax.legend(fontsize=7, ncol=2)
     for ax in list(axes.flat)[len(models):]:
         ax.axis("off")
-    fig.suptitle("Latency vs bandwidth: coacto's policies (solid) and the CoActo reference (dashed)")
+    fig.suptitle("Latency vs bandwidth\ncoacto's policies (solid), the CoActo reference's (dashed)",
+                 fontsize=10)
     fig.text(0.01, 0.005, H.settings_note(settings), fontsize=6, va="bottom", family="monospace")
     fig.tight_layout(rect=(0, 0.05, 1, 0.97))
     path = out / "bandwidth.png"
