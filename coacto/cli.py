@@ -1,4 +1,4 @@
-"""The `coacto` command: compile, run, bench, tune, demo.
+"""The `coacto` command: compile, run, bench, tune, demo, profile.
 
 Exit codes: 0 success; 1 a coacto error (message on stderr); 2 bad usage; 3 outputs disagree
 with onnxruntime."""
@@ -31,6 +31,7 @@ examples:
   coacto bench resnet50 --threads 2             coacto vs onnxruntime, same threads
   coacto bench --models resnet50,vgg16,mobilenetv2 --threads 1,2
   coacto tune model.onnx --threads 2            tile counts measured for this machine
+  coacto profile --name my-laptop               this machine's profile for the simulator
 """
 
 
@@ -414,6 +415,27 @@ def demo_offload(model, feeds, ref, args) -> int:
     return 0 if ok else EXIT_MISMATCH
 
 
+def cmd_profile(args) -> int:
+    from .sim.measure import DEFAULT_MODELS, run_profile
+
+    threads = _int_list(args.threads, "--threads") if args.threads else None
+    models = [m.strip() for m in args.models.split(",") if m.strip()] if args.models \
+        else list(DEFAULT_MODELS)
+    prof, path = run_profile(args.name, threads, models, args.runs, args.server,
+                             args.link_inferences, args.output, progress=_progress)
+    if args.json:
+        print(json.dumps(dict(prof, path=str(path))))
+        return 0
+    for t, rates in prof["gflops"].items():
+        print(f"{t:>3} thread(s): " + ", ".join(f"{c} {r:.1f}" for c, r in rates.items())
+              + " GFLOP/s")
+    print(f"per-tile overhead {prof['tile_overhead_us']:.2f} us"
+          + (f"; link {prof['link']['goodput_mbps']:.1f} Mbit/s, RTT {prof['link']['rtt_ms']:.2f} ms"
+             if prof.get("link") else ""))
+    print(f"profile written to {path} (python -m coacto.sim --device {args.name} ...)")
+    return 0
+
+
 # ------------------------------------------------------------------------------ parser
 
 def build_parser() -> argparse.ArgumentParser:
@@ -563,6 +585,35 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--bandwidths", default="5mbit,20mbit,100mbit",
                    help="link caps for the offloading part ('' skips it)")
     d.set_defaults(func=cmd_demo)
+
+    pr = sub.add_parser(
+        "profile", help="measure this machine (and its link to a server) for the simulator",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=_para("Runs zoo models with per-layer timing at each thread count and "
+                          "writes profiles/NAME.json: sustained GFLOP/s per op class (conv, "
+                          "gemm, depthwise, elementwise, other) and thread count, and the "
+                          "runtime's per-tile overhead; with --server, the goodput and RTT a "
+                          "client measures to that server. `python -m coacto.sim --device NAME` "
+                          "reads it."),
+        epilog="examples:\n"
+               "  coacto profile --name my-laptop\n"
+               "  coacto profile --name pi --threads 1,2,4 --runs 10\n"
+               "  coacto profile --name pi-wifi --server tcp://192.168.1.5:5555\n"
+               "  coacto profile --name quick --models squeezenet,mobilenetv3_block --json")
+    pr.add_argument("--name", required=True, help="profile name: the file is profiles/NAME.json")
+    pr.add_argument("--threads", default=None,
+                    help="comma-separated thread counts (default: 1 up to the usable CPUs)")
+    pr.add_argument("--models", default=None,
+                    help="comma-separated zoo models (default: resnet50, mobilenetv2, "
+                         "densenet_block, mobilenetv3_block: every op class)")
+    pr.add_argument("--runs", type=int, default=5, help="timed runs per model (default 5)")
+    pr.add_argument("--server", default=None, metavar="ADDR",
+                    help="also measure the link to this coacto-server (tcp://host:port)")
+    pr.add_argument("--link-inferences", type=int, default=5,
+                    help="cloud inferences for the link measurement (default 5)")
+    pr.add_argument("-o", "--output", default=None, help="write here instead of profiles/NAME.json")
+    pr.add_argument("--json", action="store_true", help="print the profile as JSON")
+    pr.set_defaults(func=cmd_profile)
     return p
 
 
