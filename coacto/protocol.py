@@ -9,6 +9,7 @@ identity frame in front.
 from __future__ import annotations
 
 import msgpack
+import numpy as np
 
 PROTOCOL_VERSION = 1
 
@@ -19,7 +20,7 @@ MODEL_QUERY = "model_query"  # c->s {graph_id, model_hash, params}   s->c MODEL_
 MODEL_MISSING = "model_missing"  # s->c {graph_id, model_hash}
 MODEL_UPLOAD = "model_upload"    # c->s {graph_id, model_hash, params} + [onnx bytes]
 MODEL_READY = "model_ready"  # s->c {graph_id, tiles}
-BEGIN = "begin"              # c->s {inf, graph_id}                  (no reply; errors as ERROR)
+BEGIN = "begin"              # c->s {inf, graph_id, trace?}          (no reply; errors as ERROR)
 TILES = "tiles"              # c->s {inf, batch, t_send} + [ids int32] + [data float32]
 ACK = "ack"                  # s->c {inf, batch, bytes, t_send, t_server}: one per TILES
 RESULT = "result"            # s->c {inf} + [ids int32] + [data float32]: exit tiles
@@ -28,9 +29,12 @@ DONE = "done"                # s->c {inf}: every exit tile was sent
 HEARTBEAT = "heartbeat"      # c->s {t_send}                         s->c STATS
 STATS = "stats"              # s->c {t_send, t_server, alpha, inferences, devices, threads}
 ERROR = "error"              # s->c {code, text, inf?}
+TRACE = "trace"              # s->c {inf, rows, ...} + [ids int32] + [t0 f64] + [t1 f64] + [worker
+                             #   int32]: the server's side of an inference BEGIN asked to trace
 
 MESSAGE_TYPES = frozenset({HELLO, HELLO_OK, MODEL_QUERY, MODEL_MISSING, MODEL_UPLOAD, MODEL_READY,
-                           BEGIN, TILES, ACK, RESULT, CANCEL, DONE, HEARTBEAT, STATS, ERROR})
+                           BEGIN, TILES, ACK, RESULT, CANCEL, DONE, HEARTBEAT, STATS, ERROR,
+                           TRACE})
 
 # Error codes (ERROR "code").
 E_BAD_MESSAGE = 1        # malformed header or frames
@@ -48,6 +52,13 @@ ZERO_COPY_MIN_BYTES = 64 * 1024
 #: Header frames larger than this are refused unparsed.
 MAX_HEADER_BYTES = 1 << 20
 
+# TRACE rows: what the server did with one tile of a traced inference (the "worker" column).
+TRACE_RECEIVED = -1   # arrived from the device: t0..t1 the server took in its TILES batch
+TRACE_RETURNED = -2   # sent back: t0..t1 the server read it and handed its RESULT to the socket
+#: TRACE rows at most per tile of the graph (a tile is computed once, returned once, and may be
+#: received more than once); a server stops recording received tiles beyond this.
+TRACE_ROWS_PER_TILE = 3
+
 
 class ProtocolError(ValueError):
     """A message that does not follow this protocol."""
@@ -56,6 +67,40 @@ class ProtocolError(ValueError):
 def pack(header: dict, *frames) -> list:
     """Header map + raw frames -> the frames of one multipart message."""
     return [msgpack.packb(header, use_bin_type=True), *frames]
+
+
+def pack_trace_rows(ids, t0, t1, worker) -> list:
+    """The four raw frames of a TRACE message: tile ids (int32), start and end times (float64,
+    the server's clock) and worker (int32; TRACE_RECEIVED, TRACE_RETURNED or a thread index)."""
+    return [np.ascontiguousarray(ids, "<i4"), np.ascontiguousarray(t0, "<f8"),
+            np.ascontiguousarray(t1, "<f8"), np.ascontiguousarray(worker, "<i4")]
+
+
+def unpack_trace_rows(header: dict, frames: list, n_tiles: int):
+    """A TRACE message's frames -> (ids, t0, t1, worker) arrays, checked: four frames of matching
+    lengths, ids in [0, n_tiles), finite times with t0 <= t1, workers >= TRACE_RETURNED, no more
+    rows than TRACE_ROWS_PER_TILE per tile. Raises ProtocolError."""
+    if len(frames) != 4:
+        raise ProtocolError(f"TRACE carries 4 frames after the header, got {len(frames)}")
+    sizes = [len(f) for f in frames]
+    n, rem = divmod(sizes[0], 4)
+    if rem or sizes != [4 * n, 8 * n, 8 * n, 4 * n]:
+        raise ProtocolError(f"TRACE frames of {sizes} bytes do not hold the same number of rows "
+                            "(int32, float64, float64, int32)")
+    if header.get("rows") not in (None, n):
+        raise ProtocolError(f"TRACE announces {header.get('rows')!r} rows and carries {n}")
+    if n > TRACE_ROWS_PER_TILE * n_tiles:
+        raise ProtocolError(f"TRACE of {n} rows for a graph of {n_tiles} tiles")
+    ids, t0, t1, worker = (np.frombuffer(getattr(f, "buffer", f), dtype=d).copy()
+                           for f, d in zip(frames, ("<i4", "<f8", "<f8", "<i4")))
+    if n and (ids.min() < 0 or ids.max() >= n_tiles):
+        raise ProtocolError(f"TRACE tile ids must be from 0 to {n_tiles - 1}")
+    if not (np.isfinite(t0).all() and np.isfinite(t1).all() and (t1 >= t0).all()):
+        raise ProtocolError("TRACE times must be finite, each end at or after its start")
+    if n and worker.min() < TRACE_RETURNED:
+        raise ProtocolError(f"TRACE worker {int(worker.min())} is not a thread index or a "
+                            "TRACE_RECEIVED / TRACE_RETURNED row")
+    return ids, t0, t1, worker
 
 
 def unpack(frames: list) -> tuple[dict, list]:

@@ -19,6 +19,7 @@ from collections import deque
 
 import numpy as np
 
+from .. import protocol as P
 from ..inference import NativeInference
 from .store import GraphEntry
 
@@ -66,7 +67,7 @@ class ServedInference:
 
     __slots__ = ("inf_id", "tag", "native", "entry", "session", "sent", "n_sent", "inputs_seen",
                  "n_inputs_seen", "t_begin", "t_inputs", "contended", "tiles_in", "bytes_in",
-                 "duplicates", "computing")
+                 "duplicates", "computing", "trace")
 
     def __init__(self, inf_id, tag: int, native: NativeInference, entry: GraphEntry, session,
                  t: float):
@@ -87,6 +88,7 @@ class ServedInference:
         self.bytes_in = 0
         self.duplicates = 0
         self.computing = False
+        self.trace: TraceLog | None = None     # when BEGIN asked for the server's side
 
     def note_inputs(self, ids: np.ndarray) -> bool:
         """Records received input tiles; True when this batch completed the inputs."""
@@ -102,6 +104,42 @@ class ServedInference:
     def unsent_outputs(self) -> np.ndarray:
         mask = self.entry.info.output_mask.astype(bool) & ~self.sent
         return np.flatnonzero(mask).astype(np.int32)
+
+
+class TraceLog:
+    """What the server did with a traced inference's tiles besides computing them (the runtime
+    records those): when each TILES batch was taken in and each RESULT sent. Bounded at
+    ``TRACE_ROWS_PER_TILE - 1`` rows per tile of the graph (a device that re-sends tiles must not
+    grow the server's memory); beyond that rows are dropped and the reply says it was truncated."""
+
+    __slots__ = ("parts", "rows", "max_rows", "truncated")
+
+    def __init__(self, n_tiles: int):
+        self.parts: list = []  # (ids, t0, t1, kind)
+        self.rows = 0
+        self.max_rows = (P.TRACE_ROWS_PER_TILE - 1) * n_tiles  # received + returned rows
+        self.truncated = False
+
+    def add(self, ids: np.ndarray, t0: float, t1: float, kind: int) -> None:
+        if self.rows + ids.size > self.max_rows:
+            self.truncated = True
+            return
+        self.parts.append((np.array(ids, np.int32), t0, t1, kind))
+        self.rows += ids.size
+
+    def message(self, si: "ServedInference", t: float) -> tuple[dict, list]:
+        """The TRACE reply: every tile the runtime computed, then the logged rows."""
+        t0, t1, worker = si.native.tile_trace()
+        done = np.flatnonzero(worker >= 0).astype(np.int32)
+        ids = [done] + [p[0] for p in self.parts]
+        start = [t0[done]] + [np.full(p[0].size, p[1]) for p in self.parts]
+        end = [t1[done]] + [np.full(p[0].size, p[2]) for p in self.parts]
+        kind = [worker[done]] + [np.full(p[0].size, p[3], np.int32) for p in self.parts]
+        frames = P.pack_trace_rows(*(np.concatenate(a) for a in (ids, start, end, kind)))
+        header = {"t": P.TRACE, "inf": si.inf_id, "rows": int(frames[0].size),
+                  "t_begin": si.t_begin, "t_inputs": si.t_inputs, "t_server": t,
+                  "threads": si.native.rt.threads, "truncated": self.truncated}
+        return header, frames
 
 
 class Session:

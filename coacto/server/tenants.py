@@ -16,7 +16,7 @@ from .. import protocol as P
 from ..errors import CoactoError
 from ..inference import REPORT_DONE, REPORT_TILE, NativeInference, now
 from ..runtime import NativeRuntime
-from .sessions import FlopEstimate, LoadAverage, ServedInference, Session, alpha
+from .sessions import FlopEstimate, LoadAverage, ServedInference, Session, TraceLog, alpha
 from .store import ModelStore, is_hash
 
 log = logging.getLogger(__name__)
@@ -121,12 +121,17 @@ class Tenants:
                                    f"inferences in flight (the limit)", inf=inf_id)
         tag = next(self._tags)
         native = NativeInference(self.rt, entry.tg, tag)
+        traced = h.get("trace") is True  # recorded only when asked: others pay nothing
         try:
             native.set_plan(report=entry.info.output_mask)
+            if traced:
+                native.enable_trace()
         except Exception:
             native.close()
             raise
         si = ServedInference(inf_id, tag, native, entry, session, now())
+        if traced:
+            si.trace = TraceLog(entry.tg.n_tiles)
         session.inferences[inf_id] = si
         self.by_tag[tag] = si
         if entry.info.n_inputs == 0:
@@ -161,10 +166,13 @@ class Tenants:
         data = np.frombuffer(frames[1].buffer, dtype="<f4")
         if data.ctypes.data % 4:
             data = data.copy()  # the runtime reads aligned floats
+        t_in = now()
         try:
             accepted, dup = si.native.put_tiles(ids, data)
         except CoactoError as e:
             raise Reject(P.E_BAD_TILES, str(e), inf=inf_id, batch=batch) from None
+        if si.trace is not None:
+            si.trace.add(ids, t_in, now(), P.TRACE_RECEIVED)
         outputs = np.unique(ids[info.output_mask[ids] == 1])
         outputs = outputs[~si.sent[outputs]]
         if outputs.size:  # output tiles the device sent: it has them, no RESULT for those
@@ -187,6 +195,8 @@ class Tenants:
         si = session.inferences.get(parse_inf_id(h))
         if si is not None:  # cancelling what is already gone is not an error
             self.counts["inferences_cancelled"] += 1
+            si.native.cancel()  # tiles still running are left out of a trace
+            self._send_trace(si)
             self._free(si, "cancelled")
 
     def heartbeat(self, session: Session, h: dict, frames: list) -> None:
@@ -252,6 +262,7 @@ class Tenants:
         ids = np.unique(np.asarray(tiles, dtype=np.int32))
         ids = ids[(info.output_mask[ids] == 1) & ~si.sent[ids]]
         if ids.size:
+            t_out = now()
             try:
                 data = si.native.get_tiles(ids)
             except CoactoError as e:
@@ -262,7 +273,9 @@ class Tenants:
             si.n_sent += int(ids.size)
             self.counts["results"] += 1
             self.send(si.session.identity, {"t": P.RESULT, "inf": si.inf_id},
-                       ids.astype("<i4"), data.astype("<f4", copy=False))
+                      ids.astype("<i4"), data.astype("<f4", copy=False))
+            if si.trace is not None:
+                si.trace.add(ids, t_out, now(), P.TRACE_RETURNED)
         if si.n_sent == info.n_outputs:
             self._finish(si)
 
@@ -275,11 +288,22 @@ class Tenants:
         if compute_s is not None and computed_all and not si.contended:
             self.flops.record(si.entry, info.total_flops, compute_s)
         self.counts["inferences_done"] += 1
+        self._send_trace(si)  # before DONE: a device that sees DONE first expects no TRACE
         self.send(si.session.identity, {
             "t": P.DONE, "inf": si.inf_id, "seconds": t - si.t_begin, "compute_s": compute_s,
             "tiles_computed": st["tiles_computed"], "tiles_external": st["tiles_external"],
             "duplicates": si.duplicates})
         self._free(si, "done")
+
+    def _send_trace(self, si: ServedInference) -> None:
+        if si.trace is None:
+            return
+        try:
+            header, frames = si.trace.message(si, now())
+        except CoactoError as e:  # the trace is a diagnostic: never fail the inference for it
+            log.warning("inference %r of device %s: no trace (%s)", si.inf_id, si.session.name, e)
+            return
+        self.send(si.session.identity, header, *frames)
 
     def _free(self, si: ServedInference, why: str) -> None:
         self._stop_computing(si)
