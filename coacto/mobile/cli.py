@@ -27,6 +27,8 @@ examples:
   coacto-client --server tcp://host:5555 --model model.ctg --model-bytes model.onnx --input x.npy
   coacto-client --server tcp://127.0.0.1:5555 --model m.onnx --input x.npy --threads 1 \\
                 --compute-cgroup /sys/fs/cgroup/cpu/slow-device     (a throttled device)
+  coacto-client --server tcp://127.0.0.1:5555 --model resnet50 --random --policy dynamic \\
+                --bandwidth 20mbit --trace t.json       (then open t.json in ui.perfetto.dev)
 
 policies: local (this device alone), cloud (send the whole input, then the server infers),
 split (one split layer chosen from the estimates, its tensor sent whole), fl (fused-layer: the
@@ -35,6 +37,11 @@ overlapped on both sides).
 --bandwidth takes tc's units: bit, kbit, mbit, gbit (bits/s); bps, kbps, mbps (bytes/s); a bare
 number is bits/s. With --json every inference prints one JSON object on stdout (latency_s,
 tiles_local, tiles_sent, tiles_from_server, bytes_sent, fallback, bandwidth_est_mbps, ...).
+--trace writes the last inference (with --repeat) as one Chrome trace-event JSON of both sides on
+this device's clock: the tiles each device and server thread computed, every TILES batch and
+RESULT on the link with arrows from the tile sent to its first use, the scheduler's decisions
+with both completion times, the estimates, the clock offset used. Open it in
+https://ui.perfetto.dev or chrome://tracing, or draw it: experiments/plot_trace.py t.json.
 
 exit codes: 0 success, 1 bad input or an error (message on stderr), 2 bad usage.
 """
@@ -71,6 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="move the computing threads (only them) into this cgroup v1 cpu folder: "
                         "a slower device whose network stack is not throttled")
     p.add_argument("--output", metavar="OUT.npz", help="write the last outputs (ONNX names)")
+    p.add_argument("--trace", metavar="T.json",
+                   help="write a merged trace of the last inference, both sides (see below)")
     p.add_argument("--json", action="store_true", help="one JSON object per inference on stdout")
     p.add_argument("--verbose", "-v", action="count", default=0, help="log more (-vv: debug)")
     return p
@@ -115,6 +124,8 @@ def run(args) -> int:
                          "(or use --policy local)")
     if args.model_bytes is not None and not Path(args.model_bytes).is_file():
         raise InputError(f"--model-bytes {args.model_bytes}: no such file")
+    if args.trace is not None and not Path(args.trace).resolve().parent.is_dir():
+        raise InputError(f"--trace {args.trace}: its folder does not exist; create it first")
     # With a server, the graph it compiles too: the offloading partition (without this device's
     # tuned profile). On the device alone, the partition (and tuned profile) for local speed.
     alone = args.policy == "local"
@@ -135,7 +146,8 @@ def run(args) -> int:
         outputs = None
         t0 = time.perf_counter()
         for i in range(args.repeat):
-            outputs = client.infer(feeds)
+            last = i == args.repeat - 1
+            outputs = client.infer(feeds, trace=args.trace if last and args.trace else False)
             stats = dict(client.last_stats, run=i)
             if args.json:
                 print(json.dumps(stats, default=_json_default), flush=True)
@@ -155,6 +167,9 @@ def run(args) -> int:
         np.savez(out, **outputs)
         if not args.json:
             print(f"outputs written to {out}", file=sys.stderr)
+    if args.trace and not args.json:
+        print(f"trace of the last inference written to {args.trace} (open it in "
+              "https://ui.perfetto.dev)", file=sys.stderr)
     return 0
 
 

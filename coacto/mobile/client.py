@@ -30,6 +30,7 @@ from . import policies
 from .engine import Engine
 from .estimates import Estimates
 from .jobs import Job
+from .trace import TraceRecord
 from .shaper import TokenBucket, parse_rate
 
 log = logging.getLogger(__name__)
@@ -128,15 +129,18 @@ class Client:
     of silence after which the device stops waiting for the server. ``device_flops``: this device's
     FLOP/s on the model (default: measured by one local run when split or fl first need it).
     ``split_layer`` / ``fl_layer`` / ``device_share``: fix the split point or the fused stack
-    instead of choosing them from the estimates.
+    instead of choosing them from the estimates. ``trace``: a path; every inference then writes a
+    merged trace of both sides there (see ``infer_async``).
     """
 
     def __init__(self, server, model, threads: int | None = None, policy: str = "dynamic",
                  bandwidth=None, timeout: float = 5.0, tiles_per_layer: int | None = None,
                  input_shapes: dict | None = None, *, model_bytes=None,
                  device_flops: float | None = None, split_layer: int | None = None,
-                 fl_layer: int | None = None, device_share: float | None = None, name=None):
+                 fl_layer: int | None = None, device_share: float | None = None, name=None,
+                 trace=None):
         self.policy = self._check_policy(policy)
+        self.trace = self._check_trace(trace)
         if not (isinstance(timeout, (int, float)) and timeout > 0):
             raise CoactoError(f"timeout must be a positive number of seconds, got {timeout!r}")
         self.timeout = float(timeout)
@@ -188,26 +192,47 @@ class Client:
                                        + ", ".join(policies.POLICIES))
         return policy
 
+    @staticmethod
+    def _check_trace(trace):
+        if trace is None or isinstance(trace, bool):
+            return trace
+        if not isinstance(trace, (str, os.PathLike)):
+            raise CoactoError(f"trace must be a file path (or True / False), got {trace!r}")
+        folder = os.path.dirname(os.path.abspath(os.fspath(trace)))
+        if not os.path.isdir(folder):
+            raise CoactoError(f"cannot write the trace {os.fspath(trace)!r}: folder {folder!r} "
+                              "does not exist; create it or choose another path")
+        return trace
+
     # ------------------------------------------------------------------ inference
 
-    def infer(self, feeds: dict, policy: str | None = None) -> dict[str, np.ndarray]:
+    def infer(self, feeds: dict, policy: str | None = None, trace=None) -> dict[str, np.ndarray]:
         """One inference: {input name: array (float32; integers for token ids and masks)} ->
-        {output name: array} (ONNX names)."""
-        return self.infer_async(feeds, policy).result()
+        {output name: array} (ONNX names). ``trace``: see ``infer_async``."""
+        return self.infer_async(feeds, policy, trace).result()
 
-    def infer_async(self, feeds: dict, policy: str | None = None) -> Future:
+    def infer_async(self, feeds: dict, policy: str | None = None, trace=None) -> Future:
         """Submits an inference; the Future's result is the outputs, its ``stats`` attribute the
-        inference's statistics once done. Any number may be in flight."""
+        inference's statistics once done. Any number may be in flight.
+
+        ``trace`` (default: the client's): a path to write a Chrome trace-event JSON of this
+        inference to (a ``{n}`` in it becomes the inference's number), True to keep it only as
+        the Future's ``trace`` attribute, False for none. The trace holds both sides (the tiles
+        each computed, the frames between them, the scheduler's decisions) on this device's
+        clock: coacto.mobile.trace describes it. The Future then completes once the server's
+        side has come back too (at most a couple of seconds later; ``latency_s`` is unaffected)."""
         if self._closed:
             raise CoactoError("this Client is closed; create a new one")
         policy = self.policy if policy is None else self._check_policy(policy)
+        trace = self.trace if trace is None else self._check_trace(trace)
         self._runtime._check_feeds(feeds)
         if policy in ("split", "fl", "dynamic") and self._estimates.device_flops is None:
             self.calibrate()
         feeds = {k: np.array(v, dtype=np.float32, copy=True) for k, v in feeds.items()}
         keys = {"split": ("split_layer",), "fl": ("fl_layer", "device_share")}.get(policy, ())
         options = {k: self._options[k] for k in keys if self._options[k] is not None}
-        job = Job(next(self._ids), feeds, policy, options, now())
+        record = TraceRecord(None if trace is True else trace) if trace else None
+        job = Job(next(self._ids), feeds, policy, options, now(), trace=record)
         self._engine.submit(job)
         return job.future
 

@@ -41,6 +41,7 @@ from . import policies
 from .jobs import COALESCE_S, Job, job_stats
 from .link import Link
 from .session import Session
+from .trace import merged_trace, write_trace
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,9 @@ EXPLORE_EVERY = 8
 OFFLOAD_MIN_GAIN = 0.05
 #: Longest poll (the loop also wakes on every event).
 MAX_POLL_S = 0.5
+#: A traced inference waits at most this long (and at most the client's timeout) after it
+#: finished for the server's side of its trace (the TRACE reply to DONE or CANCEL).
+TRACE_WAIT_S = 2.0
 
 
 class Engine:
@@ -94,6 +98,8 @@ class Engine:
         self.session = Session(self.link, address, tg, model_bytes, estimates, self.timeout, name,
                                on_ready=self._server_ready, on_lost=self._server_lost)
         self._jobs: dict[int, Job] = {}
+        # finished traced inferences waiting for the server's TRACE: id -> (job, outputs, stats)
+        self._tracing: dict[int, tuple] = {}
         self._is_input = np.zeros(tg.n_tiles, bool)
         self._is_input[policies.input_tiles(tg)] = True
         self._n_computable = tg.n_tiles - int(self._is_input.sum())
@@ -181,6 +187,8 @@ class Engine:
             self._shutdown()
 
     def _shutdown(self) -> None:
+        for job_id in list(self._tracing):
+            self._trace_done(job_id, "the client was closed before the server's trace came")
         for job in list(self._jobs.values()):
             if job.begin_released and job.epoch == self.link.epoch:
                 self.link.send_now({"t": P.CANCEL, "inf": job.id})
@@ -241,9 +249,14 @@ class Engine:
                 times.append(job.last_news + self.timeout)
             if job.queued_since is not None and job.queued_since + COALESCE_S > t:
                 times.append(job.queued_since + COALESCE_S)  # (past: the window holds it)
+        times += [job.trace.deadline for job, _o, _s in self._tracing.values()]
         return times
 
     def _timers(self, t: float) -> None:
+        for job, _o, _s in list(self._tracing.values()):
+            if t >= job.trace.deadline:
+                self._trace_done(job.id, f"no TRACE from the server within "
+                                         f"{job.trace.deadline - job.trace.waited_from:.1f} s")
         self.session.tick(t)
         self.est.goodput.expire(t - max(30.0, 4 * self.timeout))
         for job in list(self._jobs.values()):
@@ -271,6 +284,9 @@ class Engine:
 
     def _server_lost(self, reason: str) -> None:
         """Inferences that relied on the lost connection finish on the device."""
+        for job_id in list(self._tracing):
+            self._trace_done(job_id, f"the connection was lost before the server's trace came "
+                                     f"({reason})")
         for job in list(self._jobs.values()):
             if job.attached or job.waiting or (job.native is not None and job.plan.uses_server):
                 self._fallback(job, f"server lost: {reason}")
@@ -350,6 +366,10 @@ class Engine:
         native = NativeInference(self.rt, self.tg, tag=job.id)
         job.native = native
         native.set_plan(plan.local, plan.send, None)  # any plan: REPORT_DONE is announced
+        if job.trace is not None:
+            native.enable_trace()
+            job.trace.threads = self.rt.threads
+            job.trace.estimates = self.est.snapshot()
         if plan.uses_server:
             send = plan.send
             job.inputs_to_send = int((send[self._is_input] == SEND_ALWAYS).sum())
@@ -374,7 +394,14 @@ class Engine:
         job.attached, job.epoch, job.deadline = True, self.link.epoch, None
         job.t_begin = job.last_news = t
         job.sending = True
-        self.link.control({"t": P.BEGIN, "inf": job.id, "graph_id": self.tg.graph_id}, job=job)
+        begin = {"t": P.BEGIN, "inf": job.id, "graph_id": self.tg.graph_id}
+        if job.trace is not None:
+            if self.session.server_info.get("trace") is True:
+                begin["trace"] = job.trace.asked = True
+                job.trace.server_note = "asked for"
+            else:  # a server that does not know the field would ignore it: never wait for it
+                job.trace.server_note = "the server does not report its side (an older server)"
+        self.link.control(begin, job=job)
         self._push_params(job, t)
 
     def _push_params(self, job: Job, t: float) -> None:
@@ -419,6 +446,9 @@ class Engine:
         native = job.native
         outputs = native.outputs()
         native_stats = native.stats()
+        if job.trace is not None:  # read before the native inference goes
+            job.trace.device = native.tile_trace()
+            job.trace.decisions = native.decisions()
         for frames in self.link.drop_job(job, now()):  # batches not sent yet: withdrawn
             self.est.goodput.forget((job.id, P.unpack(frames[:1])[0].get("batch")))
         if job.begin_released and job.epoch == self.link.epoch and not job.server_done \
@@ -437,7 +467,44 @@ class Engine:
         stats = job_stats(job, native_stats, t, self)
         if self.on_finish is not None:
             self.on_finish(stats)  # before the Future: whoever waits on it reads last_stats
-        job.complete(outputs, stats)
+        if job.trace is None:
+            job.complete(outputs, stats)
+            return
+        self._tracing[job.id] = (job, outputs, stats)
+        # the server answers DONE or CANCEL with its TRACE (DONE after it: once DONE or an ERROR
+        # came, nothing more will)
+        if job.trace.asked and job.trace.server is None and job.begin_released \
+                and job.epoch == self.link.epoch and self.link.is_open and not job.server_done:
+            job.trace.waited_from = t
+            job.trace.deadline = t + min(self.timeout, TRACE_WAIT_S)
+        else:
+            self._trace_done(job.id)
+
+    def _trace_done(self, job_id, why: str | None = None) -> None:
+        """The trace of a finished inference is complete (or will not be): built and written off
+        the engine's thread, then the inference's Future completes."""
+        job, outputs, stats = self._tracing.pop(job_id)
+        rec = job.trace
+        if why is not None and rec.server is None:
+            log.warning("inference %d: the trace holds the device's side only: %s", job.id, why)
+            rec.server_note = why
+        offset, uncertainty = self.est.clock.value, self.est.clock.uncertainty
+        job.future.trace = None
+
+        def emit():
+            try:
+                trace = merged_trace(self.tg, rec, stats, job.t_submit, offset, uncertainty,
+                                     f"server {self.address}")
+                job.future.trace = trace
+                if rec.path is not None:
+                    path = str(rec.path).replace("{n}", str(job.id))
+                    write_trace(trace, path)
+                    log.info("inference %d: trace written to %s", job.id, path)
+            except Exception:  # a trace must never cost the inference
+                log.exception("inference %d: building or writing its trace failed", job.id)
+            job.complete(outputs, stats)
+
+        self._reaper.submit(emit)
 
     # ------------------------------------------------------------------ sending
 
@@ -452,6 +519,8 @@ class Engine:
                 return False
             if t_booked is not None:
                 self.est.goodput.booked(key, t_booked)
+            if job.trace is not None:
+                job.trace.released(key[1], now())
             job.tiles_sent += len(frames[1])  # the int32 ids
             if job.local_parked and job.resume_on_release and key[1] == job.input_batch:
                 self._resume_local(job)
@@ -524,6 +593,9 @@ class Engine:
                                         t_server if isinstance(t_server, (int, float)) else None)
         if sample is not None:
             self.est.rtt.sample(sample)
+        traced = job if job is not None else self._traced(h)
+        if traced is not None and traced.trace is not None:
+            traced.trace.acked(batch, t, t_server)
         if job is None:
             return
         job.unacked -= job.inflight.pop(batch, 0)
@@ -536,30 +608,56 @@ class Engine:
 
     def _on_result(self, h, rest, nbytes) -> None:
         job = self._job_of(h, nbytes)
-        if job is None or job.native is None or len(rest) != 2:
+        if job is None:
+            traced = self._traced(h)  # too late to use: still on the trace's downlink
+            if traced is not None and len(rest) == 2 and len(rest[0]) % 4 == 0:
+                t = now()
+                traced.trace.result(np.frombuffer(rest[0].buffer, dtype="<i4"), nbytes, t, t)
+            return
+        if job.native is None or len(rest) != 2:
             return
         ids = np.frombuffer(rest[0].buffer, dtype="<i4")
         data = np.frombuffer(rest[1].buffer, dtype="<f4")
         if data.ctypes.data % 4:
             data = data.copy()
+        t = now()
         try:
             accepted, _dup = job.native.put_tiles(ids, data)
         except Exception as e:
             self._fallback(job, f"the server sent unusable results ({e})")
             return
+        if job.trace is not None:
+            job.trace.result(ids, nbytes, t, now())
         job.tiles_from_server += accepted
+
+    def _traced(self, h: dict) -> Job | None:
+        """A finished inference whose trace waits for the server's side."""
+        entry = self._tracing.get(h.get("inf"))
+        return entry[0] if entry is not None else None
+
+    def _on_trace(self, h, rest, nbytes) -> None:
+        job = self._job_of(h, nbytes) or self._traced(h)
+        if job is None or job.trace is None or not job.trace.asked or job.trace.server is not None:
+            return  # not asked for (or already here): ignored
+        job.trace.server_reply(h, rest, self.tg.n_tiles, now())
+        if job.id in self._tracing:
+            self._trace_done(job.id)
 
     def _on_done(self, h, rest, nbytes) -> None:
         job = self._job_of(h, nbytes)
         if job is not None:
             job.server_done = True
             job.server_report = {k: v for k, v in h.items() if k not in ("t", "inf")}
+        elif self._traced(h) is not None:  # the server sends its TRACE before DONE
+            self._trace_done(h.get("inf"), "the server finished without sending its trace")
 
     def _on_error(self, h, rest, nbytes) -> None:
         code, text, re_ = h.get("code"), str(h.get("text", ""))[:500], h.get("re")
         job = self._job_of(h, nbytes) if "inf" in h else None
         if "batch" in h:  # a TILES batch that will not be acknowledged
             self.est.goodput.forget((h.get("inf"), h.get("batch")))
+        if "inf" in h and self._traced(h) is not None and "batch" not in h:
+            self._trace_done(h.get("inf"), f"server error {code}: {text}")
         if job is not None:
             job.server_done = True  # the server holds nothing more for it
             self._fallback(job, f"server error {code}: {text}")

@@ -180,13 +180,17 @@ class ClockOffset:
 
     def __init__(self):
         self.value: float | None = None
+        #: How far off ``value`` can be: half the round trip it came from (the server stamped
+        #: somewhere within it; the estimate assumes the middle).
+        self.uncertainty: float | None = None
         self._recent: collections.deque = collections.deque(maxlen=8)
 
     def sample(self, t_send: float, t_server: float, t_recv: float) -> None:
         rtt = t_recv - t_send
         if rtt >= 0:
             self._recent.append((rtt, t_server - t_send - rtt / 2))
-            self.value = min(self._recent)[1]
+            best = min(self._recent)
+            self.value, self.uncertainty = best[1], best[0] / 2
 
     def to_local(self, t_server: float) -> float | None:
         return None if self.value is None else t_server - self.value

@@ -21,7 +21,8 @@ class Job:
     """An inference submitted to a Client: its Future, plan, native inference and counters.
     Written by the engine thread only (the app thread creates it and waits on ``future``)."""
 
-    def __init__(self, job_id: int, feeds: dict, policy: str, options: dict, t_submit: float):
+    def __init__(self, job_id: int, feeds: dict, policy: str, options: dict, t_submit: float,
+                 trace=None):
         self.id = job_id
         self.future: Future = Future()
         self.feeds = feeds
@@ -65,6 +66,7 @@ class Job:
         self.bytes_received = 0
         self.tiles_sent = 0
         self.tiles_from_server = 0
+        self.trace = trace               # a trace.TraceRecord when this inference is traced
 
     def take_batch(self, max_bytes: int, is_input: np.ndarray, goodput):
         """The frames of the next TILES message (up to ``max_bytes`` of queued tiles, shallowest
@@ -106,6 +108,8 @@ class Job:
         frames = P.pack({"t": P.TILES, "inf": self.id, "batch": batch, "t_send": t}, ids, data)
         nbytes = len(frames[0]) + ids.nbytes + data.nbytes
         goodput.sent((self.id, batch), nbytes, t)
+        if self.trace is not None:
+            self.trace.handed(batch, ids, nbytes, t)
         self.inflight[batch] = nbytes
         self.unacked += nbytes
         if self.inputs_to_send:
