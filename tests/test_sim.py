@@ -242,6 +242,7 @@ def test_tenants_share_the_server_and_alpha_reaches_the_devices(squeezenet_tg):
     long = simulate(squeezenet_tg, "cloud", devices=4, **dict(kw, inferences=30, bandwidth_mbps=5))
     assert long.throughput > 0 and long.settings["inferences"] == 30
     assert max(i.estimates["alpha"] for i in long.inferences) > 1.0
+    assert max(i.estimates["alpha"] for i in long.inferences) > 1.0
 
 
 def test_fallback_when_the_link_dies():

@@ -166,7 +166,6 @@ class SimDevice:
         t = self.loop.now
         self._ids += 1
         job = Job(self._ids, None, self.policy, self.options, t)
-        job.tiles_computed_at = None
         self.jobs[job.id] = job
         if self.policy == "local":
             plan = policies.plan_local(self.tg)

@@ -69,7 +69,6 @@ class SimServer:
         self.all_computing = LoadAverage(0.0)
         self.device_computing: dict[int, LoadAverage] = {}
         self.traces: dict[tuple, TileState] = {}
-        self.tiles_computed = 0
 
     # ------------------------------------------------------------------ messages
 
@@ -178,5 +177,4 @@ class SimServer:
     def _free(self, si: Served, t: float) -> None:
         self._stop_computing(si, t)
         self.served.pop((si.device.index, si.inf), None)
-        self.tiles_computed += si.ts.computed
         si.ts.cancel()

@@ -329,6 +329,7 @@ def simulate(model_or_tg, policy: str = "dynamic", *, device="raspberry-pi-4",
         "rtt_ms": rtt_ms, "inferences": inferences, "warmup": warmup, "seed": seed,
         "timeout_s": timeout, "device_solo_ms": dev_solo * 1e3, "server_solo_ms": srv_solo * 1e3,
         "device_flops_est": est_device, "server_flops_est": est_server,
+        "server_busy_s": sim.server.cores.busy_s,
     }
     return SimResult(results, settings, measured, wall_s=time.perf_counter() - t_wall,
                      events=loop.events)
