@@ -385,3 +385,34 @@ def test_cli_trace_and_plot(server, squeezenet, tmp_path):
     (tmp_path / "bad.json").write_text("{}")
     r = _run(script, tmp_path / "bad.json")
     assert r.returncode == 1 and "not a trace-event file" in r.stderr
+
+
+def test_servers_that_do_not_trace_or_trace_badly_cost_nothing(server, squeezenet, monkeypatch,
+                                                               caplog):
+    model, feeds, ref = squeezenet
+    with Client(server.address, model, threads=1, policy="cloud") as client:
+        client.connect()
+        # a server that does not announce traces (an older one): the device does not ask for
+        # one, nor wait for it
+        client._engine.session.server_info.pop("trace")
+        future = client.infer_async(feeds, trace=True)
+        assert_close(future.result(timeout=2.0), ref)
+        meta = future.trace["metadata"]["coacto"]
+        assert "older server" in meta["server_trace"] and meta["tiles_from_server"] > 0
+        client._engine.session.server_info["trace"] = True
+
+        # one that sends a malformed TRACE: logged and left out, the inference unharmed
+        from coacto.server.sessions import TraceLog
+
+        real = TraceLog.message
+
+        def truncated(self, si, t):
+            header, frames = real(self, si, t)
+            return header, frames[:3]
+
+        monkeypatch.setattr(TraceLog, "message", truncated)
+        future = client.infer_async(feeds, trace=True)
+        assert_close(future.result(timeout=10.0), ref)
+        assert future.trace["metadata"]["coacto"]["server_trace"].startswith("malformed")
+        check_trace_events(future.trace)
+    assert any("ignoring the server's trace" in r.getMessage() for r in caplog.records)
