@@ -10,6 +10,7 @@ one JSON line on stdout:
      "warmup": 1, "bandwidth": "20mbit" | null,
      "trace": "/path/t.json" | null}                       -> {"latencies_s": [...], "stats": [...],
                                                                "max_rel_error": E, ...}
+                                                               (a trace: of the last inference)
     {"cmd": "client", "bandwidth": "20mbit" | null}        -> a fresh Client (new estimates, new
                                                                connection) for what follows
 
@@ -93,9 +94,12 @@ def main() -> int:
                 if client is None or bw != client_bw:
                     make_client(bw)
                 lat, stats, err = [], [], 0.0
-                for i in range(cmd.get("warmup", 0) + cmd["repeat"]):
+                total = cmd.get("warmup", 0) + cmd["repeat"]
+                for i in range(total):
+                    # the last inference writes the merged trace when one is asked for
+                    trace = cmd.get("trace") if i == total - 1 else None
                     t0 = time.perf_counter()
-                    out = client.infer(feeds, policy=cmd["policy"])
+                    out = client.infer(feeds, policy=cmd["policy"], trace=trace)
                     wall = time.perf_counter() - t0
                     err = max(err, rel_error(out, ref))
                     if i >= cmd.get("warmup", 0):

@@ -31,7 +31,8 @@ def measure(args, progress) -> tuple[list[dict], dict]:
     with H.Workdir(args.image_size) as wd:
         cases = {m: wd.model(m) for m in args.models}
         for threads, cpus in ((1, "1"), (2, "0,1")):
-            with Testbed(quota=args.quota, mode=args.mode, server_cpus=cpus) as tb:
+            with Testbed(quota=args.quota, mode=args.mode, server_cpus=cpus,
+                         name=args.testbed_name) as tb:
                 tb.set_link(args.bandwidth)
                 link = tb.measure_link(0.5)
                 described[threads] = tb.describe()

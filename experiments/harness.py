@@ -370,6 +370,9 @@ def add_common_args(ap, models=FIGURE_MODELS) -> None:
                     help="measured inferences per setting (default: 2 with --quick, else 5)")
     ap.add_argument("--rounds", type=int, default=None, metavar="N",
                     help="passes over all settings, interleaved (default: 1 with --quick, else 2)")
+    ap.add_argument("--testbed-name", default="coacto", metavar="NAME",
+                    help="prefix of the namespaces, veths and cgroups (default: %(default)s); two "
+                         "experiments at once need different names (and share the 2 cores)")
     ap.add_argument("--image-size", type=int, default=None, metavar="PX",
                     help="build the zoo's image models at this size (default: their own, 224): "
                          "for a fast look or a test, not for figures to compare with the papers'")
@@ -397,7 +400,7 @@ def testbed(args):
     sys.path.insert(0, str(HERE))
     from testbed import Testbed
 
-    return Testbed(quota=args.quota, mode=args.mode)
+    return Testbed(quota=args.quota, mode=args.mode, name=args.testbed_name)
 
 
 # ----------------------------------------------------------------------------- measurements

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import errno
+import fcntl
 import json
 import logging
 import math
@@ -39,6 +40,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -292,8 +294,33 @@ class Testbed:
 
     # ---- setup and teardown ---------------------------------------------------------------
 
+    def _lock(self) -> None:
+        """Holds the name for this process: a second experiment started meanwhile under the same
+        name would otherwise take our live setup for a stale one and tear it down. The kernel drops
+        the lock when its holder dies, so a crashed run's leftovers are still cleaned up."""
+        folder = Path("/run/lock") if os.access("/run/lock", os.W_OK) else Path(tempfile.gettempdir())
+        path = folder / f"coacto-testbed-{self.name}.lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise TestbedError(f"the testbed named {self.name!r} is in use by another experiment "
+                               f"(pid {holder}): wait for it to finish, or give this one another "
+                               "name (Testbed(name=...), --testbed-name)") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        self._lock_fd = fd
+
+    def _unlock(self) -> None:
+        fd, self._lock_fd = getattr(self, "_lock_fd", None), None
+        if fd is not None:
+            os.close(fd)  # closing drops the flock
+
     def _setup(self, mode: str) -> None:
         root = _is_root()
+        self._lock()
         if root:
             stale = remove_setup(self.name)
             if stale:
@@ -438,6 +465,8 @@ class Testbed:
             blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
         errors = []
         try:
+            if getattr(self, "_lock_fd", None) is None:
+                return  # refused at _lock: the setup under this name is another run's
             if self.mode != "shaper" and shutil.which("ip"):
                 try:
                     self._teardown_netns()
@@ -453,6 +482,7 @@ class Testbed:
             log.info("testbed %r down", self.name)
         finally:
             self._restore_signal_handlers()
+            self._unlock()
             atexit.unregister(self.close)
             if in_main:
                 signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
@@ -812,7 +842,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "clean":
             if not _is_root():
                 raise TestbedError("clean needs root (namespaces and cgroups belong to root)")
-            removed = remove_setup(args.name)
+            holder = Testbed.__new__(Testbed)  # only to take the name's lock: not a live setup's
+            holder.name = args.name
+            holder._lock()
+            try:
+                removed = remove_setup(args.name)
+            finally:
+                holder._unlock()
             log.info("removed: %s", ", ".join(removed) or f"nothing named {args.name!r}")
             return 0
         with Testbed(quota=args.quota, server_cpus=args.server_cpus, device_cpu=args.device_cpu,

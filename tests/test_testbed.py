@@ -192,6 +192,19 @@ def test_stale_setup_is_removed(netns_name):
     assert leftovers(netns_name) == []
 
 
+def test_a_live_setup_is_not_taken_for_a_stale_one(netns_name):
+    with netns_testbed(netns_name) as tb:
+        with pytest.raises(testbed.TestbedError, match="in use by another experiment"):
+            netns_testbed(netns_name)
+        clean = subprocess.run([sys.executable, str(EXPERIMENTS / "testbed.py"), "clean", "--name",
+                                netns_name], capture_output=True, text=True)
+        assert clean.returncode != 0 and "in use" in clean.stderr
+        tb.set_link(20)  # still ours, still working
+        assert tb.measure_link(0.2)["goodput_up_mbps"] > 5
+    with netns_testbed(netns_name):  # free again once the first is closed
+        pass
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_signal_cleans_up(netns_name, sig):
     script = textwrap.dedent(f"""
