@@ -11,6 +11,8 @@ one JSON line on stdout:
      "trace": "/path/t.json" | null}                       -> {"latencies_s": [...], "stats": [...],
                                                                "max_rel_error": E, ...}
                                                                (a trace: of the last inference)
+    {"cmd": "learn", "max": 10, "bandwidth": ...}          -> dynamic inferences until one was
+                                                               offloaded and the goodput measured
     {"cmd": "client", "bandwidth": "20mbit" | null}        -> a fresh Client (new estimates, new
                                                                connection) for what follows
 
@@ -86,6 +88,19 @@ def main() -> int:
                     make_client(cmd.get("bandwidth"))
                 device_flops = client.calibrate()
                 reply = {"device_flops": device_flops}
+            elif cmd["cmd"] == "learn":
+                # A device that just joined a network: dynamic inferences until its estimates
+                # include a measured goodput from an offloaded one (the engine offloads now and
+                # then to keep its estimates fresh), at most `max`.
+                bw = cmd.get("bandwidth")
+                if client is None or bw != client_bw:
+                    make_client(bw)
+                n = 0
+                for n in range(1, cmd.get("max", 10) + 1):
+                    client.infer(feeds, policy="dynamic")
+                    if client.last_stats.get("offloaded") and client.estimates["goodput_samples"] > 0:
+                        break
+                reply = {"inferences": n, "estimates": client.estimates}
             elif cmd["cmd"] == "client":
                 make_client(cmd.get("bandwidth"))
                 reply = {"ok": True}

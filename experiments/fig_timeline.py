@@ -60,7 +60,7 @@ def main(argv=None) -> int:
             dev.calibrate()
             bw = H.bandwidth_arg(tb, args.bandwidth)
             dev.fresh_client(bw)
-            dev.run("dynamic", repeat=0, warmup=1, bandwidth=bw)
+            dev.learn(bw)
             progress.step(1, "warm")
             r = dev.run(args.policy, repeat=args.repeat, warmup=0, bandwidth=bw, trace=str(trace_path))
         args.out.mkdir(parents=True, exist_ok=True)

@@ -246,6 +246,10 @@ class Device:
     def fresh_client(self, bandwidth=None) -> None:
         self.command({"cmd": "client", "bandwidth": bandwidth})
 
+    def learn(self, bandwidth=None, max_inferences: int = 10) -> dict:
+        """Dynamic inferences until the link's goodput was measured (see device_driver.py)."""
+        return self.command({"cmd": "learn", "max": max_inferences, "bandwidth": bandwidth})
+
     def run(self, policy: str, repeat: int, warmup: int = 1, bandwidth=None, trace=None) -> dict:
         r = self.command({"cmd": "run", "policy": policy, "repeat": repeat, "warmup": warmup,
                           "bandwidth": bandwidth, "trace": trace})
@@ -412,11 +416,11 @@ def link_columns(link: dict) -> dict:
 
 def run_policies(dev: Device, policies, repeat: int, rnd: int, bw_arg, base: dict,
                  progress: Progress | None = None, warmup: bool = True) -> list[dict]:
-    """A fresh Client, one warm-up inference (the estimates settle), then every policy ``repeat``
-    times, the order rotated by the round number; one row per policy."""
+    """A fresh Client; warm-up inferences until it has measured the link (a device that just
+    joined a network starts from a guess of its goodput); then every policy ``repeat`` times, the
+    order rotated by the round number; one row per policy."""
     dev.fresh_client(bw_arg)
-    if warmup:
-        dev.run("dynamic", repeat=0, warmup=1, bandwidth=bw_arg)
+    learned = dev.learn(bw_arg) if warmup else {"inferences": 0}
     rows = []
     k = rnd % len(policies)
     for policy in list(policies[k:]) + list(policies[:k]):
@@ -429,6 +433,8 @@ def run_policies(dev: Device, policies, repeat: int, rnd: int, bw_arg, base: dic
             "client_goodput_mbps": r["estimates"]["bandwidth_est_mbps"],
             "client_rtt_ms": r["estimates"]["rtt_est_ms"],
             "alpha": r["estimates"]["alpha"],
+            "server_gflops": (r["estimates"]["server_flops"] or 0) / 1e9,
+            "warmup_inferences": learned["inferences"],
             "tiles_sent": statistics.median(s["tiles_sent"] for s in st),
             "tiles_from_server": statistics.median(s["tiles_from_server"] for s in st),
             "bytes_sent": statistics.median(s["bytes_sent"] for s in st),
