@@ -389,7 +389,7 @@ def demo_offload(model, feeds, ref, args) -> int:
     bandwidths = [b.strip() for b in args.bandwidths.split(",") if b.strip()]
     print("\ncollaborative offloading: a coacto server on loopback (in this process), the device's "
           "link capped by its own shaper; device and server share this machine's cores, so this "
-          "shows the policies working, not a slow device (see experiments/offload_bandwidth.py)")
+          "shows the policies working, not a slow device (see experiments/fig_bandwidth.py)")
     rows, worst = {}, 0.0
     with coacto.Server("tcp://127.0.0.1:0", threads=args.threads or 1).start() as server:
         for bw in bandwidths:
