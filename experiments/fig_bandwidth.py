@@ -24,6 +24,7 @@ model and bandwidth dynamic's latency over the best baseline's.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 from pathlib import Path
@@ -35,6 +36,8 @@ FULL_BANDWIDTHS = (5, 10, 20, 50, 100, 200)
 QUICK_BANDWIDTHS = (5, 20, 100)
 #: zoo name -> the reference's model name (it ships these three)
 REF_MODELS = {"resnet50": "resnet50", "vgg16": "vgg16", "bert": "bert_base"}
+#: the tile graphs it ships: ResNet-50 and VGG-16 at 20-200 tiles per layer, BERT at 20 and 50
+REF_TILES = {"resnet50": 100, "vgg16": 100, "bert": 50}
 REF_POLICIES = ("local", "cloud", "split", "fl", "dynamic")
 #: its fused-layer baseline spins forever on BERT (in its own code)
 REF_SKIP = {("bert", "fl")}
@@ -67,7 +70,7 @@ def measure_reference(args, tb, model: str, bandwidths, progress, rows: list[dic
             if policy == "local" and bw != bandwidths[0] or (model, policy) in REF_SKIP:
                 continue  # its local run does not touch the link
             try:
-                lat = ref.run(build, policy, REF_MODELS[model], args.ref_repeat,
+                lat = ref.run(build, policy, REF_MODELS[model], args.ref_repeat, tiles=REF_TILES[model],
                               server_cmd=tb.server_cmd, device_cmd=tb.device_cmd,
                               server_ip=tb.server_addr)
                 err = ""
@@ -107,7 +110,8 @@ def best_table(rows: list[dict], policies) -> list[dict]:
         best = min(base, key=base.get) if base else None
         refdyn = [r.get("median_ms") for r in rows if r["system"] != "coacto" and r["model"] == model
                   and r["nominal_mbps"] == bw and r["policy"] == "dynamic" and r.get("median_ms")]
-        measured = [r["measured_up_mbps"] for r in rows if r["model"] == model and r["nominal_mbps"] == bw]
+        measured = [float(r["measured_up_mbps"]) for r in rows if r["model"] == model
+                    and r["nominal_mbps"] == bw and r.get("measured_up_mbps") not in (None, "")]
         out.append({"model": model, "nominal_mbps": bw,
                      "measured_mbps": statistics.median(measured) if measured else None,
                      **{p: med.get(p) for p in policies},
@@ -178,11 +182,16 @@ def main(argv=None) -> int:
     ap.add_argument("--policies", default=",".join(H.POLICIES))
     ap.add_argument("--server-threads", type=int, default=1)
     ap.add_argument("--no-ref", action="store_true", help="leave out the CoActo reference's rows")
+    ap.add_argument("--from-csv", metavar="BANDWIDTH.CSV", type=Path,
+                    help="measure nothing: remake the summary, table and PNG from this file (and "
+                         "the settings file beside it)")
     ap.add_argument("--ref-repeat", type=int, default=None,
                     help="inferences per reference run (default: 3 with --quick, else 6)")
     args = ap.parse_args(argv)
     H.resolve_common(args)
     args.policies = args.policies.split(",")
+    if args.from_csv:
+        return remake(args)
     bandwidths = [float(x) if "." in x else int(x) for x in args.bandwidths.split(",")] \
         if args.bandwidths else list(QUICK_BANDWIDTHS if args.quick else FULL_BANDWIDTHS)
     if args.ref_repeat is None:
@@ -213,6 +222,25 @@ def main(argv=None) -> int:
                | {"testbed": tb.describe().get("shaping")})
     print_table(table, args.policies)
     print(f"wrote {args.out / 'bandwidth.csv'}, {png}")
+    return 0
+
+
+def remake(args) -> int:
+    rows = H.read_table(args.from_csv)
+    for r in rows:
+        r["nominal_mbps"] = float(r["nominal_mbps"])
+    settings_path = args.from_csv.with_name(args.from_csv.stem + ".settings.json")
+    settings = json.loads(settings_path.read_text()) if settings_path.exists() else {}
+    policies = [p for p in args.policies if any(r["policy"] == p for r in rows)]
+    table = best_table(rows, policies)
+    H.write_table(args.out, "bandwidth_summary", table, {k: v for k, v in settings.items()
+                                                         if k not in ("figure", "written", "machine")})
+    shown = {k: v for k, v in settings.items() if k in ("quota", "server_threads", "repeat",
+                                                         "rounds", "reference")}
+    shown["testbed"] = settings.get("testbed", {}).get("shaping")
+    png = plot(args.out, rows, policies, shown)
+    print_table(table, policies)
+    print(f"wrote {args.out / 'bandwidth_summary.csv'}, {png}")
     return 0
 
 

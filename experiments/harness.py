@@ -329,6 +329,18 @@ def write_table(out: Path, name: str, rows: list[dict], settings: dict) -> Path:
     return path
 
 
+def read_table(path: Path) -> list[dict]:
+    """A table write_table wrote, numbers as floats again (empty cells stay "")."""
+    def value(v: str):
+        try:
+            return float(v)
+        except ValueError:
+            return v
+
+    with open(path, newline="") as f:
+        return [{k: value(v) for k, v in r.items()} for r in csv.DictReader(f)]
+
+
 def settings_note(settings: dict, width: int = 150) -> str:
     """The settings as a few lines of text for a figure's footer."""
     parts = [f"{k}={v}" for k, v in settings.items() if not isinstance(v, (dict, list))]

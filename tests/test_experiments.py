@@ -80,3 +80,59 @@ def test_run_all_refuses_an_unknown_figure(capsys):
     with pytest.raises(SystemExit) as e:
         run_all.main(["--out", "/tmp/x", "--only", "bandwidth,nonsense"])
     assert e.value.code == 2 and "nonsense" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- real runs
+
+def _run_script(script: str, *args, timeout=300):
+    import subprocess
+
+    r = subprocess.run([sys.executable, str(EXPERIMENTS / script), *map(str, args),
+                        "--testbed-name", "cxe" + str(os.getpid() % 100000)],
+                       capture_output=True, text=True, timeout=timeout)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r
+
+
+def test_a_small_bandwidth_sweep_on_the_testbed(tmp_path):
+    r = _run_script("fig_bandwidth.py", "--models", "mobilenetv2", "--image-size", "64",
+                    "--bandwidths", "50", "--policies", "local,cloud,dynamic", "--repeat", "1",
+                    "--rounds", "1", "--no-ref", "--out", tmp_path)
+    with open(tmp_path / "bandwidth.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert sorted(r["policy"] for r in rows) == ["cloud", "dynamic", "local"]
+    meta = json.loads((tmp_path / "bandwidth.settings.json").read_text())
+    for row in rows:
+        assert float(row["max_rel_error"]) <= 1e-4 and float(row["median_ms"]) > 0
+        if meta["testbed"]["mode"] == "netns":  # the kernel shapes: the measured goodput says so
+            assert 0.6 * 50 < float(row["measured_up_mbps"]) < 1.1 * 50
+    cloud = next(r for r in rows if r["policy"] == "cloud")
+    assert cloud["finished_by"] == "server" and float(cloud["bytes_sent"]) > 0
+    assert (tmp_path / "bandwidth.png").read_bytes()[:4] == b"\x89PNG"
+    assert "dyn/best" in r.stdout
+
+
+def test_the_timeline_holds_both_sides_of_a_dynamic_inference(tmp_path):
+    # full-size ResNet-50 at 100 Mbit/s: the server takes the input, the device keeps computing
+    _run_script("fig_timeline.py", "--bandwidth", "100", "--repeat", "2", "--out", tmp_path)
+    trace = json.loads((tmp_path / "timeline.json").read_text())
+    events = trace["traceEvents"]
+    names = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M"
+             and e["name"] == "process_name"}
+    for e in events:  # the trace-event format's required keys, per phase
+        assert {"ph", "pid"} <= set(e), e
+        if e["ph"] in ("X", "i", "s", "f", "C"):
+            assert isinstance(e["ts"], (int, float)) and "tid" in e, e
+        if e["ph"] == "X":
+            assert e["dur"] >= 0
+    tiles_by_process = {}
+    for e in events:
+        if e.get("ph") == "X" and "tile" in e.get("args", {}):
+            p = names[e["pid"]].split()[0]
+            tiles_by_process[p] = tiles_by_process.get(p, 0) + 1
+    assert tiles_by_process.get("device", 0) > 0 and tiles_by_process.get("server", 0) > 0, \
+        tiles_by_process
+    starts = {e["id"] for e in events if e.get("ph") == "s"}
+    ends = {e["id"] for e in events if e.get("ph") == "f"}
+    assert starts and starts == ends
+    assert (tmp_path / "timeline.png").stat().st_size > 20_000
