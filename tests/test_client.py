@@ -198,6 +198,29 @@ def test_split_and_fl_offload_when_told_where(server, squeezenet):
         assert client.last_stats["policy"] == "fl" and client.last_stats["tiles_sent"] > 0
 
 
+def test_a_tensor_sent_whole_leaves_when_its_last_tile_completes(server, squeezenet, tmp_path):
+    # The runtime announces only the first tile queued; split's cut goes out in one message once
+    # all its tiles are queued, so the last one's completion must wake the engine (it once waited
+    # for the engine's 0.5 s poll timeout). Read off the merged trace: the batch is handed to the
+    # link right after the cut's last tile ends on the device.
+    model, feeds, ref = squeezenet
+    tg = coacto.compile(model, tiles_per_layer=TILES)
+    from coacto.mobile.policies import layer_tiles, valid_cuts
+
+    cut = next(c for c in valid_cuts(tg)[1:] if len(layer_tiles(tg, c)) >= 3)
+    with Client(server.address, tg, threads=1, policy="split", split_layer=cut, timeout=10,
+                model_bytes=model) as client:
+        client.connect(10)
+        for i in range(3):
+            assert_close(client.infer(feeds, trace=tmp_path / f"t{i}.json"), ref, rel=1e-4)
+            events = json.loads((tmp_path / f"t{i}.json").read_text())["traceEvents"]
+            cut_ids = set(layer_tiles(tg, cut))
+            cut_end = max(e["ts"] + e["dur"] for e in events if e.get("ph") == "X"
+                          and e.get("args", {}).get("tile") in cut_ids and e["pid"] == 1)
+            sent = min(e["ts"] for e in events if e.get("ph") == "X" and e["name"].startswith("TILES"))
+            assert sent - cut_end < 200_000, f"inference {i}: the cut waited {sent - cut_end:.0f} us"
+
+
 def test_model_is_uploaded_once(squeezenet):
     model, feeds, ref = squeezenet
     with Server("tcp://127.0.0.1:0", threads=1, server_flops=20e9) as srv:

@@ -365,7 +365,12 @@ class Engine:
         job.plan = plan
         native = NativeInference(self.rt, self.tg, tag=job.id)
         job.native = native
-        native.set_plan(plan.local, plan.send, None)  # any plan: REPORT_DONE is announced
+        report = None
+        if plan.uses_server and plan.info.get("send_whole"):
+            # The runtime announces a send only when its queue was empty: a tensor sent whole
+            # waits for its last tile, whose completion must wake this loop, not MAX_POLL_S.
+            report = (plan.send == SEND_ALWAYS).astype(np.uint8)
+        native.set_plan(plan.local, plan.send, report)  # any plan: REPORT_DONE is announced
         if job.trace is not None:
             native.enable_trace()
             job.trace.threads = self.rt.threads
