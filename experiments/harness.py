@@ -451,6 +451,9 @@ def run_policies(dev: Device, policies, repeat: int, rnd: int, bw_arg, base: dic
             "tiles_from_server": statistics.median(s["tiles_from_server"] for s in st),
             "bytes_sent": statistics.median(s["bytes_sent"] for s in st),
             "fallbacks": sum(bool(s["fallback"]) for s in st),
+            "offloaded": sum(bool(s.get("offloaded")) for s in st),
+            "server_skipped": next((s["server_skipped"] for s in st if s.get("server_skipped")), ""),
+            "goodput_samples": r["estimates"].get("goodput_samples"),
             "finished_by": ",".join(sorted({s["finished_by"] for s in st})),
             "max_rel_error": r["max_rel_error"],
         })
