@@ -56,7 +56,8 @@ def profile_dir() -> Path:
     return Path(base) / "coacto" / "profiles"
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """The processor's name as /proc/cpuinfo gives it (x86 and ARM spellings)."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -71,7 +72,7 @@ def machine_info() -> dict:
     """What makes tuned tile counts valid on a machine: processor, CPU count, GEMM kernel."""
     from .runtime import default_threads, gemm_kernel_name
 
-    return {"cpu": _cpu_model(), "machine": platform.machine(), "cpus": default_threads(),
+    return {"cpu": cpu_model(), "machine": platform.machine(), "cpus": default_threads(),
             "gemm_kernel": gemm_kernel_name()}
 
 

@@ -165,12 +165,7 @@ def plot(out: Path, rows: list[dict], policies, settings: dict) -> Path:
         ax.axis("off")
     fig.suptitle("Latency vs bandwidth\ncoacto's policies (solid), the CoActo reference's (dashed)",
                  fontsize=10)
-    fig.text(0.01, 0.005, H.settings_note(settings), fontsize=6, va="bottom", family="monospace")
-    fig.tight_layout(rect=(0, 0.05, 1, 0.97))
-    path = out / "bandwidth.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return H.save_figure(fig, out, "bandwidth", settings, bottom=0.05, top=0.97)
 
 
 def main(argv=None) -> int:

@@ -78,12 +78,7 @@ def plot(out: Path, rows: list[dict], settings: dict) -> Path:
         ax.legend(fontsize=6, ncol=2)
     fig.suptitle(f"Latency vs server cores at {settings['bandwidth_mbps']} Mbit/s "
                  "(measured: 1-2; simulated beyond)")
-    fig.text(0.01, 0.005, H.settings_note(settings), fontsize=6, va="bottom", family="monospace")
-    fig.tight_layout(rect=(0, 0.06, 1, 0.95))
-    path = out / "server_cores.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return H.save_figure(fig, out, "server_cores", settings, bottom=0.06, top=0.95)
 
 
 def main(argv=None) -> int:

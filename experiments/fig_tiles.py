@@ -85,12 +85,7 @@ def plot(out: Path, rows: list[dict], settings: dict) -> Path:
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
     fig.suptitle(f"Latency vs tiles per layer at {settings['bandwidth_mbps']} Mbit/s")
-    fig.text(0.01, 0.005, H.settings_note(settings), fontsize=6, va="bottom", family="monospace")
-    fig.tight_layout(rect=(0, 0.06, 1, 0.95))
-    path = out / "tiles.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return H.save_figure(fig, out, "tiles", settings, bottom=0.06, top=0.95)
 
 
 if __name__ == "__main__":

@@ -286,29 +286,13 @@ def summarize(lat_s: list[float]) -> dict:
 # ----------------------------------------------------------------------------- output
 
 def machine() -> dict:
-    cpu = platform.processor()
-    try:
-        for ln in Path("/proc/cpuinfo").read_text().splitlines():
-            if ln.startswith("model name"):
-                cpu = ln.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    from coacto.runtime import lib
+    from coacto.runtime import gemm_kernel_name
+    from coacto.tune import cpu_model
 
     flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     isa = "avx512" if " avx512f" in flags else "avx2" if " avx2" in flags else platform.machine()
-    return {"cpu": cpu, "isa": isa, "cores": os.cpu_count(), "kernel": platform.release(),
-            "python": platform.python_version(), "coacto_kernel": _kernel_name(lib)}
-
-
-def _kernel_name(lib) -> str:
-    try:
-        from coacto.runtime import ffi
-
-        return ffi.string(lib.coacto_gemm_kernel_name()).decode()
-    except Exception:
-        return "unknown"
+    return {"cpu": cpu_model(), "isa": isa, "cores": os.cpu_count(), "kernel": platform.release(),
+            "python": platform.python_version(), "coacto_kernel": gemm_kernel_name()}
 
 
 def write_table(out: Path, name: str, rows: list[dict], settings: dict) -> Path:
@@ -353,6 +337,19 @@ def settings_note(settings: dict, width: int = 150) -> str:
     if cur:
         lines.append(cur)
     return "\n".join(lines)
+
+
+def save_figure(fig, out: Path, name: str, settings: dict, bottom: float = 0.06,
+                top: float = 0.95) -> Path:
+    """NAME.png with the settings in its footer."""
+    import matplotlib.pyplot as plt
+
+    fig.text(0.01, 0.005, settings_note(settings), fontsize=6, va="bottom", family="monospace")
+    fig.tight_layout(rect=(0, bottom, 1, top))
+    path = out / f"{name}.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def pyplot():

@@ -61,6 +61,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
+from coacto.tune import cpu_model
+
 log = logging.getLogger("coacto.peer.coacto_ref")
 
 _REPO = Path(__file__).resolve().parents[1]
@@ -214,17 +216,6 @@ def default_cache_dir() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "coacto" / "coacto-ref-build"
 
 
-def _cpu_model() -> str:
-    # The reference compiles with -march=native: a build is only good for this kind of CPU.
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
-
-
 def source_stamp(src: Path) -> str:
     """A hash of what the build depends on: build.sh and the patch (contents), upstream/'s file
     list with sizes and mtimes, and the CPU model."""
@@ -236,7 +227,8 @@ def source_stamp(src: Path) -> str:
         if p.is_file():
             st = p.stat()
             h.update(f"{p.relative_to(up)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
-    h.update(_cpu_model().encode())
+    # The reference compiles with -march=native: a build is only good for this kind of CPU.
+    h.update(cpu_model().encode())
     return h.hexdigest()
 
 

@@ -45,6 +45,8 @@ import threading
 import time
 from pathlib import Path
 
+from coacto.tune import cpu_model
+
 __all__ = ["TestbedError", "Testbed", "remove_setup"]
 
 log = logging.getLogger("testbed")
@@ -119,16 +121,6 @@ def _parse_cpus(value, what: str) -> tuple[str, set[int]]:
 
 def _format_cpus(cpus) -> str:
     return ",".join(str(c) for c in sorted(cpus))
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith(("model name", "hardware", "cpu model")):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def _netns_names() -> set[str]:
@@ -663,7 +655,7 @@ class Testbed:
                      tbf_queue_ms=p["queue_ms"])
         d.update(server_cpus=self.server_cpus, device_cpu=self.device_cpu,
                  pinning="taskset" if self._taskset else "none (taskset not found)",
-                 kernel=platform.release(), cpu_model=_cpu_model(), cpus=os.cpu_count())
+                 kernel=platform.release(), cpu_model=cpu_model(), cpus=os.cpu_count())
         return d
 
 
