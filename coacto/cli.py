@@ -421,10 +421,32 @@ def cmd_profile(args) -> int:
     threads = _int_list(args.threads, "--threads") if args.threads else None
     models = [m.strip() for m in args.models.split(",") if m.strip()] if args.models \
         else list(DEFAULT_MODELS)
+    only = [w.strip() for w in args.only.split(",") if w.strip()] if args.only else []
+    quota_models = [m.strip() for m in args.models.split(",") if m.strip()] \
+        if args.models and only else None
     prof, path = run_profile(args.name, threads, models, args.runs, args.server,
-                             args.link_inferences, args.output, progress=_progress)
+                             args.link_inferences, args.output, progress=_progress,
+                             engine=args.engine, only=only, engine_model=args.engine_model,
+                             quota=args.quota, period_ms=args.period_ms,
+                             quota_models=quota_models)
     if args.json:
         print(json.dumps(dict(prof, path=str(path))))
+        return 0
+    if prof.get("engine"):
+        dev, srv = prof["engine"]["device"], prof["engine"]["server"]
+        print(f"device engine: {1e6 * dev['send_msg_s']:.0f} us per message sent + "
+              f"{1e9 * dev['send_byte_s']:.2f} ns/byte, ACK "
+              f"{1e6 * dev['recv_msg_s'].get('ack', 0):.0f} us, start "
+              f"{1e6 * max(dev['start_s'].values(), default=0):.0f} us at most, "
+              f"{1e6 * dev['loop_s']:.0f} us of loop per event; server: TILES "
+              f"{1e6 * srv['recv_msg_s'].get('tiles', 0):.0f} us + "
+              f"{1e9 * srv['recv_byte_s']:.2f} ns/byte, RESULT "
+              f"{1e6 * srv['send_msg_s'].get('result', 0):.0f} us")
+    for k, q in (prof.get("quota") or {}).items():
+        print(f"inside a {k} quota: {q['slowdown']:.2f}x slower than the quota alone says ("
+              + ", ".join(f"{m} {v['slowdown']:.2f}" for m, v in q["models"].items()) + ")")
+    if only:
+        print(f"{' and '.join(only)} written to {path}")
         return 0
     for t, rates in prof["gflops"].items():
         print(f"{t:>3} thread(s): " + ", ".join(f"{c} {r:.1f}" for c, r in rates.items())
@@ -599,6 +621,8 @@ def build_parser() -> argparse.ArgumentParser:
                "  coacto profile --name my-laptop\n"
                "  coacto profile --name pi --threads 1,2,4 --runs 10\n"
                "  coacto profile --name pi-wifi --server tcp://192.168.1.5:5555\n"
+               "  coacto profile --name my-laptop --only engine   # add the engine costs\n"
+               "  coacto profile --name here --only quota --quota 0.25 --period-ms 4\n"
                "  coacto profile --name quick --models squeezenet,mobilenetv3_block --json")
     pr.add_argument("--name", required=True, help="profile name: the file is profiles/NAME.json")
     pr.add_argument("--threads", default=None,
@@ -611,6 +635,18 @@ def build_parser() -> argparse.ArgumentParser:
                     help="also measure the link to this coacto-server (tcp://host:port)")
     pr.add_argument("--link-inferences", type=int, default=5,
                     help="cloud inferences for the link measurement (default 5)")
+    pr.add_argument("--engine", action="store_true",
+                    help="also measure the communication engines' CPU cost per message and "
+                         "byte (a client and a server on loopback; the simulator charges them)")
+    pr.add_argument("--quota", type=float, default=None, metavar="CORES",
+                    help="also measure how much slower models run inside this CPU quota (a "
+                         "cgroup, as the experiments' testbed; needs root), e.g. 0.25")
+    pr.add_argument("--period-ms", type=float, default=None,
+                    help="the quota's CFS period in ms (the testbed's: 4 at a 0.25 quota)")
+    pr.add_argument("--only", default=None, metavar="engine,quota",
+                    help="measure only these sections and add them to the existing profile")
+    pr.add_argument("--engine-model", default="resnet50",
+                    help="zoo model the engine costs are measured with (default resnet50)")
     pr.add_argument("-o", "--output", default=None, help="write here instead of profiles/NAME.json")
     pr.add_argument("--json", action="store_true", help="print the profile as JSON")
     pr.set_defaults(func=cmd_profile)

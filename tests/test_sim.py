@@ -348,3 +348,230 @@ def test_coacto_profile_writes_a_profile_the_simulator_reads(tmp_path):
     assert "measured on this machine" in p.source
     r = simulate(chain(), "local", device=str(out), server=SERVER, bandwidth_mbps=10)
     assert r.p50 > 0
+
+
+# ---------------------------------------------------------------------------- the CPU model
+
+from coacto.sim.cpu import Cpu  # noqa: E402
+from coacto.sim.events import EventLoop  # noqa: E402
+from coacto.sim.link import Link, Msg  # noqa: E402
+from coacto.sim.profiles import DeviceCosts, ServerCosts  # noqa: E402
+
+
+def device_costs(start=0.0, finish=0.0, send=0.0, recv=0.0, wake=0.0, loop=0.0, **kw):
+    return DeviceCosts(start_s={p: start for p in ("local", "cloud", "split", "fl", "dynamic")},
+                       send_msg_s=send, send_byte_s=kw.get("send_byte", 0.0),
+                       recv_msg_s={k: recv for k in ("ack", "result", "stats", "done")},
+                       recv_byte_s=kw.get("recv_byte", 0.0), finish_s=finish, wake_s=wake,
+                       loop_s=loop)
+
+
+def test_engine_costs_are_charged_inside_a_smooth_quota():
+    # one thread in a quarter of a core: the engine's start (1 ms of CPU), the five 1-ms tiles
+    # and the engine's finish (2 ms) all run at a quarter of full speed, one after the other
+    r = sim(chain(), "local", device_threads=1, quota=0.25,
+            device_costs=device_costs(start=1e-3, finish=2e-3))
+    assert r.p50 == pytest.approx((1 + 5 + 2) * 1e-3 / 0.25, rel=1e-9)
+    assert r.settings["device_engine_busy_s"] == pytest.approx(3e-3, rel=1e-9)
+    # without costs the same device takes the tiles' time alone
+    assert sim(chain(), "local", device_threads=1, quota=0.25).p50 == pytest.approx(20e-3)
+
+
+def test_cfs_period_throttles_in_windows():
+    # 25% of a 4 ms period: 1 ms of full speed, then nothing until the next period. The start
+    # task spends [0, 1) ms, the tiles run in [4, 5), [8, 9), ... [20, 21), the 2 ms finish in
+    # [24, 25) and [28, 29): the inference ends at 29 ms (a smooth quota says 32)
+    costs = device_costs(start=1e-3, finish=2e-3)
+    r = sim(chain(), "local", device_threads=1, quota=0.25, quota_period_ms=4.0, device_cpus=1,
+            device_costs=costs)
+    assert r.p50 == pytest.approx(29e-3, rel=1e-9)
+    # the tiles alone: [0, 1), [4, 5), ..., [16, 17)
+    r = sim(chain(), "local", device_threads=1, quota=0.25, quota_period_ms=4.0, device_cpus=1)
+    assert r.p50 == pytest.approx(17e-3, rel=1e-9)
+    rows = [row for row in r.inferences[0].schedule()]
+    assert [round(row[4] * 1e3, 9) for row in rows] == [1, 5, 9, 13, 17]
+
+
+def test_measured_quota_slowdown_stretches_the_devices_cpu():
+    # a profile that measured 1.5x inside 0.25 @ 4 ms: 1.5 ms per tile; in windows of 1 ms the
+    # tiles end at 4.5, 9, 16.5, 21 and 28.5 ms
+    dev = dict(DEVICE, quota={"0.25@4ms": {"quota": 0.25, "period_ms": 4.0, "slowdown": 1.5,
+                                             "models": {}}})
+    r = sim(chain(), "local", device=dev, device_threads=1, quota=0.25, quota_period_ms=4.0,
+            device_cpus=1)
+    assert r.settings["quota_slowdown"] == 1.5
+    assert r.p50 == pytest.approx(28.5e-3, rel=1e-9)
+    assert sim(chain(), "local", device=dev, device_threads=1, quota=0.25).p50 == \
+        pytest.approx(20e-3)  # a smooth quota was not measured: no slowdown
+
+
+def test_communication_thread_preempts_the_tiles():
+    loop = EventLoop()
+    cpu = Cpu(loop, cores=1.0, quota=0.5)
+    done = {}
+    cpu.start_tile(5e-3, lambda: done.setdefault("tile", loop.now))
+    loop.at(2e-3, lambda: cpu.run(1e-3, lambda: done.setdefault("task", loop.now)))
+    loop.run()
+    # at half a core the tile has done 1 ms of its 5 by 2 ms; the task's 1 ms takes [2, 4) ms;
+    # the tile's last 4 ms take 8 more
+    assert done["task"] == pytest.approx(4e-3) and done["tile"] == pytest.approx(12e-3)
+    assert cpu.engine_busy_s == pytest.approx(1e-3) and cpu.tile_cpu_s == pytest.approx(5e-3)
+    # with a free core the task costs the tile nothing
+    loop = EventLoop()
+    cpu = Cpu(loop, cores=2.0)
+    cpu.start_tile(5e-3, lambda: done.__setitem__("tile", loop.now))
+    loop.at(2e-3, lambda: cpu.run(1e-3, lambda: None))
+    loop.run()
+    assert done["tile"] == pytest.approx(5e-3)
+
+
+def test_server_io_costs_in_cloud_latency():
+    tg = chain()
+    costs = ServerCosts(recv_msg_s={"begin": 1e-4, "tiles": 3e-4, "heartbeat": 0.0,
+                                    "cancel": 0.0}, recv_byte_s=1e-8,
+                        send_msg_s={"result": 2e-4, "done": 5e-5}, send_byte_s=0.0)
+    r = sim(tg, "cloud", server_cores=1, server_costs=costs)
+    (inf,) = r.inferences
+    tiles_msg = tiles_header_bytes(1, 1) + 4 * 2 + 2 * 1000
+    up = _CONTROL_BYTES[P.BEGIN] + tiles_msg
+    down = _HEADER_BYTES[P.RESULT] + 4 + 400
+    # the I/O thread takes the batch in (3e-4 + 1e-8 per byte), the one core computes the
+    # five tiles (0.1 ms each), the I/O thread sends the RESULT and DONE
+    expect = (up / 1e6 + 1e-3 + 3e-4 + 1e-8 * tiles_msg + 5e-4 + 2e-4 + 5e-5 + down / 1e6
+              + 1e-3)
+    assert inf.latency_s == pytest.approx(expect, rel=1e-9)
+    assert r.settings["server_io_busy_s"] > 0
+
+
+def test_device_send_costs_delay_the_batch():
+    costs = device_costs(send=2e-4, recv=1e-4)
+    base = sim(chain(), "cloud", server_cores=1)
+    r = sim(chain(), "cloud", server_cores=1, device_costs=costs)
+    # BEGIN and then the TILES message each cost the engine 0.2 ms before the link takes them:
+    # the batch starts crossing at 0.4 ms instead of when BEGIN has crossed; at the end the
+    # RESULT and then the DONE behind it take 0.1 ms each before the inference is finished
+    # (two device cores: the engine never waits for a tile)
+    begin = _CONTROL_BYTES[P.BEGIN] / 1e6
+    assert r.p50 - base.p50 == pytest.approx(4e-4 - begin + 2e-4, rel=1e-6)
+
+
+def test_token_bucket_link_passes_the_burst_at_once():
+    loop = EventLoop()
+    got = []
+    link = Link(loop, BandwidthTrace.constant(8.0), 0.0, on_arrive=lambda m: got.append(loop.now),
+                burst_bytes=500)
+    link.send(Msg("x", 1500), 0.0)            # 500 at once, 1000 at 1e6 B/s
+    loop.at(1.2e-3, lambda: link.send(Msg("y", 300), loop.now))  # 200 tokens back: 100 wait
+    loop.run()
+    assert got == [pytest.approx(1e-3), pytest.approx(1.3e-3)]
+
+
+def test_a_sequence_runs_as_one_client_and_a_given_device_rate_is_kept():
+    r = sim(chain(), [("local", 2), ("cloud", 1), ("dynamic", 1)], device_flops=123e9,
+            server_cores=1)
+    assert [i.policy for i in sorted(r.inferences, key=lambda i: i.index)] == \
+        ["local", "local", "cloud", "dynamic"]
+    assert all(i.estimates["device_flops"] == 123e9 for i in r.inferences)
+    assert r.settings["device_flops_fixed"] and r.settings["inferences"] == 4
+    # a calibrated rate is refined by local runs (Client.calibrate, then on_local_run)
+    free = sim(chain(), [("local", 2)], device_threads=1)
+    assert free.settings["device_flops_est"] == pytest.approx(5e6 / 5e-3)
+    with pytest.raises(SimError, match="list of"):
+        sim(chain(), [("local", 0)])
+
+
+def test_measured_layer_times_replace_class_rates():
+    tg = chain()
+    dev = dict(DEVICE, layers={"hand": {"graph_id": "hand", "n_layers": 4,
+                                        "seconds": {"1": [0.0, 2e-3, 4e-3, 3e-3]}}})
+    # 2 + 4 + 3 ms of busy time per layer, shared by its tiles by FLOPs
+    assert sim(tg, "local", device=dev, device_threads=1).p50 == pytest.approx(9e-3)
+    # a graph the profile did not measure keeps the class rates
+    other = dict(dev, layers={"x": dict(dev["layers"]["hand"], graph_id="other")})
+    assert sim(tg, "local", device=other, device_threads=1).p50 == pytest.approx(5e-3)
+
+
+def test_engine_cost_fits():
+    from coacto.sim.enginecost import fit_per_byte, loop_per_event
+
+    rows = [(1, b, 1e-4 + 2e-9 * b) for b in (1e3, 5e4, 2e5)] + [(2, 1e4, 2e-4 + 2e-9 * 1e4)]
+    msg, byte = fit_per_byte(rows)
+    assert msg == pytest.approx(1e-4) and byte == pytest.approx(2e-9)
+    # a slope below zero is no cost per byte
+    assert fit_per_byte([(1, 1e3, 2e-4), (1, 1e5, 1e-4)])[1] == 0.0
+    # the loop's time outside handlers comes from the unshaped runs when there are some
+    assert loop_per_event([(10, 2e-3, 1e-3, False), (10, 9e-3, 1e-3, True)])[0] == \
+        pytest.approx(1e-4)
+
+
+def test_profiles_carry_engine_costs_and_the_simulator_uses_them():
+    from coacto.sim.profiles import engine_costs
+
+    p = load_profile("epyc-avx512-2core")
+    dev, srv = engine_costs(p, "device"), engine_costs(p, "server")
+    assert dev is not None and srv is not None
+    assert dev.send(100_000) > dev.send(0) > 0 and srv.recv(P.TILES, 100_000) > 0
+    assert engine_costs(DEVICE, "device") is None
+    r = simulate(chain(), "cloud", device="epyc-avx512-2core", server="epyc-avx512-2core",
+                 bandwidth_mbps=100, server_cores=1)
+    assert r.settings["device_costs"].startswith("epyc") and r.settings["server_io_busy_s"] > 0
+    off = simulate(chain(), "cloud", device="epyc-avx512-2core", server="epyc-avx512-2core",
+                   bandwidth_mbps=100, server_cores=1, device_costs=False, server_costs=False)
+    assert off.settings["device_costs"] is None and off.p50 < r.p50
+
+
+# ---------------------------------------------------------------------------- experiments
+
+def _experiments():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
+    import sim_bridge
+    import sim_vs_real
+
+    return sim_bridge, sim_vs_real
+
+
+def test_sim_bridge_replays_the_testbeds_sessions():
+    B, _ = _experiments()
+    assert B.session(["local", "cloud", "dynamic"], 2, 1) == \
+        [("dynamic", 1), ("cloud", 2), ("dynamic", 2), ("local", 2)]
+    kw = B.testbed_kwargs({"quota": 0.25, "server_threads": 1, "device_threads": 1,
+                           "testbed": {"mode": "netns", "cfs_period_us": 4000, "cgroup": "v1",
+                                       "server_cpus": "1"}}, 20)
+    assert kw["quota_period_ms"] == 4.0 and kw["device_cpus"] == 1 and kw["probe"]
+    assert kw["initial_goodput_mbps"] == B.CLIENT_DEFAULT_MBPS and kw["burst_bytes"] > 0
+    kw = B.testbed_kwargs({"quota": 0.25, "testbed": {"mode": "shaper", "cgroup": "none"}}, 20)
+    assert kw["quota"] is None and kw["initial_goodput_mbps"] == 20 and not kw["probe"]
+
+
+def test_sim_vs_real_flags_rows_off_by_more_than_the_tolerance(tmp_path):
+    import csv
+
+    B, svr = _experiments()
+    settings = {"quota": 0.25, "server_threads": 1, "device_threads": 1, "repeat": 1,
+                "testbed": {"mode": "netns", "cfs_period_us": 4000, "cgroup": "v1",
+                            "server_cpus": "1"}}
+    base = {"system": "coacto", "model": "squeezenet", "nominal_mbps": 20, "round": 0,
+            "measured_up_mbps": 19.1, "measured_rtt_ms": 0.06, "device_gflops": 20.0}
+    res = B.simulate_session(B.graph("squeezenet", 64), settings, base, ["local", "cloud"], 1, 0)
+    sims = {p: v[0].latency_s * 1e3 for p, v in B.by_policy(res).items()}
+    rows = [dict(base, policy="local", median_ms=sims["local"] * 1.1, tiles_sent=0,
+                 tiles_from_server=0),
+            dict(base, policy="cloud", median_ms=sims["cloud"] * 2.0, tiles_sent=1,
+                 tiles_from_server=1)]
+    real = tmp_path / "bandwidth.csv"
+    with open(real, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    (tmp_path / "bandwidth.settings.json").write_text(json.dumps(settings))
+    assert svr.main(["--out", str(tmp_path), "--image-size", "64"]) == 1
+    out = list(csv.DictReader(open(tmp_path / "sim_vs_real.csv")))
+    assert [(r["policy"], r["within_20pct"]) for r in out] == [("local", "True"),
+                                                             ("cloud", "False")]
+    assert float(out[0]["ratio"]) == pytest.approx(1 / 1.1, rel=1e-3)
+    assert (tmp_path / "sim_vs_real.png").exists()
+    meta = json.loads((tmp_path / "sim_vs_real.settings.json").read_text())
+    assert "engine_costs" in meta["profile_measured"] and meta["tolerance"] == 0.2

@@ -16,8 +16,11 @@ examples:
   python -m coacto.sim --model resnet50 --policy dynamic --bandwidth 20 \\
       --device raspberry-pi-4 --server threadripper-3990x --server-cores 64 --devices 4
   python -m coacto.sim --model resnet50 --policy all --bandwidth 5,20,100 \\
-      --device epyc-avx512-2core --device-threads 1 --quota 0.25 \\
-      --server epyc-avx512-2core --server-cores 1 --rtt 0.2
+      --device epyc-avx512-2core --device-threads 1 --device-cpus 1 --quota 0.25 \\
+      --period-ms 4 --server epyc-avx512-2core --server-cores 1 --rtt 0.06
+  python -m coacto.sim --model vgg16 --policy dynamic --bandwidth 20 \\
+      --device-costs epyc-avx512-2core --device-costs-scale 5 \\
+      --server-costs epyc-avx512-2core
   python -m coacto.sim --model mobilenetv2 --policy cloud --trace lte --inferences 50 --json
   python -m coacto.sim --model vgg16 --policy dynamic --bandwidth 50 --schedule gantt.json
 
@@ -61,7 +64,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="computing threads per device (default: the profile's cores)")
     p.add_argument("--quota", type=float, default=None,
                    help="the device's CPU quota in cores (0.25: a quarter of one core)")
+    p.add_argument("--period-ms", type=float, default=None,
+                   help="the quota's CFS period: throttled in periods as the kernel does "
+                        "(default: a smooth share)")
+    p.add_argument("--device-cpus", type=float, default=None,
+                   help="cores the device's threads run on (default: its profile's)")
+    p.add_argument("--device-costs", default=None, metavar="PROFILE|none",
+                   help="the device engine's CPU costs: from this profile's engine section "
+                        "(default: the device profile's, if measured); 'none' leaves them out")
+    p.add_argument("--device-costs-scale", type=float, default=1.0,
+                   help="multiply the device engine's costs (another machine's CPU)")
     p.add_argument("--server", default="threadripper-3990x", help="server profile")
+    p.add_argument("--server-costs", default=None, metavar="PROFILE|none",
+                   help="the server I/O thread's CPU costs (as --device-costs)")
+    p.add_argument("--server-costs-scale", type=float, default=1.0)
     p.add_argument("--server-cores", default=None,
                    help="server computing threads (comma-separated: one run each; default: all)")
     p.add_argument("--devices", type=int, default=1, help="devices sharing the server")
@@ -117,7 +133,13 @@ def run(args) -> int:
             for policy in policies:
                 r = simulate(tg, policy, device=args.device, server=args.server, server_cores=n,
                              device_threads=args.device_threads, devices=args.devices,
-                             rtt_ms=rtt, quota=args.quota, inferences=args.inferences,
+                             rtt_ms=rtt, quota=args.quota, quota_period_ms=args.period_ms,
+                             device_cpus=args.device_cpus,
+                             device_costs=_costs(args.device_costs),
+                             server_costs=_costs(args.server_costs),
+                             device_costs_scale=args.device_costs_scale,
+                             server_costs_scale=args.server_costs_scale,
+                             inferences=args.inferences,
                              warmup=min(args.warmup, args.inferences - 1), seed=args.seed,
                              start_jitter_s=args.jitter, **{key: value})
                 r.settings["model"] = args.model
@@ -141,6 +163,12 @@ def run(args) -> int:
         print(f"schedule written to {args.schedule} (rows: tile, side, worker, start s, end s "
               f"from the inference's submission)", file=sys.stderr)
     return 0
+
+
+def _costs(spec):
+    if spec is None:
+        return None
+    return False if spec.lower() in ("none", "off", "no") else spec
 
 
 def _load_trace(spec: str):

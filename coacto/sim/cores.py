@@ -27,7 +27,10 @@ from __future__ import annotations
 
 import collections
 
+import numpy as np
+
 from .graph import POOL_DEPTH_BUCKETS, SimGraph
+from .profiles import op_class
 
 NOT_READY, READY, RUNNING, COMPLETED = range(4)
 
@@ -145,32 +148,56 @@ class Durations:
     text); a table per busy count, made when first needed."""
 
     def __init__(self, g: SimGraph, profile, overhead_s: float | None = None,
-                 quota: float | None = None):
+                 quota: float | None = None, scale: float = 1.0):
         self.g, self.profile = g, profile
         self.overhead = profile.tile_overhead_s if overhead_s is None else overhead_s
         self.quota = quota
+        self.scale = float(scale)  # a slowdown measured inside a quota (coacto.sim.quota)
         self._tables: dict[int, list[float]] = {}
+        # this very graph measured by `coacto profile`: its layers' times, not class averages
+        self.layers = profile.layer_seconds(g.tg.graph_id, g.tg.n_layers) \
+            if hasattr(profile, "layer_seconds") else None
 
     def speed(self, busy: int) -> float:
-        """The share of a core each of ``busy`` threads gets (a cgroup quota in cores)."""
-        return 1.0 if self.quota is None else min(1.0, self.quota / busy)
+        """The share of a core each of ``busy`` threads gets (a cgroup quota in cores), over the
+        measured slowdown."""
+        return (1.0 if self.quota is None else min(1.0, self.quota / busy)) / self.scale
 
     def get(self, busy: int) -> list[float]:
         table = self._tables.get(busy)
         if table is None:
-            table = self._tables[busy] = self.g.durations(self.profile.thread_flops(busy),
-                                                          self.overhead, self.speed(busy))
+            if self.layers:
+                table = self._tables[busy] = self.g.durations_from_layers(
+                    self._layer_secs(busy), self.overhead, self.speed(busy))
+            else:
+                table = self._tables[busy] = self.g.durations(self.profile.thread_flops(busy),
+                                                              self.overhead, self.speed(busy))
         return table
+
+    def _layer_secs(self, busy: int):
+        """Per-layer seconds at ``busy`` threads: measured, or the nearest measured count's
+        scaled by the class rates per thread (the profile's thread scaling)."""
+        if busy in self.layers:
+            return self.layers[busy]
+        near = min(self.layers, key=lambda t: (abs(t - busy), t))
+        ratio = self.profile.thread_flops(near) / self.profile.thread_flops(busy)  # per class
+        cls = np.array([op_class(self.g.tg.graph, li) for li in range(self.g.tg.n_layers)])
+        return self.layers[near] * ratio[cls]
 
 
 class Cores:
-    """The computing threads of one runtime (a device's, or the server's shared by all tenants)."""
+    """The computing threads of one runtime (a device's, or the server's shared by all tenants).
 
-    def __init__(self, loop, n_workers: int, durations: Durations, name: str = ""):
+    Without a ``cpu`` a tile takes its Durations time from when it starts; with one
+    (coacto.sim.cpu.Cpu) that time is its CPU demand and the Cpu decides when it is done (the
+    communication thread's work and a quota's throttling delay it)."""
+
+    def __init__(self, loop, n_workers: int, durations: Durations, name: str = "", cpu=None):
         self.loop = loop
         self.name = name
         self.n = int(n_workers)
         self.durations = durations
+        self.cpu = cpu
         self.idle = list(range(self.n - 1, -1, -1))  # pop() gives the lowest index
         self.pool = [collections.deque() for _ in range(POOL_DEPTH_BUCKETS)]
         self.pending = 0
@@ -205,10 +232,20 @@ class Cores:
 
     def _start(self, w: int, inf: TileState, tile: int, now: float, busy: int) -> None:
         inf.state[tile] = RUNNING
+        if self.cpu is not None:
+            inf.t0[tile], inf.worker[tile] = now, w
+            self.cpu.start_tile(self.durations.get(busy)[tile], self._finish_cpu, w, inf, tile)
+            return
         end = now + self.durations.get(busy)[tile]
         inf.t0[tile], inf.t1[tile], inf.worker[tile] = now, end, w
         self.busy_s += end - now
         self.loop.at(end, self._finish, w, inf, tile)
+
+    def _finish_cpu(self, w: int, inf: TileState, tile: int) -> None:
+        now = self.loop.now
+        inf.t1[tile] = now
+        self.busy_s += now - inf.t0[tile]
+        self._finish(w, inf, tile)
 
     def _finish(self, w: int, inf: TileState, tile: int) -> None:
         now = self.loop.now

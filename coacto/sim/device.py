@@ -12,10 +12,16 @@ engine's batch size inside its send window, inputs first, ``send_whole`` plans i
 the coalescing delay, ACK handling, RESULTs completing tiles, CANCEL when the device wins, the
 fallback after ``timeout`` seconds without news.
 
-Not modelled: the engine's own CPU time (copies, msgpack, the poll loop) -- on a CPU-capped
-device it competes with the computing threads; message headers are counted at their msgpack size
-but per-message processing is free; the probe after the handshake and the handshake itself (the
-session is ready when the simulation starts; the RTT estimate starts at the true RTT).
+The engine's own CPU time (coacto.sim.profiles.DeviceCosts, measured by `coacto profile
+--engine`) is charged when costs are given: starting an inference (the plan, the native
+inference) before its inputs are set, every message it hands to the link (per message and byte)
+before the link takes it, every message it takes in before it acts on it, the runtime's wake-ups
+(a tile queued for sending) and finishing an inference before the latency ends. Those tasks run
+one at a time on the device's CPU (coacto.sim.cpu) with priority over the computing threads,
+inside the device's quota. Without costs the engine is free and instantaneous, as before.
+
+Not modelled: the handshake and the model upload (the session is ready when the simulation
+starts; the RTT estimate starts at the true RTT); the goodput probe is sent when asked for.
 """
 from __future__ import annotations
 
@@ -93,7 +99,7 @@ class DeviceNative:
         self.queue[g.bucket[tile]].append(tile)
         self.queued += nbytes
         self.tiles_queued += 1
-        self.device.wake(t)
+        self.device.wake(t, from_runtime=True)
 
     def take(self, max_tiles: int, max_bytes: int) -> list[int]:
         """coacto_inference_take_sends: shallowest first, stop at the first tile that does not
@@ -113,7 +119,11 @@ class DeviceNative:
         return ids
 
     def _on_done(self, t: float) -> None:
-        self.device.loop.at(t, self.device.finish, self.job)
+        dev = self.device
+        if dev.costs is None:
+            dev.loop.at(t, dev.finish, self.job)
+        else:  # REPORT_DONE wakes the engine, which finishes the inference
+            dev.cpu.run(dev.costs.finish(), dev.finish, self.job)
 
 
 class SimDevice:
@@ -121,13 +131,17 @@ class SimDevice:
 
     def __init__(self, sim, index: int, *, threads: int, durations, uplink_trace,
                  downlink_trace, rtt: float, bandwidth0: float, device_flops: float,
-                 server_flops: float, timeout: float, heartbeat_s: float):
+                 server_flops: float, timeout: float, heartbeat_s: float, cpu=None,
+                 costs=None, device_flops_fixed: bool = False, probe: bool = False,
+                 burst_bytes: float = 0.0):
         self.sim = sim
         self.loop = sim.loop
         self.index = index
         self.tg = sim.tg
         self.g: SimGraph = sim.g
-        self.cores = Cores(self.loop, threads, durations, name=f"device {index}")
+        self.cpu = cpu
+        self.costs = costs  # coacto.sim.profiles.DeviceCosts, or None: the engine is free
+        self.cores = Cores(self.loop, threads, durations, name=f"device {index}", cpu=cpu)
         self.timeout = float(timeout)
         self.heartbeat_s = float(heartbeat_s)
         self.rtt = float(rtt)
@@ -137,43 +151,73 @@ class SimDevice:
         self.est.server_flops = float(server_flops)
         self.est.server_flops_known = True
         self.est.on_local_run(self.tg.total_flops, self.tg.total_flops / device_flops)
+        # Client(device_flops=F) keeps F (the experiments' device driver passes its calibration)
+        self.est._device_fixed = bool(device_flops_fixed)
+        self._probe = probe  # the session's goodput probe after the handshake
         self.link = Link(self.loop, uplink_trace, rtt / 2, on_release=self._on_released,
-                         on_arrive=self._arrive_at_server, tiles_kind=P.TILES)
-        self.downlink = Link(self.loop, downlink_trace, rtt / 2, on_arrive=self._receive)
+                         on_arrive=self._arrive_at_server, tiles_kind=P.TILES,
+                         burst_bytes=burst_bytes)
+        self.downlink = Link(self.loop, downlink_trace, rtt / 2, on_arrive=self._receive,
+                             burst_bytes=burst_bytes)
         self._gated = 0
         self.jobs: dict[int, Job] = {}
         self.outbox: collections.deque = collections.deque()
         self._pump_due = False
         self.records: list[dict] = []
-        self.remaining = 0
+        self.todo: collections.deque = collections.deque()  # (policy, options) per inference
         self.policy = "dynamic"
         self.options: dict = {}
         self._ids = 0
         self.closed = False
+        self._sending = False  # the engine is handing a message to the link (costs only)
+
+    @property
+    def remaining(self) -> int:
+        return len(self.todo)
+
+    def _engine(self, cost: float, fn, *args) -> None:
+        """``fn(*args)`` once the engine thread has spent ``cost`` CPU seconds on it (its
+        tasks run one after the other, before the computing threads' tiles); at once when the
+        engine's costs are not modelled."""
+        if self.costs is None:
+            fn(*args)
+        else:
+            self.cpu.run(cost, fn, *args)
 
     # ------------------------------------------------------------------ inferences
 
-    def start(self, policy: str, n: int, t0: float, options: dict | None = None) -> None:
-        self.policy, self.remaining, self.options = policy, int(n), dict(options or {})
+    def start(self, sequence, t0: float) -> None:
+        """Runs ``sequence`` ([(policy, inferences, options), ...]) back to back from ``t0``,
+        as one Client whose estimates carry over."""
+        for policy, n, options in sequence:
+            self.todo.extend([(policy, dict(options or {}))] * int(n))
         self.loop.at(t0, self._submit)
-        if policy != "local":  # the handshake's heartbeat was just answered: the next one is due
+        if any(p != "local" for p, _ in self.todo):
+            if self._probe:
+                self.loop.at(t0, self._send_probe)
+            # the handshake's heartbeat was just answered: the next one is due
             self.loop.at(t0 + self.heartbeat_s, self._heartbeat)
 
     def _submit(self) -> None:
-        if self.remaining <= 0:
+        if not self.todo:
             return
-        self.remaining -= 1
+        self.policy, self.options = self.todo.popleft()
         t = self.loop.now
         self._ids += 1
         job = Job(self._ids, None, self.policy, self.options, t)
         self.jobs[job.id] = job
-        if self.policy == "local":
+        self._engine(0.0 if self.costs is None else self.costs.start(self.policy),
+                     self._admit, job)
+
+    def _admit(self, job: Job) -> None:
+        """Engine._admit: the plan from the estimates now, then the native inference."""
+        if job.policy == "local":
             plan = policies.plan_local(self.tg)
-        elif self.policy == "dynamic" and Engine._local_is_faster(self, job):
+        elif job.policy == "dynamic" and Engine._local_is_faster(self, job):
             plan = policies.plan_local(self.tg)
         else:
             plan = Engine._plan(self, job)
-        self._start_native(job, plan, t)
+        self._start_native(job, plan, self.loop.now)
 
     def _start_native(self, job: Job, plan: policies.Plan, t: float) -> None:
         job.plan = plan
@@ -272,20 +316,44 @@ class SimDevice:
 
     # ------------------------------------------------------------------ sending
 
-    def wake(self, t: float) -> None:
-        """The engine wakes (a tile was queued, a message left, an ACK came): pump at once."""
-        if not self._pump_due:
-            self._pump_due = True
+    def wake(self, t: float, from_runtime: bool = False) -> None:
+        """The engine wakes (a tile was queued, a message left, an ACK came): pump at once.
+        With costs, a wake-up by the runtime (REPORT_SEND) costs the engine a loop round."""
+        if self._pump_due:
+            return
+        self._pump_due = True
+        if self.costs is not None and from_runtime:
+            self.cpu.run(self.costs.wake(), self._pump)
+        else:
             self.loop.at(t, self._pump)
 
     def _pump(self) -> None:
         self._pump_due = False
         t = self.loop.now
+        if self.costs is not None:
+            # one message at a time: taken now, handed to the link when the engine has spent
+            # its cost (the next one is chosen then)
+            if self._sending:
+                return
+            msg = self.outbox.popleft() if self.outbox else self._next_batch(t)
+            if msg is not None:
+                self._sending = True
+                self.cpu.run(self.costs.send(msg.nbytes), self._hand_over, msg)
+            return
         while True:
             msg = self.outbox.popleft() if self.outbox else self._next_batch(t)
             if msg is None:
                 break
             self.link.send(msg, t)
+
+    def _hand_over(self, msg: Msg) -> None:
+        self._sending = False
+        job = msg.job
+        if not (job is not None and job.done and msg.kind in (P.BEGIN, P.TILES)):
+            self.link.send(msg, self.loop.now)
+        elif msg.kind == P.TILES:  # its inference finished while the engine packed it
+            self.est.goodput.forget((job.id, msg.data["batch"]))
+        self._pump()
 
     def _next_batch(self, t: float) -> Msg | None:
         """Engine._next_batch: the oldest inference's next batch while the window allows."""
@@ -372,9 +440,28 @@ class SimDevice:
     def _arrive_at_server(self, msg: Msg) -> None:
         self.sim.server.receive(self, msg, self.loop.now)
 
+    def _send_probe(self) -> None:
+        """Session._make_probe: a HEARTBEAT padded to 20 ms of the assumed goodput (4-64 kB);
+        its STATS bounds the goodput from below."""
+        from ..mobile.session import PROBE_MAX_BYTES, PROBE_MIN_BYTES, PROBE_SECONDS
+
+        size = int(min(PROBE_MAX_BYTES, max(PROBE_MIN_BYTES, self.est.bandwidth * PROBE_SECONDS)))
+        t = self.loop.now
+        key = ("probe", 0)
+        self.est.goodput.sent(key, size, t)
+        self.outbox.append(Msg(P.HEARTBEAT, _CONTROL_BYTES[P.HEARTBEAT] + size, None,
+                               {"t_send": t, "probe": key}))
+        self.wake(t)
+
     # ------------------------------------------------------------------ receiving
 
     def _receive(self, msg: Msg) -> None:
+        if self.costs is None:
+            self._handle(msg)
+        else:
+            self.cpu.run(self.costs.recv(msg.kind, msg.nbytes), self._handle, msg)
+
+    def _handle(self, msg: Msg) -> None:
         t = self.loop.now
         kind, data = msg.kind, msg.data
         job = self.jobs.get(data.get("inf")) if "inf" in data else None
@@ -401,6 +488,8 @@ class SimDevice:
         elif kind == P.DONE:
             if job is not None:
                 job.server_done = True
+        elif kind == P.STATS and data.get("probe") is not None:
+            self.est.goodput.bound(data["probe"], t)
         elif kind == P.STATS:
             self.est.rtt.sample(t - data["t_send"])
             flops = self.est.server_flops

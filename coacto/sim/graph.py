@@ -61,6 +61,21 @@ class SimGraph:
         self.class_flops = {c: float(self.flops[self.tile_class == i].sum())
                             for i, c in enumerate(OP_CLASSES)}
 
+    def durations_from_layers(self, layer_secs: np.ndarray, overhead_s: float,
+                              speed: float) -> list[float]:
+        """Seconds per tile on one thread from measured busy seconds per layer (summed over the
+        threads that ran it): each layer's time shared among its tiles by FLOPs (by count where
+        the layer has none), plus the per-tile overhead, divided by ``speed``."""
+        plan = self.tg.plan
+        layer = np.asarray(plan.tile_layer, dtype=np.int64)
+        lflops = np.bincount(layer, weights=self.flops, minlength=len(layer_secs))
+        ltiles = np.bincount(layer, minlength=len(layer_secs)).astype(np.float64)
+        share = np.where(lflops[layer] > 0, self.flops / np.maximum(lflops[layer], 1e-300),
+                         1.0 / np.maximum(ltiles[layer], 1.0))
+        secs = (np.asarray(layer_secs)[layer] * share + overhead_s) / speed
+        secs[self.is_input] = 0.0
+        return secs.tolist()
+
     def durations(self, rates_per_thread: np.ndarray, overhead_s: float,
                   speed: float) -> list[float]:
         """Seconds per tile on one computing thread: FLOPs at the rate of the tile's op class plus

@@ -3,8 +3,9 @@
 A link carries messages one after the other, each serialised at the bandwidth in force while its
 bytes cross (a piecewise-constant trace applies to every transfer in flight, so a step in the
 middle of a message changes its finish time), then half the round-trip time of propagation. That
-is the device's own shaper (coacto/mobile/shaper.py, the one the bandwidth experiments use), with
-the bandwidth allowed to vary. A message withdrawn before it left gives its link time back to
+is the device's own shaper (coacto/mobile/shaper.py) with the bandwidth allowed to vary; with
+``burst_bytes`` it is a token bucket as tc's tbf (the testbed's kernel shaping): after the link
+idled, up to that many bytes pass at once. A message withdrawn before it left gives its link time back to
 the messages behind it, as Link.drop_job in coacto/mobile/link.py.
 
 ``lte_trace`` and ``wifi_trace`` are SYNTHETIC: random walks with shapes chosen by hand to look
@@ -187,9 +188,14 @@ class Link:
     RTT later."""
 
     def __init__(self, loop, trace: BandwidthTrace, delay_s: float, on_release=None,
-                 on_arrive=None, tiles_kind: str | None = None):
+                 on_arrive=None, tiles_kind: str | None = None, burst_bytes: float = 0.0):
         self.loop = loop
         self.trace = trace
+        # a token bucket's depth (tc tbf's burst): after the link idled, this many bytes pass
+        # at once (a veth's line rate), the rest at the trace's rate
+        self.burst = float(burst_bytes or 0.0)
+        self._tokens = self.burst
+        self._tokens_t = 0.0
         self.delay = float(delay_s)
         self.on_release = on_release
         self.on_arrive = on_arrive
@@ -207,7 +213,14 @@ class Link:
 
     def _book(self, msg: Msg, t: float) -> None:
         msg.start = max(t, self.free_at)
-        msg.release = self.trace.transfer_end(msg.start, msg.nbytes)
+        if self.burst:
+            tokens = min(self.burst, self._tokens
+                         + self.trace.transfer_volume(self._tokens_t, msg.start))
+            instant = min(tokens, float(msg.nbytes))
+            msg.release = self.trace.transfer_end(msg.start, msg.nbytes - instant)
+            self._tokens, self._tokens_t = tokens - instant, msg.release
+        else:
+            msg.release = self.trace.transfer_end(msg.start, msg.nbytes)
         msg.version += 1
         self.free_at = msg.release
         self.loop.at(msg.release, self._released, msg, msg.version)

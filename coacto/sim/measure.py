@@ -8,11 +8,15 @@ seconds is the rate of one thread while T run together; the profile stores T tim
 machine's rate). Tiles are cut as clients cut them for offloading (OFFLOAD_MIN_COLUMN_BLOCKS),
 the partition the simulator simulates; fixed costs inside a tile's kernel are part of the rates.
 The per-tile overhead is what the single-thread latency holds beyond the kernels' busy time
-(scheduling, bookkeeping), per tile. A class no model exercises enough (under
+(scheduling, bookkeeping), per tile. The per-layer busy seconds of each profiled model are kept
+too (``layers``, by model, with the tile graph's id): the simulator times a tile of that very
+graph from its layer's measured time rather than from its class's average rate. A class no model exercises enough (under
 MIN_CLASS_SECONDS of busy time) gets the rate of ``other`` and the profile says so.
 
 With a server address, a Client runs cloud inferences against it and the profile records the
-goodput and RTT the client measured (its own estimates).
+goodput and RTT the client measured (its own estimates). With ``engine``, the communication
+engines' CPU costs per message and byte on both sides (coacto.sim.enginecost) go to the
+profile's ``engine`` section.
 """
 from __future__ import annotations
 
@@ -59,6 +63,7 @@ def measure_threads(models, threads: int, runs: int, progress) -> dict:
     secs = np.zeros(len(OP_CLASSES))
     flops = np.zeros(len(OP_CLASSES))
     rows = []
+    per_layer = {}
     for name, tg, feeds in models:
         progress(f"  {name} at {threads} thread(s) ...")
         best = None
@@ -84,7 +89,9 @@ def measure_threads(models, threads: int, runs: int, progress) -> dict:
         rows.append({"model": name, "threads": threads, "tiles": tg.n_tiles,
                      "latency_ms": latency * 1e3, "busy_ms": busy * 1e3,
                      "gflop": tg.total_flops / 1e9})
-    return {"seconds": secs, "flops": flops, "models": rows}
+        per_layer[name] = {"graph_id": tg.graph_id, "n_layers": tg.n_layers,
+                           "seconds": [row["seconds"] for row in layers]}
+    return {"seconds": secs, "flops": flops, "models": rows, "layers": per_layer}
 
 
 def measure_link(address: str, model: str, inferences: int, progress) -> dict:
@@ -112,17 +119,55 @@ def measure_link(address: str, model: str, inferences: int, progress) -> dict:
 
 def run_profile(name: str, threads=None, models=DEFAULT_MODELS, runs: int = 5,
                 server: str | None = None, link_inferences: int = 5, output=None,
-                progress=lambda msg: None) -> tuple[dict, Path]:
+                progress=lambda msg: None, engine: bool = False, only=(),
+                engine_model: str = "resnet50", engine_inferences: int = 3,
+                quota: float | None = None, period_ms: float | None = None,
+                quota_models=None) -> tuple[dict, Path]:
     """Measures this machine, writes the profile (profiles/NAME.json or ``output``) and returns
-    (profile, path)."""
+    (profile, path). ``engine``: also the communication engines' CPU costs
+    (coacto.sim.enginecost); ``quota`` / ``period_ms``: also the slowdown inside that CPU quota
+    (coacto.sim.quota); ``only``: just those sections ("engine", "quota"), merged into the
+    existing profile."""
+    if not name or any(c in name for c in "/\\") or name.startswith("."):
+        raise CoactoError(f"profile name {name!r}: use letters, digits and dashes (the file is "
+                          f"profiles/NAME.json)")
+    unknown = set(only) - {"engine", "quota"}
+    if unknown:
+        raise CoactoError(f"--only takes engine and/or quota, not {', '.join(sorted(unknown))}")
+    if ("quota" in only or quota is not None) and not (quota and period_ms):
+        raise CoactoError("a quota measurement needs --quota (cores, e.g. 0.25) and --period-ms")
+    path = Path(output) if output else PROFILE_DIR / f"{name}.json"
+    if only:
+        if not path.exists():
+            raise CoactoError(f"{path} does not exist: measure the machine first (coacto profile "
+                              f"--name {name}), then add sections with --only")
+        try:
+            prof = json.loads(path.read_text())
+        except ValueError as e:
+            raise CoactoError(f"{path}: not a readable profile ({e})") from None
+    else:
+        prof = _measure(name, threads, models, runs, server, link_inferences, progress)
+    if only and "server_calibration" not in prof:
+        prof["server_calibration"] = measure_calibration(progress)
+    if engine or "engine" in only:
+        prof["engine"] = _engine(engine_model, engine_inferences, progress)
+    if quota is not None:
+        from .quota import key, measure_quota
+
+        qm = list(quota_models or [m for m in prof.get("layers") or models])
+        prof.setdefault("quota", {})[key(quota, period_ms)] = measure_quota(
+            quota, period_ms, qm, progress=progress)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(prof, indent=1) + "\n")
+    return prof, path
+
+
+def _measure(name, threads, models, runs, server, link_inferences, progress) -> dict:
     import coacto
     from .. import zoo
     from ..partition import OFFLOAD_MIN_COLUMN_BLOCKS
     from ..runtime import default_threads, gemm_kernel_name
 
-    if not name or any(c in name for c in "/\\") or name.startswith("."):
-        raise CoactoError(f"profile name {name!r}: use letters, digits and dashes (the file is "
-                          f"profiles/NAME.json)")
     counts = sorted(set(threads or range(1, default_threads() + 1)))
     if not counts or counts[0] < 1:
         raise CoactoError("thread counts must be positive integers")
@@ -138,10 +183,16 @@ def run_profile(name: str, threads=None, models=DEFAULT_MODELS, runs: int = 5,
         tg = coacto.compile(onnx_model, min_column_blocks=OFFLOAD_MIN_COLUMN_BLOCKS)
         graphs.append((m, tg, zoo.input_feeds(onnx_model)))
     gflops, notes, rows, overhead_us = {}, [], [], None
+    layer_tables: dict = {}
     for t in counts:
         progress(f"{t} thread(s):")
         m = measure_threads(graphs, t, runs, progress)
         rows.extend(m["models"])
+        for model_name, lt in m["layers"].items():
+            entry = layer_tables.setdefault(model_name, {"graph_id": lt["graph_id"],
+                                                         "n_layers": lt["n_layers"],
+                                                         "seconds": {}})
+            entry["seconds"][str(t)] = lt["seconds"]
         rates = np.zeros(len(OP_CLASSES))
         trusted = m["seconds"] >= MIN_CLASS_SECONDS
         if not trusted[OTHER]:
@@ -173,8 +224,19 @@ def run_profile(name: str, threads=None, models=DEFAULT_MODELS, runs: int = 5,
                         cpu={"model": cpu_model(), "machine": platform.machine(),
                              "cores": os.cpu_count(), "usable": default_threads()},
                         gemm_kernel=gemm_kernel_name(), runs=runs, models=rows,
-                        notes=notes)
-    path = Path(output) if output else PROFILE_DIR / f"{name}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(prof, indent=1) + "\n")
-    return prof, path
+                        notes=notes, layers=layer_tables,
+                        server_calibration=measure_calibration(progress))
+    return prof
+
+
+def measure_calibration(progress) -> dict:
+    """The single-thread rate of the GEMM coacto-server calibrates with at start
+    (coacto.server.sessions.calibrate_flops): what a server announces for a model it has not
+    measured yet is that times its threads times CALIBRATION_EFFICIENCY."""
+    from ..server.sessions import CALIBRATION_EFFICIENCY, calibrate_flops
+
+    progress("the server's calibration GEMM ...")
+    rate = calibrate_flops(1) / CALIBRATION_EFFICIENCY
+    return {"gemm_gflops_per_thread": rate / 1e9,
+            "how": "coacto.server.sessions.calibrate_flops(1) / CALIBRATION_EFFICIENCY "
+                   "(the best of its GEMM runs over 0.25 s)"}

@@ -115,6 +115,158 @@ class MachineProfile:
         """FLOP/s per op class of one of ``threads`` computing threads running together."""
         return self.machine_flops(threads) / threads
 
+    def calibrated_flops(self, threads: int) -> float | None:
+        """What coacto.server.sessions.calibrate_flops announces on this machine with
+        ``threads`` computing threads (the profile's ``server_calibration``: the calibration
+        GEMM's single-thread rate), or None when the profile has none."""
+        from ..server.sessions import CALIBRATION_EFFICIENCY
+
+        cal = self.raw.get("server_calibration") or {}
+        rate = cal.get("gemm_gflops_per_thread")
+        if not isinstance(rate, (int, float)) or rate <= 0:
+            return None
+        return rate * 1e9 * max(1, min(int(threads), self.cores)) * CALIBRATION_EFFICIENCY
+
+    def quota_slowdown(self, quota: float, period_ms: float, graph_id: str | None = None
+                       ) -> float | None:
+        """The slowdown `coacto profile --quota` measured inside this quota and period: the
+        model's own (by tile graph id) or the median over the measured models; None if not
+        measured."""
+        entry = None
+        for q in (self.raw.get("quota") or {}).values():
+            if isinstance(q, dict) and abs(float(q.get("quota", -1)) - quota) < 1e-9 \
+                    and abs(float(q.get("period_ms", -1)) - period_ms) < 1e-9:
+                entry = q
+        if entry is None:
+            return None
+        for m in (entry.get("models") or {}).values():
+            if graph_id is not None and m.get("graph_id") == graph_id:
+                return float(m["slowdown"])
+        return float(entry["slowdown"])
+
+    def layer_seconds(self, graph_id: str, n_layers: int) -> dict[int, np.ndarray] | None:
+        """Busy seconds per layer (summed over threads) per measured thread count of the tile
+        graph ``graph_id``, when `coacto profile` measured that graph; else None."""
+        for entry in (self.raw.get("layers") or {}).values():
+            if not isinstance(entry, dict) or entry.get("graph_id") != graph_id:
+                continue
+            out = {}
+            for t, secs in (entry.get("seconds") or {}).items():
+                try:
+                    arr = np.asarray(secs, dtype=np.float64)
+                    threads = int(t)
+                except (TypeError, ValueError):
+                    continue
+                if arr.shape == (n_layers,) and threads >= 1 and (arr >= 0).all():
+                    out[threads] = arr
+            return out or None
+        return None
+
+
+@dataclass
+class DeviceCosts:
+    """CPU seconds (at the profile machine's full speed) the device's communication engine spends
+    per event (coacto.sim.enginecost measures them): starting an inference (planning, the
+    native inference, its inputs; per policy), handing a message to the link (per message and
+    per byte: taking the tiles out of the runtime, msgpack, ZeroMQ, the kernel's TCP), taking
+    one in (per kind and per byte), a wake-up by the runtime (a tile queued for sending),
+    finishing an inference; ``loop_s`` (the engine's time outside its handlers, per handled
+    event) is added to each."""
+
+    start_s: dict
+    send_msg_s: float
+    send_byte_s: float
+    recv_msg_s: dict
+    recv_byte_s: float
+    finish_s: float
+    wake_s: float
+    loop_s: float = 0.0
+    scale: float = 1.0
+    source: str = ""
+
+    @classmethod
+    def from_dict(cls, raw: dict, scale: float = 1.0, source: str = "") -> "DeviceCosts":
+        try:
+            return cls(dict(raw["start_s"]), float(raw["send_msg_s"]), float(raw["send_byte_s"]),
+                       dict(raw["recv_msg_s"]), float(raw["recv_byte_s"]), float(raw["finish_s"]),
+                       float(raw["wake_s"]), float(raw.get("loop_s", 0.0)), float(scale), source)
+        except (KeyError, TypeError, ValueError) as e:
+            raise ProfileError(f"{source or 'profile'}: the engine's device costs lack or "
+                               f"misstate {e}; measure them again with `coacto profile "
+                               f"--engine`") from None
+
+    def start(self, policy: str) -> float:
+        s = self.start_s.get(policy)
+        if s is None:
+            s = max(self.start_s.values()) if self.start_s else 0.0
+        return (s + self.loop_s) * self.scale
+
+    def send(self, nbytes: int) -> float:
+        return (self.send_msg_s + self.send_byte_s * nbytes + self.loop_s) * self.scale
+
+    def recv(self, kind: str, nbytes: int) -> float:
+        m = self.recv_msg_s
+        s = m.get(kind, m.get("stats", min(m.values()) if m else 0.0))
+        return (s + self.recv_byte_s * nbytes + self.loop_s) * self.scale
+
+    def finish(self) -> float:
+        return (self.finish_s + self.loop_s) * self.scale
+
+    def wake(self) -> float:
+        return (self.wake_s + self.loop_s) * self.scale
+
+
+@dataclass
+class ServerCosts:
+    """CPU seconds (at the profile machine's full speed) the server's I/O thread spends per
+    message taken in (per kind and per byte: BEGIN, TILES with its ACK and put_tiles, HEARTBEAT
+    with its STATS, CANCEL) and sent (RESULT per message and byte, DONE); ``loop_s`` is added to
+    each (see DeviceCosts)."""
+
+    recv_msg_s: dict
+    recv_byte_s: float
+    send_msg_s: dict
+    send_byte_s: float
+    loop_s: float = 0.0
+    scale: float = 1.0
+    source: str = ""
+
+    @classmethod
+    def from_dict(cls, raw: dict, scale: float = 1.0, source: str = "") -> "ServerCosts":
+        try:
+            return cls(dict(raw["recv_msg_s"]), float(raw["recv_byte_s"]),
+                       dict(raw["send_msg_s"]), float(raw["send_byte_s"]),
+                       float(raw.get("loop_s", 0.0)), float(scale), source)
+        except (KeyError, TypeError, ValueError) as e:
+            raise ProfileError(f"{source or 'profile'}: the engine's server costs lack or "
+                               f"misstate {e}; measure them again with `coacto profile "
+                               f"--engine`") from None
+
+    def recv(self, kind: str, nbytes: int) -> float:
+        m = self.recv_msg_s
+        s = m.get(kind, m.get("heartbeat", min(m.values()) if m else 0.0))
+        return (s + self.recv_byte_s * nbytes + self.loop_s) * self.scale
+
+    def send(self, kind: str, nbytes: int) -> float:
+        s = self.send_msg_s.get(kind, 0.0)
+        return (s + self.send_byte_s * nbytes + self.loop_s) * self.scale
+
+
+def engine_costs(spec, side: str, scale: float = 1.0):
+    """DeviceCosts (side "device") or ServerCosts ("server") from a profile (name, path, dict,
+    MachineProfile) that holds an ``engine`` section, or a costs object; None when the profile
+    has none."""
+    if spec is None or spec is False:
+        return None
+    if isinstance(spec, (DeviceCosts, ServerCosts)):
+        return spec
+    prof = load_profile(spec)
+    section = (prof.raw.get("engine") or {}).get(side)
+    if section is None:
+        return None
+    cls = DeviceCosts if side == "device" else ServerCosts
+    return cls.from_dict(section, scale, f"{prof.name} (engine.{side})")
+
 
 def _resolve(spec) -> Path:
     if isinstance(spec, Path) or spec.endswith(".json") or os.sep in spec:

@@ -9,9 +9,15 @@ inference (its running tiles finish). Every TILES batch is acknowledged with the
 Contention is the server's own alpha: the same LoadAverage and ``alpha`` function as
 coacto.server.sessions, over the inferences whose inputs have all arrived, sent in STATS.
 
-Not modelled: the server's I/O thread (message handling is free and instantaneous), model
-upload, limits (inferences per device, devices), the FLOP rate the server learns from measured
-inferences (the device is told the model's rate from the start, see coacto.sim.simulate).
+With costs (coacto.sim.profiles.ServerCosts, `coacto profile --engine`) the I/O thread takes
+messages in one at a time (BEGIN, TILES with put_tiles and the ACK, HEARTBEAT with its STATS,
+CANCEL: per message and byte) and spends the RESULT's and DONE's cost before they leave, on the
+server's CPU (coacto.sim.cpu) with priority over the computing threads; without, it is free and
+instantaneous. The server measures the model's FLOP rate as sessions.FlopEstimate does (FLOPs
+over the time from the last input to the last RESULT, of inferences it computed alone and
+whole): ``measured_flops``, what it would announce to the next client.
+
+Not modelled: model upload, limits (inferences per device, devices).
 """
 from __future__ import annotations
 
@@ -41,7 +47,7 @@ class Served:
     """One device's inference on the server (ServedInference)."""
 
     __slots__ = ("device", "inf", "ts", "sent", "n_sent", "inputs_seen", "n_inputs_seen",
-                 "t_begin", "t_inputs", "computing", "pending_results", "flush_due")
+                 "t_begin", "t_inputs", "computing", "pending_results", "flush_due", "contended")
 
     def __init__(self, device, inf: int, ts: TileState, g: SimGraph, t: float):
         self.device, self.inf, self.ts = device, inf, ts
@@ -54,18 +60,26 @@ class Served:
         self.computing = False
         self.pending_results: list[int] = []
         self.flush_due = False
+        self.contended = False
 
 
 class SimServer:
     """See the module text."""
 
-    def __init__(self, loop, g: SimGraph, threads: int, durations, server_flops: float):
+    def __init__(self, loop, g: SimGraph, threads: int, durations, server_flops: float,
+                 cpu=None, costs=None):
         self.loop = loop
         self.g = g
-        self.cores = Cores(loop, threads, durations, name="server")
+        self.cpu = cpu
+        self.costs = costs  # coacto.sim.profiles.ServerCosts, or None: the I/O thread is free
+        self.cores = Cores(loop, threads, durations, name="server", cpu=cpu)
         self.threads = int(threads)
         self.server_flops = float(server_flops)
         self.served: dict[tuple, Served] = {}
+        # what the server measures of the model (sessions.FlopEstimate.record): FLOPs over the
+        # time from the last input to the last RESULT, of inferences it computed alone and whole
+        self.measured_flops: float | None = None
+        self.measured_samples = 0
         self.all_computing = LoadAverage(0.0)
         self.device_computing: dict[int, LoadAverage] = {}
         self.traces: dict[tuple, TileState] = {}
@@ -73,6 +87,13 @@ class SimServer:
     # ------------------------------------------------------------------ messages
 
     def receive(self, device, msg: Msg, t: float) -> None:
+        if self.costs is None:
+            self._receive(device, msg)
+        else:  # the I/O thread takes messages in one after the other
+            self.cpu.run(self.costs.recv(msg.kind, msg.nbytes), self._receive, device, msg)
+
+    def _receive(self, device, msg: Msg) -> None:
+        t = self.loop.now
         kind = msg.kind
         if kind == P.BEGIN:
             self._begin(device, msg.job.id, t)
@@ -86,7 +107,8 @@ class SimServer:
             self._send(device, P.STATS, _HEADER_BYTES[P.STATS], {
                 "t_send": msg.data["t_send"], "t_server": t,
                 "alpha": alpha(self.all_computing, self._session(device), t),
-                "server_flops": self.server_flops, "threads": self.threads})
+                "server_flops": self.server_flops, "threads": self.threads,
+                "probe": msg.data.get("probe")})
 
     def _session(self, device) -> LoadAverage:
         la = self.device_computing.get(device.index)
@@ -138,6 +160,11 @@ class SimServer:
 
     def _start_computing(self, si: Served, t: float) -> None:
         si.t_inputs = t
+        computing = [o for o in self.served.values() if o.computing]
+        if computing:
+            si.contended = True
+            for o in computing:
+                o.contended = True
         si.computing = True
         self.all_computing.add(1, t)
         self._session(si.device).add(1, t)
@@ -156,7 +183,15 @@ class SimServer:
         si.pending_results.append(tile)
         if not si.flush_due:  # reports taken together go out in one RESULT
             si.flush_due = True
-            self.loop.at(t, self._flush, si)
+            if self.costs is None:
+                self.loop.at(t, self._flush, si)
+            else:  # the I/O thread reads the tiles and sends them (and DONE with the last)
+                ids = [i for i in si.pending_results if not si.sent[i]]
+                nbytes = _HEADER_BYTES[P.RESULT] + 4 * len(ids) + int(self.g.nbytes[ids].sum())
+                cost = self.costs.send(P.RESULT, nbytes)
+                if si.n_sent + len(ids) >= len(self.g.outputs):
+                    cost += self.costs.send(P.DONE, _HEADER_BYTES[P.DONE])
+                self.cpu.run(cost, self._flush, si)
 
     def _flush(self, si: Served) -> None:
         si.flush_due = False
@@ -171,8 +206,21 @@ class SimServer:
             self._send(si.device, P.RESULT, nbytes, {"inf": si.inf, "ids": ids})
         if si.n_sent == len(self.g.outputs):
             t = self.loop.now
+            self._measure(si, t)
             self._send(si.device, P.DONE, _HEADER_BYTES[P.DONE], {"inf": si.inf})
             self._free(si, t)
+
+    def _measure(self, si: Served, t: float) -> None:
+        from ..server.sessions import FLOPS_EWMA_WEIGHT
+
+        whole = si.ts.external == len(self.g.inputs)
+        if si.t_inputs is None or si.contended or not whole or t <= si.t_inputs:
+            return
+        rate = self.g.total_flops / (t - si.t_inputs)
+        w = FLOPS_EWMA_WEIGHT
+        self.measured_flops = rate if self.measured_flops is None else \
+            (1 - w) * self.measured_flops + w * rate
+        self.measured_samples += 1
 
     def _free(self, si: Served, t: float) -> None:
         self._stop_computing(si, t)

@@ -5,6 +5,7 @@ at the interface (as the experiments state their settings).
 """
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import logging
 import math
@@ -18,11 +19,12 @@ from ..mobile import policies
 from ..mobile.estimates import DEFAULT_RTT
 from ..tilegraph import TileGraph
 from .cores import Cores, Durations, TileState
+from .cpu import Cpu
 from .device import SimDevice
 from .events import EventLoop
 from .graph import SimGraph, sim_graph
 from .link import BandwidthTrace, TraceError, lte_trace, make_trace, wifi_trace
-from .profiles import MachineProfile, load_profile
+from .profiles import MachineProfile, ProfileError, engine_costs, load_profile
 from .server import SimServer
 
 log = logging.getLogger(__name__)
@@ -206,15 +208,39 @@ def _traces(devices: int, bandwidth_mbps, trace, seed: int) -> list[BandwidthTra
     return [make_trace(trace)] * devices
 
 
-def solo_latency(g: SimGraph, threads: int, durations: Durations) -> float:
+def solo_latency(g: SimGraph, threads: int, durations: Durations, make_cpu=None,
+                 runs: int = 1) -> float:
     """Latency of one inference alone on ``threads`` computing threads from the inputs (the
-    runtime's schedule, no network)."""
+    runtime's schedule, no network); with ``make_cpu`` (loop -> Cpu) on that CPU model, the
+    best of ``runs`` back-to-back runs (Client.calibrate's best of runs: under a CFS quota each
+    starts at another phase of the period)."""
     loop = EventLoop()
-    cores = Cores(loop, threads, durations)
-    ts = TileState(cores, g)
-    ts.set_inputs(0.0)
-    loop.run()
-    return ts.t_end if ts.t_end is not None else 0.0
+    cpu = make_cpu(loop) if make_cpu is not None else None
+    cores = Cores(loop, threads, durations, cpu=cpu)
+    best = math.inf
+    for _ in range(max(1, runs)):
+        t0 = loop.now
+        ts = TileState(cores, g)
+        ts.set_inputs(t0)
+        loop.run()
+        if ts.t_end is None:
+            return 0.0
+        best = min(best, ts.t_end - t0)
+    return best
+
+
+def _sequence(policy, inferences: int, options: dict) -> list[tuple[str, int, dict]]:
+    if isinstance(policy, str):
+        return [(policy, inferences, options)]
+    try:
+        seq = [(str(item[0]), int(item[1]), dict(item[2]) if len(item) > 2 else {})
+               for item in policy]
+    except (TypeError, ValueError, IndexError):
+        seq = []
+    if not seq or any(n < 1 for _, n, _ in seq):
+        raise SimError("policy must be a policy name or a list of (policy, inferences[, "
+                       "options]) with at least one inference each")
+    return seq
 
 
 def simulate(model_or_tg, policy: str = "dynamic", *, device="raspberry-pi-4",
@@ -225,7 +251,13 @@ def simulate(model_or_tg, policy: str = "dynamic", *, device="raspberry-pi-4",
              timeout: float | None = None, start_jitter_s: float = 0.0,
              device_flops: float | None = None, server_flops: float | None = None,
              tiles_per_layer: int | None = None, split_layer: int | None = None,
-             fl_layer: int | None = None, device_share: float | None = None) -> SimResult:
+             fl_layer: int | None = None, device_share: float | None = None,
+             quota_period_ms: float | None = None, device_cpus: float | None = None,
+             server_cpus: float | None = None, device_costs=None, server_costs=None,
+             device_costs_scale: float = 1.0, server_costs_scale: float = 1.0,
+             initial_goodput_mbps: float | None = None, probe: bool = False,
+             calibrate_runs: int = 4, burst_bytes: float = 0.0,
+             quota_slowdown: float | None = None) -> SimResult:
     """Simulates ``inferences`` back-to-back inferences on each of ``devices`` devices running
     ``policy`` against one server (see docs/SIMULATOR.md).
 
@@ -239,18 +271,57 @@ def simulate(model_or_tg, policy: str = "dynamic", *, device="raspberry-pi-4",
     device left out of the statistics; ``seed``: synthetic traces and start jitter;
     ``start_jitter_s``: devices start at uniform random times in [0, this);
     ``device_flops`` / ``server_flops``: the rates the device plans with (default: what the real
-    client and server measure, the model's FLOPs over its simulated solo latency on each side);
+    client and server measure, the model's FLOPs over its simulated solo latency on each side;
+    ``server_flops="calibrated"``: what a server announces before it has measured the model,
+    its profile's calibration GEMM rate as coacto.server.sessions.calibrate_flops computes it;
+    the settings' ``server_flops_measured`` is what the simulated server measured meanwhile);
     ``timeout``: the client's (default: coacto.Client's); ``tiles_per_layer``: when compiling;
     ``split_layer`` / ``fl_layer`` / ``device_share``: fix split / fl as the Client options do.
+
+    ``policy`` may also be a sequence [(policy, inferences[, options]), ...] that each device runs
+    in order as one Client (its estimates carry over, as in the experiments); ``inferences`` is
+    then their total.
+
+    The CPU each side runs on (coacto.sim.cpu): ``device_cpus`` cores for the device's threads
+    (default: its profile's cores; the testbed pins it to one), ``server_cpus`` for the server's
+    (default: one per computing thread); ``quota_period_ms``: the quota's CFS period (throttling
+    in periods, as the kernel does; None: a smooth share). ``device_costs`` /
+    ``server_costs``: the communication engines' CPU costs (coacto.sim.profiles.DeviceCosts /
+    ServerCosts): None takes them from the side's profile when it has an ``engine`` section
+    (`coacto profile --engine`), False leaves them out, a profile name / path / dict takes that
+    profile's, times ``*_costs_scale`` (another machine's CPU).
+
+    ``device_flops`` given is kept for the whole run, as Client(device_flops=...) keeps it;
+    otherwise the device calibrates as Client.calibrate does (the best of ``calibrate_runs`` solo
+    runs on its CPU model) and refines it with its local runs. ``initial_goodput_mbps``: the
+    goodput the client assumes before it has measured any (default: the link's first rate, as
+    a client given --bandwidth); ``probe``: it sends the session's goodput probe first;
+    ``burst_bytes``: each link direction is a token bucket of that depth (tc tbf's burst).
+    ``quota_slowdown``: inside the quota the device computes this much slower than the quota
+    alone says (cold caches every period); default: what `coacto profile --quota` measured for
+    this quota and period (the model's own, else the median), 1 when not measured.
     """
     t_wall = time.perf_counter()
-    if policy not in policies.POLICIES:
-        raise SimError(f"unknown policy {policy!r}; choose one of {', '.join(policies.POLICIES)}")
+    options0 = {}
+    keys = {"split": ("split_layer",), "fl": ("fl_layer", "device_share")}
+    if isinstance(policy, str):
+        if policy not in policies.POLICIES:
+            raise SimError(f"unknown policy {policy!r}; choose one of "
+                           f"{', '.join(policies.POLICIES)}")
+        given = {"split_layer": split_layer, "fl_layer": fl_layer, "device_share": device_share}
+        options0 = {key: given[key] for key in keys.get(policy, ()) if given[key] is not None}
     for name, v in (("devices", devices), ("inferences", inferences)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise SimError(f"{name} must be a positive integer, got {v!r}")
+    sequence = _sequence(policy, inferences, options0)
+    for p, _, _ in sequence:
+        if p not in policies.POLICIES:
+            raise SimError(f"unknown policy {p!r}; choose one of {', '.join(policies.POLICIES)}")
+    inferences = sum(n for _, n, _ in sequence)
     if not (isinstance(warmup, int) and 0 <= warmup < inferences):
         raise SimError(f"warmup must be an integer from 0 to inferences - 1, got {warmup!r}")
+    if quota_period_ms is not None and (quota is None or not quota_period_ms > 0):
+        raise SimError("quota_period_ms needs a quota and must be a positive number of ms")
     if not (rtt_ms >= 0):
         raise SimError(f"rtt_ms must be >= 0, got {rtt_ms!r}")
     if quota is not None and not (quota > 0):
@@ -267,30 +338,67 @@ def simulate(model_or_tg, policy: str = "dynamic", *, device="raspberry-pi-4",
     traces = _traces(devices, bandwidth_mbps, trace, seed)
     timeout = _client_timeout() if timeout is None else float(timeout)
 
-    dev_dur = Durations(g, dev_prof, quota=quota)
+    try:
+        dev_costs = engine_costs(dev_prof if device_costs is None else device_costs, "device",
+                                 device_costs_scale)
+        srv_costs = engine_costs(srv_prof if server_costs is None else server_costs, "server",
+                                 server_costs_scale)
+    except ProfileError as e:
+        raise SimError(str(e)) from None
+    period = None if quota_period_ms is None else quota_period_ms / 1e3
+    dcpus = float(device_cpus or dev_prof.cores)
+    scpus = float(server_cpus or n)
+    dev_cpu_model = dev_costs is not None or period is not None
+    srv_cpu_model = srv_costs is not None
+
+    def make_dev_cpu(loop):
+        return Cpu(loop, dcpus, quota, period) if dev_cpu_model else None
+
+    def make_srv_cpu(loop):
+        return Cpu(loop, scpus) if srv_cpu_model else None
+
+    slowdown = quota_slowdown
+    if slowdown is None and quota is not None and quota_period_ms is not None:
+        slowdown = dev_prof.quota_slowdown(quota, quota_period_ms, tg.graph_id)
+    slowdown = float(slowdown or 1.0)
+    if dev_costs is not None and slowdown != 1.0:
+        dev_costs = dataclasses.replace(dev_costs, scale=dev_costs.scale * slowdown)
+    dev_dur = Durations(g, dev_prof, quota=None if dev_cpu_model else quota, scale=slowdown)
     srv_dur = Durations(g, srv_prof)
-    dev_solo = solo_latency(g, k, dev_dur)
-    srv_solo = solo_latency(g, n, srv_dur)
-    est_device = device_flops or (tg.total_flops / dev_solo if dev_solo > 0 else 1e12)
+    dev_solo = solo_latency(g, k, dev_dur, make_dev_cpu)
+    srv_solo = solo_latency(g, n, srv_dur, make_srv_cpu)
+    fixed = device_flops is not None
+    if fixed:
+        est_device = float(device_flops)
+    else:  # Client.calibrate: the best of its runs
+        best = solo_latency(g, k, dev_dur, make_dev_cpu, runs=calibrate_runs) \
+            if dev_cpu_model else dev_solo
+        est_device = tg.total_flops / best if best > 0 else 1e12
+    if server_flops == "calibrated":  # what a server announces before it measured the model
+        server_flops = srv_prof.calibrated_flops(n)
+        if server_flops is None:
+            raise SimError(f"the server profile {srv_prof.name} has no calibration rate; "
+                           f"measure it with `coacto profile` or give server_flops")
     est_server = server_flops or (tg.total_flops / srv_solo if srv_solo > 0 else 1e12)
 
     loop = EventLoop()
     sim = _Sim(loop, tg, g)
-    sim.server = SimServer(loop, g, n, srv_dur, est_server)
+    sim.server = SimServer(loop, g, n, srv_dur, est_server, cpu=make_srv_cpu(loop),
+                           costs=srv_costs)
     rng = np.random.default_rng(seed)
-    keys = {"split": ("split_layer",), "fl": ("fl_layer", "device_share")}.get(policy, ())
-    given = {"split_layer": split_layer, "fl_layer": fl_layer, "device_share": device_share}
-    options = {key: given[key] for key in keys if given[key] is not None}
     rtt = rtt_ms / 1e3
     hb = _heartbeat_s(timeout)
     for d in range(devices):
+        b0 = traces[d].rate_at(0.0) if initial_goodput_mbps is None \
+            else initial_goodput_mbps * 1e6 / 8
         dev = SimDevice(sim, d, threads=k, durations=dev_dur, uplink_trace=traces[d],
-                        downlink_trace=traces[d], rtt=rtt, bandwidth0=traces[d].rate_at(0.0),
+                        downlink_trace=traces[d], rtt=rtt, bandwidth0=b0,
                         device_flops=est_device, server_flops=est_server, timeout=timeout,
-                        heartbeat_s=hb)
+                        heartbeat_s=hb, cpu=make_dev_cpu(loop), costs=dev_costs,
+                        device_flops_fixed=fixed, probe=probe, burst_bytes=burst_bytes)
         sim.devices.append(dev)
         t0 = float(rng.uniform(0.0, start_jitter_s)) if start_jitter_s > 0 else 0.0
-        dev.start(policy, inferences, t0, options)
+        dev.start(sequence, t0)
     total = devices * inferences
     loop.run(stop=lambda: sum(len(dv.records) for dv in sim.devices) >= total)
     for dev in sim.devices:  # tiles still running finish; heartbeats stop
@@ -320,7 +428,8 @@ def simulate(model_or_tg, policy: str = "dynamic", *, device="raspberry-pi-4",
     measured = [r for r in results if r.index > warmup]
     settings = {
         "model": model_or_tg if isinstance(model_or_tg, str) else tg.graph.model_hash[:12],
-        "tiles": tg.n_tiles, "gflop": tg.total_flops / 1e9, "policy": policy,
+        "tiles": tg.n_tiles, "gflop": tg.total_flops / 1e9,
+        "policy": policy if isinstance(policy, str) else [[p, n] for p, n, _ in sequence],
         "device": dev_prof.name, "device_threads": k, "quota": quota,
         "server": srv_prof.name, "server_cores": n, "devices": devices,
         "bandwidth_mbps": bandwidth_mbps,
@@ -328,8 +437,16 @@ def simulate(model_or_tg, policy: str = "dynamic", *, device="raspberry-pi-4",
                                              or "steps"),
         "rtt_ms": rtt_ms, "inferences": inferences, "warmup": warmup, "seed": seed,
         "timeout_s": timeout, "device_solo_ms": dev_solo * 1e3, "server_solo_ms": srv_solo * 1e3,
-        "device_flops_est": est_device, "server_flops_est": est_server,
-        "server_busy_s": sim.server.cores.busy_s,
+        "device_flops_est": est_device, "device_flops_fixed": fixed,
+        "server_flops_est": est_server, "server_busy_s": sim.server.cores.busy_s,
+        "server_flops_measured": sim.server.measured_flops,
+        "quota_period_ms": quota_period_ms, "quota_slowdown": slowdown,
+        "device_cpus": dcpus, "server_cpus": scpus,
+        "device_costs": None if dev_costs is None else f"{dev_costs.source} x{dev_costs.scale:g}",
+        "server_costs": None if srv_costs is None else f"{srv_costs.source} x{srv_costs.scale:g}",
+        "device_engine_busy_s": sum(dv.cpu.engine_busy_s for dv in sim.devices if dv.cpu),
+        "server_io_busy_s": sim.server.cpu.engine_busy_s if sim.server.cpu else 0.0,
+        "initial_goodput_mbps": initial_goodput_mbps, "probe": probe, "burst_bytes": burst_bytes,
     }
     return SimResult(results, settings, measured, wall_s=time.perf_counter() - t_wall,
                      events=loop.events)

@@ -1,0 +1,179 @@
+"""The simulator (coacto.sim) set up as the testbed runs: what sim_vs_real.py compares with real
+rows and what fig_server_cores.py extends beyond this machine's two cores.
+
+The device and the server are this machine as `coacto profile` measured it (profiles/
+epyc-avx512-2core.json by default: per-layer times of the figure models, per-class rates, the
+per-tile overhead, and the communication engines' CPU costs per message and byte, `coacto
+profile --engine`). Nothing here is fitted to the rows it is compared with. From a real row and
+its settings file the simulation takes what the real run had: the link's measured goodput and
+RTT (and, under kernel shaping, tbf's burst), the CPU quota and its CFS period, one device core
+and one computing thread (the testbed pins the device to one CPU), the server's threads and
+CPUs, and the device's own FLOP-rate estimate (the row's device_gflops: Client.calibrate's best
+of four runs on zeros, which the device driver hands every Client it makes). Each fresh client
+runs what run_policies runs: a warm-up dynamic inference, then the policies in the round's
+rotated order, ``repeat`` inferences each, its estimates carrying over.
+"""
+from __future__ import annotations
+
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness as H  # noqa: E402
+
+#: This machine's measured profile (device and server).
+PROFILE = "epyc-avx512-2core"
+#: The client's goodput estimate before it measures one when no --bandwidth is given
+#: (coacto.mobile.estimates.DEFAULT_BANDWIDTH), in Mbit/s.
+CLIENT_DEFAULT_MBPS = 10.0
+
+
+def _num(v, default=None):
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return default
+
+
+def testbed_kwargs(settings: dict, nominal_mbps: float | None, profile: str = PROFILE) -> dict:
+    """simulate() keywords for the testbed a settings file describes (one link setting)."""
+    tb = settings.get("testbed") or {}
+    if isinstance(tb, dict) and all(isinstance(v, dict) for v in tb.values()) and tb:
+        tb = next(iter(tb.values()))  # fig_server_cores: one description per server thread count
+    quota = settings.get("quota", tb.get("quota"))
+    if tb.get("cgroup") == "none" or quota is None or quota >= 1:
+        quota = None
+    period_us = tb.get("cfs_period_us")
+    kernel = tb.get("mode") == "netns"
+    burst = 0.0
+    if kernel and nominal_mbps:
+        from testbed import tbf_params
+
+        burst = float(tbf_params(float(nominal_mbps))["burst_bytes"])
+    return {
+        "device": profile, "server": profile,
+        "device_threads": int(settings.get("device_threads", 1)),
+        "server_cores": int(settings.get("server_threads", 1)),
+        "device_cpus": 1, "server_cpus": len(str(tb.get("server_cpus", "1")).split(",")),
+        "quota": quota,
+        "quota_period_ms": period_us / 1e3 if quota is not None and period_us else None,
+        # kernel shaping: the client is given no bandwidth, it starts from its default and
+        # probes; the client's own shaper: it starts from the cap it was given
+        "initial_goodput_mbps": CLIENT_DEFAULT_MBPS if kernel else nominal_mbps,
+        "probe": kernel, "burst_bytes": burst,
+    }
+
+
+def session(policies, repeat: int, rnd: int) -> list[tuple[str, int]]:
+    """What H.run_policies runs on one fresh client: a warm-up dynamic inference, then every
+    policy ``repeat`` times, the order rotated by the round."""
+    k = rnd % len(policies)
+    order = list(policies[k:]) + list(policies[:k])
+    return [("dynamic", 1)] + [(p, repeat) for p in order]
+
+
+def simulate_session(tg, settings: dict, row: dict, policies, repeat: int, rnd: int,
+                     profile: str = PROFILE, **extra):
+    """One fresh client of the real run (row: its link and device columns) simulated; returns
+    the SimResult (warm-up left out of the statistics)."""
+    from coacto import sim
+
+    nominal = _num(row.get("nominal_mbps"))
+    kw = testbed_kwargs(settings, nominal, profile)
+    kw.update(extra)
+    up = _num(row.get("measured_up_mbps")) or nominal
+    rtt = _num(row.get("measured_rtt_ms"), 0.1)
+    dev = _num(row.get("device_gflops"))
+    return sim.simulate(tg, session(policies, repeat, rnd), bandwidth_mbps=up, rtt_ms=rtt,
+                        device_flops=dev * 1e9 if dev else None, warmup=1, **kw)
+
+
+def session_order(groups, settings: dict) -> list[tuple]:
+    """The (model, nominal Mbit/s, round) keys of ``groups`` in the order fig_bandwidth.py ran
+    them: model by model (one server each), rounds in turn, the bandwidths ascending in even
+    rounds and descending in odd ones."""
+    listed = [float(b) for b in settings.get("bandwidths_mbps") or []]
+    models = []
+    for m, _, _ in groups:
+        if m not in models:
+            models.append(m)
+    keys = []
+    for m in models:
+        rounds = sorted({r for mm, _, r in groups if mm == m})
+        for rnd in rounds:
+            bws = sorted({b for mm, b, r in groups if mm == m and r == rnd},
+                         key=lambda b: (listed.index(b) if b in listed else len(listed), b))
+            keys += [(m, b, rnd) for b in (bws if rnd % 2 == 0 else reversed(bws))]
+    return keys
+
+
+def by_policy(result) -> dict[str, list]:
+    out: dict[str, list] = {}
+    for inf in result.measured:
+        out.setdefault(inf.policy, []).append(inf)
+    return out
+
+
+def graph(model: str, image_size: int | None = None):
+    """The tile graph the device driver compiles for ``model`` (zoo, offloading partition)."""
+    from coacto import sim, zoo
+
+    if image_size and model not in zoo.TRANSFORMERS:
+        return sim.resolve_graph(zoo.build(model, image_size=image_size))
+    return sim.resolve_graph(model)
+
+
+def server_cores_rows(args, real_rows: list[dict]) -> list[dict]:
+    """fig_server_cores.py's simulated rows: per model, policy and server thread count in
+    ``args.sim_cores``, the testbed's device (this machine's profile in the same quota, one
+    thread, the device rate the real rows measured) against a server of N cores of this
+    machine's per-core speed (its profile, per-thread rates beyond its two cores as at two), on
+    the link the real rows measured at ``args.bandwidth``. Rows: source=sim, model, policy,
+    server_threads, nominal_mbps, median_ms, p95_ms."""
+    from coacto import sim
+
+    rows = []
+    base = sim.load_profile(PROFILE)
+    cores = max(list(args.sim_cores) + [base.cores])
+    server = dict(base.raw, cores=cores, name=f"{base.name} x{cores} cores")
+    settings = {"quota": args.quota, "device_threads": 1,
+                "testbed": _testbed_of(args, real_rows)}
+    n = max(5, int(getattr(args, "repeat", 5) or 5))
+    for model in args.models:
+        real = [r for r in real_rows if r.get("model") == model and r.get("source") == "real"]
+        ref = dict(real[0]) if real else {"nominal_mbps": args.bandwidth}
+        for key in ("measured_up_mbps", "measured_rtt_ms", "device_gflops"):
+            xs = [_num(r.get(key)) for r in real if _num(r.get(key))]
+            if xs:
+                ref[key] = statistics.median(xs)
+        ref["nominal_mbps"] = args.bandwidth
+        tg = graph(model, getattr(args, "image_size", None))
+        for threads in args.sim_cores:
+            kw = testbed_kwargs(dict(settings, server_threads=threads), args.bandwidth)
+            kw.update(server=server, server_cores=threads, server_cpus=threads)
+            up = _num(ref.get("measured_up_mbps")) or float(args.bandwidth)
+            dev = _num(ref.get("device_gflops"))
+            for policy in args.policies:
+                r = sim.simulate(tg, [("dynamic", 1), (policy, n)], bandwidth_mbps=up,
+                                 rtt_ms=_num(ref.get("measured_rtt_ms"), 0.1),
+                                 device_flops=dev * 1e9 if dev else None, warmup=1, **kw)
+                lat = [i.latency_s * 1e3 for i in r.measured if i.policy == policy]
+                rows.append({"source": "sim", "model": model, "policy": policy,
+                             "server_threads": threads, "nominal_mbps": args.bandwidth,
+                             **H.summarize([x / 1e3 for x in lat]),
+                             "sim_profile": PROFILE})
+    return rows
+
+
+def _testbed_of(args, real_rows) -> dict:
+    """The testbed's description for the simulation: the real run's period and pinning (the
+    Testbed's defaults for the quota) when nothing better is at hand."""
+    import os
+
+    period = max(1000, round(1000 / args.quota)) if getattr(args, "quota", None) else None
+    mode = getattr(args, "mode", "auto")
+    if mode == "auto":
+        mode = "netns" if os.geteuid() == 0 else "shaper"
+    return {"mode": mode, "quota": getattr(args, "quota", None), "cfs_period_us": period,
+            "cgroup": "v1" if period and mode == "netns" else "none", "server_cpus": "1"}
