@@ -200,7 +200,7 @@ def main(argv=None) -> int:
     with H.testbed(args) as tb, H.Workdir(args.image_size) as wd:
         settings = {"quota": args.quota, "server_threads": args.server_threads,
                     "device_threads": 1, "repeat": args.repeat, "rounds": args.rounds,
-                    "bandwidths_mbps": bandwidths, "testbed": tb.describe()}
+                    "bandwidths_mbps": bandwidths, "testbed": H.testbed_settings(tb)}
         for model in args.models:
             measure_coacto(args, tb, wd, model, bandwidths, progress, rows)
         for model in ref_models:
@@ -214,7 +214,7 @@ def main(argv=None) -> int:
     table = best_table(rows, args.policies)
     H.write_table(args.out, "bandwidth_summary", table, settings)
     png = plot(args.out, rows, args.policies, {k: v for k, v in settings.items() if k != "testbed"}
-               | {"testbed": tb.describe().get("shaping")})
+               | {"testbed": settings["testbed"]["shaping"]})
     print_table(table, args.policies)
     print(f"wrote {args.out / 'bandwidth.csv'}, {png}")
     return 0

@@ -72,7 +72,9 @@ def main(argv=None) -> int:
     rows: list[dict] = []
     with H.testbed(args) as tb, H.Workdir(args.image_size) as wd:
         tb.set_link(None)
-        described = tb.describe()
+        described = H.testbed_settings(
+            tb, f"each device: coacto-client's token bucket at {args.bandwidth:g} Mbit/s both ways; "
+                "the veth between the namespaces unshaped")
         cases = [wd.model(m) for m in args.models[:max(counts)]]
         for n in counts:
             with H.Server(tb, wd, cases[:n], threads=1) as srv:

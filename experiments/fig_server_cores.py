@@ -35,7 +35,7 @@ def measure(args, progress) -> tuple[list[dict], dict]:
                          name=args.testbed_name) as tb:
                 tb.set_link(args.bandwidth)
                 link = tb.measure_link(0.5)
-                described[threads] = tb.describe()
+                described[threads] = H.testbed_settings(tb)
                 for model in args.models:
                     with H.Server(tb, wd, [cases[model]], threads=threads) as srv, \
                             H.Device(tb, srv, cases[model]) as dev:

@@ -40,7 +40,7 @@ def main(argv=None) -> int:
     with H.testbed(args) as tb, H.Workdir(args.image_size) as wd:
         tb.set_link(args.bandwidth)
         link = tb.measure_link(0.5)
-        described = tb.describe()
+        described = H.testbed_settings(tb)
         for model in args.models:
             case = wd.model(model)
             with H.Server(tb, wd, [case], threads=1) as srv:

@@ -7,7 +7,7 @@ The testbed as in fig_bandwidth.py; after a warm-up, `--repeat` inferences, the 
 device's clock through the offset its heartbeats measure).
 
     python experiments/fig_timeline.py --out results/
-    python experiments/fig_timeline.py --models bert --bandwidth 50 --policy fl --out /tmp/t
+    python experiments/fig_timeline.py --models resnet50 --bandwidth 100 --policy fl --out /tmp/t
 
 Writes timeline.json (trace events), timeline.csv (one row per slice: process, thread, name,
 start and duration in ms), timeline.settings.json and timeline.png.
@@ -42,8 +42,11 @@ def slices(trace: dict) -> list[dict]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    H.add_common_args(ap, models=("resnet50",))
-    ap.add_argument("--bandwidth", type=float, default=100, help="Mbit/s (default: %(default)s)")
+    H.add_common_args(ap, models=("vgg16",))
+    ap.add_argument("--bandwidth", type=float, default=20,
+                    help="Mbit/s (default: %(default)s: with VGG-16 both sides compute there; where "
+                         "the server is predicted far ahead, the device's work waits as insurance "
+                         "and the trace shows the server alone)")
     ap.add_argument("--policy", default="dynamic")
     args = ap.parse_args(argv)
     H.resolve_common(args)
@@ -52,7 +55,7 @@ def main(argv=None) -> int:
     with H.testbed(args) as tb, H.Workdir(args.image_size) as wd:
         tb.set_link(args.bandwidth)
         link = tb.measure_link(0.5)
-        described = tb.describe()
+        described = H.testbed_settings(tb)
         case = wd.model(model)
         progress.step(1, f"{model} built")
         trace_path = wd.path / "timeline.json"

@@ -269,6 +269,18 @@ class Device:
         self._logf.close()
 
 
+def testbed_settings(tb, shaping: str | None = None) -> dict:
+    """The testbed's description for a settings file: how the link is shaped in general (the rate
+    and the measured link are per row, so the description taken at one moment does not say them)."""
+    d = tb.describe()
+    for k in ("nominal_mbps", "measured_link"):
+        d.pop(k, None)
+    d["shaping"] = shaping or ("tc tbf on both veth ends at each row's nominal_mbps"
+                               if tb.mode == "netns" else
+                               "coacto-client's token bucket at each row's nominal_mbps (loopback)")
+    return d
+
+
 def bandwidth_arg(tb, mbps: float | None):
     """What the device driver's Client gets: the cap in shaper mode, nothing with kernel shaping
     (the device must measure the link as a real one would)."""
