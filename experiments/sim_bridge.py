@@ -8,10 +8,13 @@ profile --engine`). Nothing here is fitted to the rows it is compared with. From
 its settings file the simulation takes what the real run had: the link's measured goodput and
 RTT (and, under kernel shaping, tbf's burst), the CPU quota and its CFS period, one device core
 and one computing thread (the testbed pins the device to one CPU), the server's threads and
-CPUs, and the device's own FLOP-rate estimate (the row's device_gflops: Client.calibrate's best
-of four runs on zeros, which the device driver hands every Client it makes). Each fresh client
-runs what run_policies runs: a warm-up dynamic inference, then the policies in the round's
-rotated order, ``repeat`` inferences each, its estimates carrying over.
+CPUs, the device's own FLOP-rate estimate (the row's device_gflops: Client.calibrate's best of
+four runs on zeros, which the device driver hands every Client it makes) and, in rows that
+record it, the server's rate the client was told (server_gflops); without it, what the
+simulated server announces (its calibration, then what it measured, session after session).
+Each fresh client runs what run_policies runs: its warm-up dynamic inferences (the rows'
+warmup_inferences), then the policies in the round's rotated order, ``repeat`` inferences
+each, its estimates carrying over.
 """
 from __future__ import annotations
 
@@ -65,28 +68,37 @@ def testbed_kwargs(settings: dict, nominal_mbps: float | None, profile: str = PR
     }
 
 
-def session(policies, repeat: int, rnd: int) -> list[tuple[str, int]]:
-    """What H.run_policies runs on one fresh client: a warm-up dynamic inference, then every
-    policy ``repeat`` times, the order rotated by the round."""
+def session(policies, repeat: int, rnd: int, warmup: int = 1) -> list[tuple[str, int]]:
+    """What H.run_policies runs on one fresh client: ``warmup`` dynamic inferences (the device
+    driver's `learn`: until one offloaded and measured the goodput; the rows say how many),
+    then every policy ``repeat`` times, the order rotated by the round."""
     k = rnd % len(policies)
     order = list(policies[k:]) + list(policies[:k])
-    return [("dynamic", 1)] + [(p, repeat) for p in order]
+    return [("dynamic", max(1, int(warmup)))] + [(p, repeat) for p in order]
 
 
 def simulate_session(tg, settings: dict, row: dict, policies, repeat: int, rnd: int,
                      profile: str = PROFILE, **extra):
     """One fresh client of the real run (row: its link and device columns) simulated; returns
-    the SimResult (warm-up left out of the statistics)."""
+    the SimResult (warm-up left out of the statistics). The client plans with the row's own
+    estimates of the device (device_gflops) and, when the row has it, of the server
+    (server_gflops: what the server announced to this client); ``extra`` overrides."""
     from coacto import sim
 
     nominal = _num(row.get("nominal_mbps"))
     kw = testbed_kwargs(settings, nominal, profile)
+    srv = _num(row.get("server_gflops"))
+    if srv:
+        kw["server_flops"] = srv * 1e9
     kw.update(extra)
+    if srv and extra.get("server_flops") is not None:
+        kw["server_flops"] = srv * 1e9  # the real client's own estimate beats a simulated one
     up = _num(row.get("measured_up_mbps")) or nominal
     rtt = _num(row.get("measured_rtt_ms"), 0.1)
     dev = _num(row.get("device_gflops"))
-    return sim.simulate(tg, session(policies, repeat, rnd), bandwidth_mbps=up, rtt_ms=rtt,
-                        device_flops=dev * 1e9 if dev else None, warmup=1, **kw)
+    warm = int(_num(row.get("warmup_inferences"), 1) or 1)
+    return sim.simulate(tg, session(policies, repeat, rnd, warm), bandwidth_mbps=up,
+                        rtt_ms=rtt, device_flops=dev * 1e9 if dev else None, warmup=warm, **kw)
 
 
 def session_order(groups, settings: dict) -> list[tuple]:

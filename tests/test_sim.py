@@ -575,3 +575,19 @@ def test_sim_vs_real_flags_rows_off_by_more_than_the_tolerance(tmp_path):
     assert (tmp_path / "sim_vs_real.png").exists()
     meta = json.loads((tmp_path / "sim_vs_real.settings.json").read_text())
     assert "engine_costs" in meta["profile_measured"] and meta["tolerance"] == 0.2
+
+
+def test_engine_costs_are_measured_with_the_real_client_and_server():
+    from coacto.sim.enginecost import measure_engine
+    from coacto.sim.profiles import DeviceCosts, ServerCosts
+
+    out = measure_engine("squeezenet", inferences=1, caps=(0.0, 400.0),
+                         policies=("local", "cloud", "dynamic"))
+    dev, srv = out["device"], out["server"]
+    assert set(dev["start_s"]) == {"local", "cloud", "dynamic"}
+    assert dev["send_msg_s"] > 0 and dev["recv_msg_s"]["ack"] > 0
+    assert srv["recv_msg_s"]["tiles"] > 0 and srv["recv_msg_s"]["begin"] > 0
+    assert "thread_time_ns" in out["how"]
+    # what the simulator reads back
+    assert DeviceCosts.from_dict(dev).send(1000) > 0
+    assert ServerCosts.from_dict(srv).recv(P.TILES, 1000) > 0

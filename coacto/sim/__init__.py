@@ -8,8 +8,9 @@
 
 It drives the same tile graph, the same plans (coacto.mobile.policies), the same send rule (the
 runtime's C function ``coacto_send_rule``) and the client's own estimator and engine decisions,
-over profiles of devices, links and servers. What it models and what it does not:
-docs/SIMULATOR.md. It must be checked against real runs before its numbers are trusted.
+over profiles of devices, links and servers, with the communication engines' CPU and CPU
+quotas (coacto.sim.cpu). What it models, what it does not, and how it compares with real runs
+(experiments/sim_vs_real.py): docs/SIMULATOR.md.
 
 ``python -m coacto.sim --help`` runs it from the command line.
 """

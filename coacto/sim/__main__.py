@@ -26,8 +26,8 @@ examples:
 
 profiles: names in profiles/ (raspberry-pi-4, jetson-agx-xavier-cpu, threadripper-3990x are
 derived from public figures; others measured by `coacto profile`) or paths to JSON files.
-The simulator is checked against real runs (experiments' sim_vs_real.csv); until then its
-numbers are estimates.
+The simulator was checked against real runs on the 2-core EPYC (experiments/sim_vs_real.py;
+docs/SIMULATOR.md has the table and what remains approximate).
 """
 
 

@@ -123,7 +123,7 @@ class DeviceNative:
         if dev.costs is None:
             dev.loop.at(t, dev.finish, self.job)
         else:  # REPORT_DONE wakes the engine, which finishes the inference
-            dev.cpu.run(dev.costs.finish(), dev.finish, self.job)
+            dev.cpu.run(dev.costs.finish(self.job.policy), dev.finish, self.job)
 
 
 class SimDevice:

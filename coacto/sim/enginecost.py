@@ -254,10 +254,12 @@ class DeviceRecorder(Recorder):
 
         def make_reports(orig):
             def reports(self):
-                n = len(self._jobs)
+                before = {j.id: j.policy for j in self._jobs.values()}
                 c0 = time.thread_time_ns()
                 orig(self)
-                rec.rows.append(("reports", n - len(self._jobs), 0, time.thread_time_ns() - c0))
+                c = time.thread_time_ns() - c0
+                done = [p for i, p in before.items() if i not in self._jobs]
+                rec.rows.append(("reports", len(done), done[0] if done else "", c))
             return reports
 
         def make_pump(orig):
@@ -346,7 +348,11 @@ def fit_device(rows: list[tuple], loop_runs: list, other_runs: list) -> dict:
     _, recv_byte = fit_per_byte(recv.get("result", []))
     if "result" in recv and recv_byte > 0:
         recv_msg["result"] = fit_per_byte(recv["result"])[0]
-    finish = _median([c for kind, n, _, c in rows if kind == "reports" and n > 0]) * 1e-9
+    finish = {}
+    for policy in POLICIES:
+        xs = [c for kind, n, p, c in rows if kind == "reports" and n > 0 and p == policy]
+        if xs:
+            finish[policy] = _median(xs) * 1e-9
     wake = _median([c for kind, n, _, c in rows if kind == "reports" and n == 0]) * 1e-9
     loop_s, loop_how = loop_per_event(loop_runs)
     io_msg, io_byte = fit_per_byte(other_runs)

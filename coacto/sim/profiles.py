@@ -167,7 +167,7 @@ class MachineProfile:
 class DeviceCosts:
     """CPU seconds (at the profile machine's full speed) the device's communication engine spends
     per event (coacto.sim.enginecost measures them): starting an inference (planning, the
-    native inference, its inputs; per policy), handing a message to the link (per message and
+    native inference, its inputs; per policy), finishing one (per policy), handing a message to the link (per message and
     per byte: taking the tiles out of the runtime, msgpack, ZeroMQ, the kernel's TCP), taking
     one in (per kind and per byte), a wake-up by the runtime (a tile queued for sending),
     finishing an inference; ``loop_s`` (the engine's time outside its handlers, per handled
@@ -178,7 +178,7 @@ class DeviceCosts:
     send_byte_s: float
     recv_msg_s: dict
     recv_byte_s: float
-    finish_s: float
+    finish_s: dict | float
     wake_s: float
     loop_s: float = 0.0
     scale: float = 1.0
@@ -187,8 +187,10 @@ class DeviceCosts:
     @classmethod
     def from_dict(cls, raw: dict, scale: float = 1.0, source: str = "") -> "DeviceCosts":
         try:
+            fin = raw["finish_s"]
+            fin = {k: float(v) for k, v in fin.items()} if isinstance(fin, dict) else float(fin)
             return cls(dict(raw["start_s"]), float(raw["send_msg_s"]), float(raw["send_byte_s"]),
-                       dict(raw["recv_msg_s"]), float(raw["recv_byte_s"]), float(raw["finish_s"]),
+                       dict(raw["recv_msg_s"]), float(raw["recv_byte_s"]), fin,
                        float(raw["wake_s"]), float(raw.get("loop_s", 0.0)), float(scale), source)
         except (KeyError, TypeError, ValueError) as e:
             raise ProfileError(f"{source or 'profile'}: the engine's device costs lack or "
@@ -209,8 +211,11 @@ class DeviceCosts:
         s = m.get(kind, m.get("stats", min(m.values()) if m else 0.0))
         return (s + self.recv_byte_s * nbytes + self.loop_s) * self.scale
 
-    def finish(self) -> float:
-        return (self.finish_s + self.loop_s) * self.scale
+    def finish(self, policy: str = "dynamic") -> float:
+        f = self.finish_s
+        if isinstance(f, dict):
+            f = f.get(policy, max(f.values()) if f else 0.0)
+        return (f + self.loop_s) * self.scale
 
     def wake(self) -> float:
         return (self.wake_s + self.loop_s) * self.scale

@@ -6,9 +6,11 @@ runs 1 ms at full speed, then nothing for 3 ms while other tasks use the core; i
 branch predictors are cold again at every period, so a model takes longer than its full-speed
 latency over the quota. The simulator's CPU model (coacto.sim.cpu) reproduces the throttling
 itself; this measures the rest: zoo models run one thread in a child process pinned to one CPU,
-first as it is, then inside a fresh cgroup with the quota and period, and per model
-``slowdown = median latency in the quota x quota / median latency at full speed``. The
-simulator multiplies the device's CPU demands (its tiles' and its engine's) by the model's
+first as it is, then inside a fresh cgroup with the quota and period, and per model the
+slowdown s for which the simulator's own throttling (coacto.sim.cpu: full speed in the budget of
+each period, nothing after) of back-to-back runs of s x the full-speed latency gives the median
+latency measured in the quota (the windows' own cost is not counted twice). The simulator
+multiplies the device's CPU demands (its tiles' and its engine's) by the model's
 slowdown (the median over the models for another model) when it simulates that quota and period.
 
 Needs root (cgroup v1 ``cpu`` or v2 with the ``cpu`` controller); the group is removed after.
@@ -117,9 +119,46 @@ def _remove_group(path: Path) -> None:
             time.sleep(0.05)
 
 
-def measure_quota(quota: float, period_ms: float, models, runs: int = 5,
+def windowed_latency(demand: float, quota: float, period: float, runs: int) -> float:
+    """Median latency of ``runs`` back-to-back jobs of ``demand`` CPU seconds each under the
+    quota's CFS windows, as the simulator's CPU model (coacto.sim.cpu) throttles them."""
+    from .cpu import Cpu
+    from .events import EventLoop
+
+    loop = EventLoop()
+    cpu = Cpu(loop, 1.0, quota, period)
+    lat = []
+
+    def start():
+        t0 = loop.now
+        cpu.start_tile(demand, lambda: (lat.append(loop.now - t0),
+                                        start() if len(lat) < runs else None))
+
+    start()
+    loop.run()
+    return statistics.median(lat)
+
+
+def slowdown(full_s: float, quota_s: float, quota: float, period: float, runs: int) -> float:
+    """The factor s for which jobs of s x ``full_s`` CPU seconds take ``quota_s`` under the
+    simulator's CFS windows: what the windows alone do not explain (bisection; the windowed
+    latency grows with the demand)."""
+    lo, hi = 0.25, 8.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if windowed_latency(mid * full_s, quota, period, runs) < quota_s:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+def measure_quota(quota: float, period_ms: float, models, runs: int = 5, rounds: int = 3,
                   cpu: int | None = None, progress=lambda m: None) -> dict:
-    """The profile's entry for this quota (see the module text)."""
+    """The profile's entry for this quota (see the module text). ``rounds`` alternations of a
+    full-speed and an in-quota child, ``runs`` runs of each model in each; the medians pool
+    every round (a core shared with the rest of the host drifts by several percent within
+    minutes)."""
     if not (0 < quota < 1) or not period_ms > 0:
         raise CoactoError(f"quota {quota!r} must lie in (0, 1) cores and the period "
                           f"{period_ms!r} ms be positive")
@@ -129,33 +168,43 @@ def measure_quota(quota: float, period_ms: float, models, runs: int = 5,
     usable = sorted(os.sched_getaffinity(0))
     cpu = usable[0] if cpu is None else cpu
     models = list(models)
-    progress(f"quota {key(quota, period_ms)}: {', '.join(models)} at full speed on CPU {cpu} ...")
-    full = _run_child(models, runs, cpu, None)
-    try:
-        group = _make_group(quota, round(period_ms * 1000))
-    except OSError as e:
-        raise CoactoError(f"cannot make a cgroup for the quota ({e}); run as root on a machine "
-                          f"with the cgroup cpu controller") from None
-    try:
-        progress(f"quota {key(quota, period_ms)}: the same inside the quota ...")
-        capped = _run_child(models, runs, cpu, group)
-    finally:
-        _remove_group(group)
+    full = {m: [] for m in models}
+    capped = {m: [] for m in models}
+    graph_ids = {}
+    for rnd in range(rounds):
+        progress(f"quota {key(quota, period_ms)}, round {rnd + 1}/{rounds}: "
+                 f"{', '.join(models)} at full speed on CPU {cpu}, then in the quota ...")
+        for m, v in _run_child(models, runs, cpu, None).items():
+            full[m] += v["latencies_s"]
+            graph_ids[m] = v["graph_id"]
+        try:
+            group = _make_group(quota, round(period_ms * 1000))
+        except OSError as e:
+            raise CoactoError(f"cannot make a cgroup for the quota ({e}); run as root on a "
+                              f"machine with the cgroup cpu controller") from None
+        try:
+            for m, v in _run_child(models, runs, cpu, group).items():
+                capped[m] += v["latencies_s"]
+        finally:
+            _remove_group(group)
     per_model = {}
+    period = period_ms / 1e3
     for m in models:
-        lf = statistics.median(full[m]["latencies_s"])
-        lq = statistics.median(capped[m]["latencies_s"])
-        per_model[m] = {"graph_id": full[m]["graph_id"], "full_ms": lf * 1e3,
-                        "quota_ms": lq * 1e3, "slowdown": lq * quota / lf}
+        lf, lq = statistics.median(full[m]), statistics.median(capped[m])
+        per_model[m] = {"graph_id": graph_ids[m], "full_ms": lf * 1e3, "quota_ms": lq * 1e3,
+                        "quota_ms_range": [min(capped[m]) * 1e3, max(capped[m]) * 1e3],
+                        "throttled_ms": windowed_latency(lf, quota, period, runs) * 1e3,
+                        "slowdown": slowdown(lf, lq, quota, period, runs)}
     slow = [v["slowdown"] for v in per_model.values()]
     return {"quota": quota, "period_ms": period_ms, "cpu": cpu, "runs": runs,
-            "slowdown": statistics.median(slow), "models": per_model,
+            "rounds": rounds, "slowdown": statistics.median(slow), "models": per_model,
             "measured": time.strftime("%Y-%m-%d"),
             "how": (f"`coacto profile --quota {quota:g} --period-ms {period_ms:g}`: "
-                    f"{', '.join(models)} on 1 thread pinned to CPU {cpu}, median of {runs} runs "
-                    f"at full speed, then in a cgroup with cfs quota {quota:g} x period "
-                    f"{period_ms:g} ms; slowdown = latency in the quota x quota / latency at "
-                    f"full speed")}
+                    f"{', '.join(models)} on 1 thread pinned to CPU {cpu}, {rounds} rounds of "
+                    f"{runs} runs at full speed and then {runs} in a cgroup with cfs quota "
+                    f"{quota:g} x period {period_ms:g} ms, medians over all rounds; slowdown: "
+                    f"the factor on the full-speed CPU time for which the simulator's CFS "
+                    f"windows give the latency measured in the quota")}
 
 
 def main(argv=None) -> int:
