@@ -15,7 +15,9 @@ is compared with onnxruntime's. Then the reference's `local`, `conventional` (cl
 BERT-base; random weights; its yield build, since its threads busy-wait on 2 cores).
 
     python experiments/fig_bandwidth.py --out results/                  # 5..200 Mbit/s, 4 models
-    python experiments/fig_bandwidth.py --quick --models resnet50       # 5, 20, 100 Mbit/s
+    python experiments/fig_bandwidth.py --quick --models resnet50       # 5, 20, 100 Mbit/s, two
+                                                                        # rounds; the reference's
+                                                                        # local and dynamic only
     python experiments/fig_bandwidth.py --bandwidths 10,50 --no-ref
 
 Writes bandwidth.csv, bandwidth.settings.json and bandwidth.png under --out, and prints per
@@ -39,6 +41,8 @@ REF_MODELS = {"resnet50": "resnet50", "vgg16": "vgg16", "bert": "bert_base"}
 #: the tile graphs it ships: ResNet-50 and VGG-16 at 20-200 tiles per layer, BERT at 20 and 50
 REF_TILES = {"resnet50": 100, "vgg16": 100, "bert": 50}
 REF_POLICIES = ("local", "cloud", "split", "fl", "dynamic")
+#: with --quick: its own dynamic beside ours, and its local for scale
+REF_POLICIES_QUICK = ("local", "dynamic")
 #: its fused-layer baseline spins forever on BERT (in its own code)
 REF_SKIP = {("bert", "fl")}
 
@@ -66,7 +70,7 @@ def measure_reference(args, tb, model: str, bandwidths, progress, rows: list[dic
     for bw in bandwidths:
         tb.set_link(bw)
         link = tb.measure_link(0.5 if args.quick else 1.0)
-        for policy in REF_POLICIES:
+        for policy in args.ref_policies:
             if policy == "local" and bw != bandwidths[0] or (model, policy) in REF_SKIP:
                 continue  # its local run does not touch the link
             try:
@@ -84,7 +88,7 @@ def measure_reference(args, tb, model: str, bandwidths, progress, rows: list[dic
                 row["latencies_ms"] = " ".join(f"{1e3 * x:.1f}" for x in lat)
             rows.append(row)
             progress.step(1, f"coacto-ref {model} {policy} @ {bw} Mbit/s")
-    if "local" in REF_POLICIES:  # one local measurement stands for every bandwidth
+    if "local" in args.ref_policies:  # one local measurement stands for every bandwidth
         local = [r for r in rows if r["system"] == build.label and r["model"] == model
                  and r["policy"] == "local"]
         if local:
@@ -183,8 +187,12 @@ def main(argv=None) -> int:
     ap.add_argument("--ref-repeat", type=int, default=None,
                     help="inferences per reference run (default: 3 with --quick, else 6)")
     args = ap.parse_args(argv)
+    quick_rounds = args.quick and args.rounds is None
     H.resolve_common(args)
+    if quick_rounds:  # two passes even so: sim_vs_real compares medians over rounds
+        args.rounds = 2
     args.policies = args.policies.split(",")
+    args.ref_policies = REF_POLICIES_QUICK if args.quick else REF_POLICIES
     if args.from_csv:
         return remake(args)
     bandwidths = [float(x) if "." in x else int(x) for x in args.bandwidths.split(",")] \
@@ -193,7 +201,8 @@ def main(argv=None) -> int:
         args.ref_repeat = 3 if args.quick else 6
     ref_models = [] if args.no_ref else [m for m in args.models if m in REF_MODELS]
     units = (len(args.models) * len(bandwidths) * len(args.policies) * args.rounds
-             + sum(len(bandwidths) * (len(REF_POLICIES) - 1 - ((m, "fl") in REF_SKIP)) + 1
+             + sum(len(bandwidths) * (len(args.ref_policies) - 1
+                                      - ((m, "fl") in REF_SKIP and "fl" in args.ref_policies)) + 1
                    for m in ref_models))
     progress = H.Progress(units, "bandwidth")
     rows: list[dict] = []

@@ -11,6 +11,8 @@ Runs, each as its own process (a figure that fails is reported and the others st
   tiles         fig_tiles.py         latency vs tiles per layer
   timeline      fig_timeline.py      one dynamic inference, device and server side by side
   sim_vs_real   sim_vs_real.py       the simulator against the bandwidth figure's real rows
+  sim           fig_sim.py           from the simulator: a Raspberry Pi 4 and a 64-core server
+                                     (4-64 cores, 1-64 devices, 1-200 Mbit/s, LTE/Wi-Fi traces)
 
 Each leaves NAME.csv, NAME.settings.json (settings, machine, testbed) and NAME.png under --out.
 Needs root for kernel shaping and the CPU quota (without it, the client's token bucket on an
@@ -28,14 +30,16 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import harness as H  # noqa: E402
 
-#: name -> (script, expected seconds with --quick, expected seconds in full) for the ETA
+#: name -> (script, expected seconds with --quick, expected seconds in full, whether it runs on
+#: the testbed) for the ETA and the arguments
 FIGURES = {
-    "bandwidth": ("fig_bandwidth.py", 420, 5400),
-    "server_cores": ("fig_server_cores.py", 200, 1800),
-    "multitenant": ("fig_multitenant.py", 240, 2400),
-    "tiles": ("fig_tiles.py", 150, 1800),
-    "timeline": ("fig_timeline.py", 40, 60),
-    "sim_vs_real": ("sim_vs_real.py", 30, 60),
+    "bandwidth": ("fig_bandwidth.py", 540, 1500, True),
+    "server_cores": ("fig_server_cores.py", 150, 900, True),
+    "multitenant": ("fig_multitenant.py", 150, 1200, True),
+    "tiles": ("fig_tiles.py", 150, 900, True),
+    "timeline": ("fig_timeline.py", 40, 60, True),
+    "sim_vs_real": ("sim_vs_real.py", 30, 60, False),
+    "sim": ("fig_sim.py", 60, 600, False),
 }
 
 
@@ -60,8 +64,9 @@ def main(argv=None) -> int:
     t_start = time.monotonic()
     for n in names:
         script = HERE / FIGURES[n][0]
-        cmd = [sys.executable, str(script), "--out", str(out), "--mode", args.mode,
-               "--quota", str(args.quota)]
+        cmd = [sys.executable, str(script), "--out", str(out)]
+        if FIGURES[n][3]:
+            cmd += ["--mode", args.mode, "--quota", str(args.quota)]
         if args.quick:
             cmd.append("--quick")
         print(f"\n== {n}: {' '.join(cmd[1:])}", file=sys.stderr, flush=True)
