@@ -16,6 +16,9 @@ one JSON line on stdout:
     {"cmd": "client", "bandwidth": "20mbit" | null}        -> a fresh Client (new estimates, new
                                                                connection) for what follows
 
+Every command may carry "rtt_ms": a round-trip delay the Client adds to its link (the kernel here
+has no netem).
+
 A Client is kept between runs of the same bandwidth argument: its estimates carry over from one
 policy to the next as they would on a device that runs several inferences. Every output is
 compared with onnxruntime's (computed by the experiment beforehand and passed as an .npz).
@@ -64,18 +67,18 @@ def main() -> int:
     ref = np.load(args.reference)
     tg, model_bytes = resolve_model(args.model, tiles_per_layer=args.tiles)
     client = None
-    client_bw = "unset"
+    client_bw = None
     device_flops = None
 
-    def make_client(bandwidth):
+    def make_client(bandwidth, rtt_ms=0.0):
         nonlocal client, client_bw
         if client is not None:
             client.close()
         client = coacto.Client(args.server, tg, threads=args.threads, bandwidth=bandwidth,
                                timeout=args.timeout, model_bytes=model_bytes,
-                               device_flops=device_flops)
+                               device_flops=device_flops, rtt_ms=rtt_ms)
         client.connect(timeout=30)
-        client_bw = bandwidth
+        client_bw = (bandwidth, rtt_ms)
 
     for line in sys.stdin:
         line = line.strip()
@@ -85,16 +88,16 @@ def main() -> int:
         try:
             if cmd["cmd"] == "calibrate":
                 if client is None:
-                    make_client(cmd.get("bandwidth"))
+                    make_client(cmd.get("bandwidth"), cmd.get("rtt_ms", 0.0))
                 device_flops = client.calibrate()
                 reply = {"device_flops": device_flops}
             elif cmd["cmd"] == "learn":
                 # A device that just joined a network: dynamic inferences until its estimates
                 # include a measured goodput from an offloaded one (the engine offloads now and
                 # then to keep its estimates fresh), at most `max`.
-                bw = cmd.get("bandwidth")
+                bw = (cmd.get("bandwidth"), cmd.get("rtt_ms", 0.0))
                 if client is None or bw != client_bw:
-                    make_client(bw)
+                    make_client(*bw)
                 n = 0
                 for n in range(1, cmd.get("max", 10) + 1):
                     client.infer(feeds, policy="dynamic")
@@ -102,12 +105,12 @@ def main() -> int:
                         break
                 reply = {"inferences": n, "estimates": client.estimates}
             elif cmd["cmd"] == "client":
-                make_client(cmd.get("bandwidth"))
+                make_client(cmd.get("bandwidth"), cmd.get("rtt_ms", 0.0))
                 reply = {"ok": True}
             elif cmd["cmd"] == "run":
-                bw = cmd.get("bandwidth")
+                bw = (cmd.get("bandwidth"), cmd.get("rtt_ms", 0.0))
                 if client is None or bw != client_bw:
-                    make_client(bw)
+                    make_client(*bw)
                 lat, stats, err = [], [], 0.0
                 total = cmd.get("warmup", 0) + cmd["repeat"]
                 for i in range(total):

@@ -19,6 +19,7 @@ BERT-base; random weights; its yield build, since its threads busy-wait on 2 cor
                                                                         # rounds; the reference's
                                                                         # local and dynamic only
     python experiments/fig_bandwidth.py --bandwidths 10,50 --no-ref
+    python experiments/fig_bandwidth.py --bandwidths 20 --rtt-ms 40        # a distant server
 
 Writes bandwidth.csv, bandwidth.settings.json and bandwidth.png under --out, and prints per
 model and bandwidth dynamic's latency over the best baseline's.
@@ -36,10 +37,7 @@ import harness as H  # noqa: E402
 
 FULL_BANDWIDTHS = (5, 10, 20, 50, 100, 200)
 QUICK_BANDWIDTHS = (5, 20, 100)
-#: zoo name -> the reference's model name (it ships these three)
-REF_MODELS = {"resnet50": "resnet50", "vgg16": "vgg16", "bert": "bert_base"}
-#: the tile graphs it ships: ResNet-50 and VGG-16 at 20-200 tiles per layer, BERT at 20 and 50
-REF_TILES = {"resnet50": 100, "vgg16": 100, "bert": 50}
+REF_MODELS = H.REF_MODELS
 REF_POLICIES = ("local", "cloud", "split", "fl", "dynamic")
 #: with --quick: its own dynamic beside ours, and its local for scale
 REF_POLICIES_QUICK = ("local", "dynamic")
@@ -55,41 +53,31 @@ def measure_coacto(args, tb, wd, model: str, bandwidths, progress, rows: list[di
         for rnd in range(args.rounds):
             order = list(bandwidths) if rnd % 2 == 0 else list(reversed(bandwidths))
             for bw in order:
-                tb.set_link(bw)
+                tb.set_link(bw, rtt_ms=args.rtt_ms)
                 link = tb.measure_link(0.5 if args.quick else 1.0)
-                base = {"model": model, "nominal_mbps": bw, **H.link_columns(link),
+                base = {"model": model, "nominal_mbps": bw, "added_rtt_ms": args.rtt_ms,
+                        **H.link_columns(link),
                         "device_gflops": device_flops / 1e9}
                 rows += H.run_policies(dev, args.policies, args.repeat, rnd,
                                        H.bandwidth_arg(tb, bw), base, progress)
 
 
 def measure_reference(args, tb, model: str, bandwidths, progress, rows: list[dict]) -> None:
-    import peer_coacto_ref as ref
-
-    build = ref.build()
+    label = None
     for bw in bandwidths:
         tb.set_link(bw)
         link = tb.measure_link(0.5 if args.quick else 1.0)
         for policy in args.ref_policies:
             if policy == "local" and bw != bandwidths[0] or (model, policy) in REF_SKIP:
                 continue  # its local run does not touch the link
-            try:
-                lat = ref.run(build, policy, REF_MODELS[model], args.ref_repeat, tiles=REF_TILES[model],
-                              server_cmd=tb.server_cmd, device_cmd=tb.device_cmd,
-                              server_ip=tb.server_addr)
-                err = ""
-            except Exception as e:  # recorded, not fatal: the peer asserts on network errors
-                lat, err = [], str(e).splitlines()[0][:200]
-            row = {"system": build.label, "model": model, "policy": policy, "round": 0,
-                   "nominal_mbps": bw, **H.link_columns(link), "error": err}
-            if lat:
-                # its first inference loads and warms like ours; drop it when there are more
-                row.update(H.summarize(lat[1:] if len(lat) > 2 else lat))
-                row["latencies_ms"] = " ".join(f"{1e3 * x:.1f}" for x in lat)
+            row = H.reference_row(tb, model, policy, args.ref_repeat,
+                                  {"model": model, "round": 0, "nominal_mbps": bw,
+                                   **H.link_columns(link)})
+            label = row["system"]
             rows.append(row)
             progress.step(1, f"coacto-ref {model} {policy} @ {bw} Mbit/s")
     if "local" in args.ref_policies:  # one local measurement stands for every bandwidth
-        local = [r for r in rows if r["system"] == build.label and r["model"] == model
+        local = [r for r in rows if r["system"] == label and r["model"] == model
                  and r["policy"] == "local"]
         if local:
             for bw in bandwidths[1:]:
@@ -180,6 +168,9 @@ def main(argv=None) -> int:
                          f"{','.join(map(str, QUICK_BANDWIDTHS))})")
     ap.add_argument("--policies", default=",".join(H.POLICIES))
     ap.add_argument("--server-threads", type=int, default=1)
+    ap.add_argument("--rtt-ms", type=float, default=0.0, metavar="MS",
+                    help="add this round trip to the link (the client adds it: this kernel has "
+                         "no netem; the reference cannot, so it is left out then)")
     ap.add_argument("--no-ref", action="store_true", help="leave out the CoActo reference's rows")
     ap.add_argument("--from-csv", metavar="BANDWIDTH.CSV", type=Path,
                     help="measure nothing: remake the summary, table and PNG from this file (and "
@@ -199,7 +190,10 @@ def main(argv=None) -> int:
         if args.bandwidths else list(QUICK_BANDWIDTHS if args.quick else FULL_BANDWIDTHS)
     if args.ref_repeat is None:
         args.ref_repeat = 3 if args.quick else 6
-    ref_models = [] if args.no_ref else [m for m in args.models if m in REF_MODELS]
+    if args.rtt_ms and not args.no_ref:
+        print("--rtt-ms: the CoActo reference cannot add a delay to its link; its rows are left "
+              "out", file=sys.stderr)
+    ref_models = [] if args.no_ref or args.rtt_ms else [m for m in args.models if m in REF_MODELS]
     units = (len(args.models) * len(bandwidths) * len(args.policies) * args.rounds
              + sum(len(bandwidths) * (len(args.ref_policies) - 1
                                       - ((m, "fl") in REF_SKIP and "fl" in args.ref_policies)) + 1
@@ -208,6 +202,7 @@ def main(argv=None) -> int:
     rows: list[dict] = []
     with H.testbed(args) as tb, H.Workdir(args.image_size) as wd:
         settings = {"quota": args.quota, "server_threads": args.server_threads,
+                    "added_rtt_ms": args.rtt_ms,
                     "device_threads": 1, "repeat": args.repeat, "rounds": args.rounds,
                     "bandwidths_mbps": bandwidths, "testbed": H.testbed_settings(tb)}
         for model in args.models:

@@ -5,7 +5,8 @@ Measured: the testbed as in fig_bandwidth.py at one bandwidth (default 100 Mbit/
 pinned to CPU 1 with one thread, then to CPUs 0-1 with two (its second thread then shares the
 device's core, which the CSV says). Simulated: the device profile measured here (`coacto profile`,
 or the built-in estimate from the measured device rate) with the same quota, and a server of N
-cores of this machine's per-core rate; rows are marked `source=sim`.
+cores of this machine's per-core rate; rows are marked `source=sim`. The CoActo reference's
+dynamic runs at the same settings with its server at 1 and 2 computing threads.
 
     python experiments/fig_server_cores.py --out results/
     python experiments/fig_server_cores.py --quick --models resnet50 --sim-cores 4,16,64
@@ -46,7 +47,18 @@ def measure(args, progress) -> tuple[list[dict], dict]:
                                     **H.link_columns(link), "device_gflops": flops / 1e9}
                             rows += H.run_policies(dev, args.policies, args.repeat, rnd,
                                                    H.bandwidth_arg(tb, args.bandwidth), base, progress)
+                for model in ref_models(args):  # its server with as many computing threads
+                    rows.append(H.reference_row(
+                        tb, model, "dynamic", args.ref_repeat,
+                        {"source": "real", "model": model, "server_threads": threads,
+                         "server_cpus": cpus, "nominal_mbps": args.bandwidth,
+                         **H.link_columns(link)}, server_threads=threads))
+                    progress.step(1, f"coacto-ref {model} dynamic server_threads={threads}")
     return rows, described
+
+
+def ref_models(args) -> list[str]:
+    return [] if args.no_ref else [m for m in args.models if m in H.REF_MODELS]
 
 
 def simulate(args, real_rows: list[dict]) -> list[dict]:
@@ -62,13 +74,18 @@ def plot(out: Path, rows: list[dict], settings: dict) -> Path:
     plt = H.pyplot()
     models = [m for m in H.FIGURE_MODELS if any(r["model"] == m for r in rows)]
     fig, axes = plt.subplots(1, len(models), figsize=(4.8 * len(models), 4.2), squeeze=False)
+    ours = [r for r in rows if r.get("system", "coacto") == "coacto"]
+    ref = [r for r in rows if r.get("system", "coacto") != "coacto"]
     for ax, model in zip(axes[0], models):
         for p in sorted({r["policy"] for r in rows}):
             for source, style in (("real", "-o"), ("sim", ":s")):
-                pts = H.medians_by(rows, "server_threads", model=model, policy=p, source=source)
+                pts = H.medians_by(ours, "server_threads", model=model, policy=p, source=source)
                 if pts:
                     ax.plot(list(pts), list(pts.values()), style, label=f"{p} ({source})",
                             lw=2 if p == "dynamic" else 1)
+            pts = H.medians_by(ref, "server_threads", model=model, policy=p)
+            if pts:
+                ax.plot(list(pts), list(pts.values()), "--x", label=f"ref {p}", lw=1)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_title(model)
@@ -87,22 +104,34 @@ def main(argv=None) -> int:
     ap.add_argument("--bandwidth", type=float, default=100, help="Mbit/s (default: %(default)s)")
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--sim-cores", default="1,2,4,8,16,32,64", help="simulated server cores")
+    ap.add_argument("--no-ref", action="store_true", help="leave out the CoActo reference's rows")
+    ap.add_argument("--ref-repeat", type=int, default=None,
+                    help="inferences per reference run (default: 3 with --quick, else 6)")
     args = ap.parse_args(argv)
     H.resolve_common(args)
     args.policies = args.policies.split(",")
     args.sim_cores = [int(x) for x in args.sim_cores.split(",") if x]
-    progress = H.Progress(2 * len(args.models) * args.rounds * len(args.policies), "server_cores")
+    if args.ref_repeat is None:
+        args.ref_repeat = 3 if args.quick else 6
+    progress = H.Progress(2 * len(args.models) * args.rounds * len(args.policies)
+                          + 2 * len(ref_models(args)), "server_cores")
     rows, described = measure(args, progress)
     progress.close()
-    rows += simulate(args, rows)
+    rows += simulate(args, [r for r in rows if r.get("system", "coacto") == "coacto"])
     settings = {"quota": args.quota, "bandwidth_mbps": args.bandwidth, "repeat": args.repeat,
                 "rounds": args.rounds, "device_threads": 1, "testbed": described}
     H.write_table(args.out, "server_cores", rows, settings)
     png = plot(args.out, rows, {k: v for k, v in settings.items() if k != "testbed"})
     for model in args.models:
         for p in args.policies:
-            pts = H.medians_by(rows, "server_threads", model=model, policy=p, source="real")
+            pts = H.medians_by([r for r in rows if r.get("system", "coacto") == "coacto"],
+                               "server_threads", model=model, policy=p, source="real")
             print(f"{model:12s} {p:8s} " + "  ".join(f"{t} thr: {v:.0f} ms" for t, v in pts.items()))
+        ref = H.medians_by([r for r in rows if r.get("system", "coacto") != "coacto"],
+                           "server_threads", model=model, policy="dynamic")
+        if ref:
+            print(f"{model:12s} {'dynamic':8s} (ref) "
+                  + "  ".join(f"{t} thr: {v:.0f} ms" for t, v in ref.items()))
     print(f"wrote {args.out / 'server_cores.csv'}, {png}")
     return 0
 

@@ -3,7 +3,8 @@ and the server to overlap, and where per-tile overheads start to cost.
 
 The testbed as in fig_bandwidth.py at one bandwidth (default 100 Mbit/s). For each tile count the
 device compiles the model with `--tiles T` (the server compiles the same graph on demand: the
-graph id carries the parameters); `default` is coacto's own choice per layer.
+graph id carries the parameters); `default` is coacto's own choice per layer. The CoActo
+reference runs its own tile graphs (20-200 tiles per layer; BERT 20 and 50) at the same settings.
 
     python experiments/fig_tiles.py --out results/
     python experiments/fig_tiles.py --quick --models resnet50 --tiles 4,16,64
@@ -30,12 +31,17 @@ def main(argv=None) -> int:
                     help=f"tiles per layer (default: {','.join(map(str, FULL_TILES))}; --quick: "
                          f"{','.join(map(str, QUICK_TILES))}); 0 = coacto's default")
     ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--no-ref", action="store_true", help="leave out the CoActo reference's rows")
+    ap.add_argument("--ref-repeat", type=int, default=None,
+                    help="inferences per reference run (default: 3 with --quick, else 6)")
     args = ap.parse_args(argv)
     H.resolve_common(args)
     args.policies = args.policies.split(",")
     tiles = [int(x) for x in args.tiles.split(",")] if args.tiles else \
         list(QUICK_TILES if args.quick else FULL_TILES)
-    progress = H.Progress(len(args.models) * len(tiles) * args.rounds * len(args.policies), "tiles")
+    ref_runs = {m: ref_plan(m, args) for m in args.models}
+    progress = H.Progress(len(args.models) * len(tiles) * args.rounds * len(args.policies)
+                          + sum(len(v) for v in ref_runs.values()), "tiles")
     rows: list[dict] = []
     with H.testbed(args) as tb, H.Workdir(args.image_size) as wd:
         tb.set_link(args.bandwidth)
@@ -53,6 +59,12 @@ def main(argv=None) -> int:
                                     "device_gflops": flops / 1e9}
                             rows += H.run_policies(dev, args.policies, args.repeat, rnd,
                                                    H.bandwidth_arg(tb, args.bandwidth), base, progress)
+            for policy, t in ref_runs[model]:  # its own tile graphs, at the same link and quota
+                rows.append(H.reference_row(tb, model, policy, args.ref_repeat,
+                                            {"model": model, "tiles_per_layer": t,
+                                             "nominal_mbps": args.bandwidth,
+                                             **H.link_columns(link)}, tiles=t))
+                progress.step(1, f"coacto-ref {model} {policy} T={t}")
     progress.close()
     settings = {"quota": args.quota, "bandwidth_mbps": args.bandwidth, "repeat": args.repeat,
                 "rounds": args.rounds, "server_threads": 1, "device_threads": 1,
@@ -60,11 +72,26 @@ def main(argv=None) -> int:
     H.write_table(args.out, "tiles", rows, settings)
     png = plot(args.out, rows, {k: v for k, v in settings.items() if k != "testbed"})
     for model in args.models:
-        for p in args.policies:
-            pts = H.medians_by(rows, "tiles_per_layer", model=model, policy=p)
-            print(f"{model:12s} {p:8s} " + "  ".join(f"T={t}: {v:.0f} ms" for t, v in pts.items()))
+        for system in sorted({r["system"] for r in rows}, key=lambda s: s != "coacto"):
+            for p in args.policies:
+                pts = H.medians_by(rows, "tiles_per_layer", model=model, policy=p, system=system)
+                if pts:
+                    print(f"{model:12s} {p:8s} {'' if system == 'coacto' else '(ref) '}"
+                          + "  ".join(f"T={t}: {v:.0f} ms" for t, v in pts.items()))
     print(f"wrote {args.out / 'tiles.csv'}, {png}")
     return 0
+
+
+def ref_plan(model: str, args) -> list[tuple[str, int]]:
+    """(policy, tiles) runs of the CoActo reference for ``model``: the tile graphs it ships."""
+    if args.no_ref or model not in H.REF_MODELS:
+        return []
+    if args.ref_repeat is None:
+        args.ref_repeat = 3 if args.quick else 6
+    shipped = H.REF_TILES[model]
+    tiles = (shipped[0], shipped[-1]) if args.quick else shipped
+    policies = ("dynamic",) if args.quick else ("local", "dynamic")
+    return [(p, t) for p in policies for t in tiles]
 
 
 def plot(out: Path, rows: list[dict], settings: dict) -> Path:
@@ -73,18 +100,22 @@ def plot(out: Path, rows: list[dict], settings: dict) -> Path:
         sorted({r["model"] for r in rows})
     fig, axes = plt.subplots(1, len(models), figsize=(4.8 * len(models), 4.2), squeeze=False)
     for ax, model in zip(axes[0], models):
-        for p in sorted({r["policy"] for r in rows}):
-            pts = {k: v for k, v in H.medians_by(rows, "tiles_per_layer", model=model, policy=p).items()
-                   if k != "default"}
-            if pts:
-                ax.plot(list(pts), list(pts.values()), "-o", label=p, lw=2 if p == "dynamic" else 1)
+        for system in sorted({r["system"] for r in rows}, key=lambda s: s != "coacto"):
+            ours = system == "coacto"
+            for p in sorted({r["policy"] for r in rows if r["system"] == system}):
+                pts = {k: v for k, v in H.medians_by(rows, "tiles_per_layer", model=model, policy=p,
+                                                     system=system).items() if k != "default"}
+                if pts:
+                    ax.plot(list(pts), list(pts.values()), "-o" if ours else "--x",
+                            label=p if ours else f"ref {p}", lw=2 if p == "dynamic" else 1)
         ax.set_xscale("log", base=2)
         ax.set_title(model)
         ax.set_xlabel("tiles per layer")
         ax.set_ylabel("latency (ms, median)")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
-    fig.suptitle(f"Latency vs tiles per layer at {settings['bandwidth_mbps']} Mbit/s")
+    fig.suptitle(f"Latency vs tiles per layer at {settings['bandwidth_mbps']} Mbit/s "
+                 "(coacto solid, the CoActo reference dashed)")
     return H.save_figure(fig, out, "tiles", settings, bottom=0.06, top=0.95)
 
 

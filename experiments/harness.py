@@ -158,8 +158,9 @@ class Server:
 
     def __init__(self, tb, wd: Workdir, cases, threads: int = 1, extra: list[str] | None = None):
         self.tb, self.wd, self.threads = tb, wd, threads
-        self.models = wd.path / f"server-models-{id(self)}"
-        self.models.mkdir()
+        # a folder of its own (id() of a collected object comes back: not a name)
+        self.models = Path(tempfile.mkdtemp(prefix="server-models-", dir=wd.path))
+        os.chmod(self.models, 0o755)
         for c in cases:  # a hard link: VGG-16's file is over 500 MB
             try:
                 os.link(c.path, self.models / c.path.name)
@@ -213,7 +214,10 @@ class Device:
         if tiles:
             argv += ["--tiles", str(tiles)]
         self.argv = argv
-        self.log = (server.wd.path if server else case.path.parent) / f"device-{case.name}-{id(self)}.log"
+        fd, log_path = tempfile.mkstemp(prefix=f"device-{case.name}-", suffix=".log",
+                                        dir=server.wd.path if server else case.path.parent)
+        os.close(fd)
+        self.log = Path(log_path)
 
     def __enter__(self) -> "Device":
         self._logf = open(self.log, "w")
@@ -225,6 +229,7 @@ class Device:
         return self
 
     def command(self, cmd: dict, timeout: float = 900) -> dict:
+        cmd = {**cmd, "rtt_ms": getattr(self.tb, "added_rtt_ms", 0.0)}  # the client adds it
         self.proc.stdin.write(json.dumps(cmd) + "\n")
         self.proc.stdin.flush()
         line: list[str] = []
@@ -285,7 +290,7 @@ def bandwidth_arg(tb, mbps: float | None):
     """What the device driver's Client gets: the cap in shaper mode, nothing with kernel shaping
     (the device must measure the link as a real one would)."""
     args = tb.client_link_args()
-    return args[1] if args else None
+    return args[args.index("--bandwidth") + 1] if "--bandwidth" in args else None
 
 
 def summarize(lat_s: list[float]) -> dict:
@@ -471,6 +476,36 @@ def run_policies(dev: Device, policies, repeat: int, rnd: int, bw_arg, base: dic
             progress.step(1, f"{base.get('model', '')} {policy} " +
                           " ".join(f"{k}={base[k]}" for k in shown if k in base))
     return rows
+
+
+#: zoo name -> the CoActo reference's model name (it ships these three)
+REF_MODELS = {"resnet50": "resnet50", "vgg16": "vgg16", "bert": "bert_base"}
+#: the tile graphs it ships: ResNet-50 and VGG-16 at 20-200 tiles per layer, BERT at 20 and 50
+REF_TILES = {"resnet50": (20, 50, 100, 200), "vgg16": (20, 50, 100, 200), "bert": (20, 50)}
+
+
+def reference_row(tb, model: str, policy: str, n: int, base: dict, tiles: int | None = None,
+                  server_threads: int = 1) -> dict:
+    """One run of the CoActo reference (peer_coacto_ref.py) on the testbed: a row like
+    run_policies' (its failure recorded in `error`, not raised: it asserts on network errors)."""
+    import peer_coacto_ref as ref
+
+    build = ref.build()
+    tiles = tiles or (100 if 100 in REF_TILES[model] else REF_TILES[model][-1])
+    try:
+        lat = ref.run(build, policy, REF_MODELS[model], n, tiles=tiles,
+                      server_threads=server_threads, server_cmd=tb.server_cmd,
+                      device_cmd=tb.device_cmd, server_ip=tb.server_addr)
+        err = ""
+    except Exception as e:
+        lat, err = [], str(e).splitlines()[0][:200]
+    row = {"system": build.label, **base, "policy": policy, "ref_tiles_per_layer": tiles,
+           "error": err}
+    if lat:
+        # its first inference loads and warms like ours; drop it when there are more
+        row.update(summarize(lat[1:] if len(lat) > 2 else lat))
+        row["latencies_ms"] = " ".join(f"{1e3 * x:.1f}" for x in lat)
+    return row
 
 
 def medians_by(rows: list[dict], key: str, value: str = "median_ms", **where) -> dict:

@@ -193,6 +193,9 @@ def main(argv=None) -> int:
     ap.add_argument("--models", default=None, help="only these models (comma-separated)")
     ap.add_argument("--image-size", type=int, default=None, metavar="PX",
                     help="the --image-size the real run was made with, if any")
+    ap.add_argument("--quick", action="store_true",
+                    help="accepted for run_all.py: the comparison simulates what the real run "
+                         "measured, quick or not")
     ap.add_argument("--tolerance", type=float, default=TOLERANCE,
                     help="largest |sim/real - 1| a row may show (default %(default)s)")
     args = ap.parse_args(argv)

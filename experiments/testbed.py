@@ -262,6 +262,7 @@ class Testbed:
         self.mode = ""
         self.server_addr = LOOPBACK_IP
         self.nominal_mbps: float | None = None
+        self.added_rtt_ms = 0.0
         self.cgroup = "none"
         self.cgroup_dir: Path | None = None
         self._cgroup_root: Path | None = None
@@ -528,10 +529,16 @@ class Testbed:
         if self._closed:
             raise TestbedError(f"testbed {self.name!r} is closed; create a new Testbed")
 
-    def set_link(self, mbps: float | None) -> None:
+    def set_link(self, mbps: float | None, rtt_ms: float = 0.0) -> None:
         """Shape both directions to ``mbps`` Mbit/s (None: unshaped). In netns mode this replaces
-        the qdiscs in place, so it may change while processes run."""
+        the qdiscs in place, so it may change while processes run. ``rtt_ms``: a round-trip delay
+        to add; this kernel has no `netem`, so the client adds it (half each way, after the
+        cap: `coacto-client --rtt-ms`, see client_link_args) in either mode."""
         self._check_open()
+        if isinstance(rtt_ms, bool) or not isinstance(rtt_ms, (int, float)) or \
+                not (0 <= rtt_ms < 60_000):
+            raise TestbedError(f"rtt_ms {rtt_ms!r}: give a delay from 0 to 60000 ms")
+        self.added_rtt_ms = float(rtt_ms)
         if mbps is not None and (isinstance(mbps, bool) or not isinstance(mbps, (int, float))
                                  or not (0 < mbps < 1e6)):
             raise TestbedError(f"bandwidth {mbps!r} Mbit/s: give a positive number of Mbit/s "
@@ -550,10 +557,14 @@ class Testbed:
                  + ("(tbf)" if self.mode == "netns" else "(coacto-client's token bucket)"))
 
     def client_link_args(self) -> list[str]:
-        """coacto-client's arguments for this link: its own cap in shaper mode, none otherwise."""
+        """coacto-client's arguments for this link: its own cap in shaper mode (none under kernel
+        shaping), and the added round trip when one was asked for."""
+        args = []
         if self.mode == "shaper" and self.nominal_mbps is not None:
-            return ["--bandwidth", f"{self.nominal_mbps:g}mbit"]
-        return []
+            args += ["--bandwidth", f"{self.nominal_mbps:g}mbit"]
+        if self.added_rtt_ms:
+            args += ["--rtt-ms", f"{self.added_rtt_ms:g}"]
+        return args
 
     def _pin(self, cpus: str, argv: list[str]) -> list[str]:
         return [self._taskset, "-c", cpus, *argv] if self._taskset else list(argv)
@@ -642,7 +653,8 @@ class Testbed:
              if shaped else "none",
              "measured_link": ("veth, tbf-shaped" if shaped else "veth, unshaped") if netns
              else "loopback, unshaped (the cap lives in coacto-client)",
-             "added_delay_ms": 0.0,  # no netem: what the tbf queue adds is measured, not set
+             # no netem: a delay asked for is added by the client (client_link_args)
+             "added_rtt_ms": self.added_rtt_ms,
              "server_addr": self.server_addr,
              "quota": self.quota if self.cgroup != "none" else None,
              "cfs_period_us": self.cfs_period_us, "cfs_quota_us": self.cfs_quota_us,

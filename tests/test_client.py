@@ -257,6 +257,32 @@ def test_bandwidth_cap_slows_transfers_and_is_measured(server, big_input):
     assert 2.5 <= est <= 10, est
 
 
+def test_token_bucket_adds_the_propagation_delay_after_the_cap():
+    tb = TokenBucket(1000.0, burst=100.0, delay=0.05)
+    assert tb.reserve(100, 0.0) == pytest.approx(0.05)       # credit covers it: the delay alone
+    assert tb.reserve(500, 0.0) == pytest.approx(0.55)       # 0.5 s on the link, then the delay
+    assert tb.free_at(0.0) == pytest.approx(0.5)              # the link itself is free after 0.5 s
+    with pytest.raises(RateError):
+        TokenBucket(1000.0, delay=-1.0)
+
+
+def test_added_round_trip_delays_every_exchange_and_is_measured(server, squeezenet):
+    model, feeds, ref = squeezenet
+    tg = coacto.compile(model, tiles_per_layer=TILES)
+    with Client(server.address, tg, threads=1, policy="cloud", rtt_ms=80, timeout=10,
+                model_bytes=model) as client:
+        client.connect(10)
+        client.infer(feeds)
+        runs = [_timed(client, feeds) for _ in range(2)]
+        assert_close(client.infer(feeds), ref, rel=1e-4)
+        rtt = client.last_stats["rtt_est_ms"]
+    # the input one way, the results back: at least one whole added round trip per inference
+    assert min(runs) >= 0.08, runs
+    assert 75 <= rtt <= 200, rtt
+    with pytest.raises(coacto.CoactoError, match="rtt_ms"):
+        Client(None, tg, policy="local", rtt_ms=-5)
+
+
 def _timed(client, feeds) -> float:
     client.infer(feeds)
     assert not client.last_stats["fallback"], client.last_stats

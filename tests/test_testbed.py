@@ -252,6 +252,14 @@ def test_shaper_mode_caps_in_the_client(name):
         assert m["goodput_up_mbps"] > 0 and m["rtt_ms"] > 0 and not m["kernel_shaped"]
         tb.set_link(None)
         assert tb.client_link_args() == []
+        # no netem: an added round trip is the client's to emulate, in either mode
+        tb.set_link(20, rtt_ms=40)
+        assert tb.client_link_args() == ["--bandwidth", "20mbit", "--rtt-ms", "40"]
+        assert tb.describe()["added_rtt_ms"] == 40
+        tb.set_link(None, rtt_ms=10)
+        assert tb.client_link_args() == ["--rtt-ms", "10"]
+        with pytest.raises(testbed.TestbedError, match="rtt_ms"):
+            tb.set_link(20, rtt_ms=-1)
 
 
 def test_auto_without_root_falls_back_and_says_so(name, monkeypatch, caplog):

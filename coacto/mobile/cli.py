@@ -67,6 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None, metavar="N",
                    help="computing threads on this device (default: all CPUs)")
     p.add_argument("--bandwidth", metavar="RATE", help="cap this client's link, e.g. 20mbit")
+    p.add_argument("--rtt-ms", type=float, default=0.0, metavar="MS",
+                   help="add this round-trip delay to the link, half each way (emulates a "
+                        "distant server; with or without --bandwidth)")
     p.add_argument("--repeat", type=int, default=1, metavar="R",
                    help="inferences to run (default 1)")
     p.add_argument("--timeout", type=float, default=5.0, metavar="S",
@@ -117,6 +120,8 @@ def run(args) -> int:
         parse_rate(args.bandwidth)  # a bad rate fails before any model is loaded
     if args.repeat < 1:
         raise InputError("--repeat must be at least 1")
+    if not (0 <= args.rtt_ms < 60_000):
+        raise InputError("--rtt-ms must lie between 0 and 60000 (milliseconds)")
     if args.timeout <= 0:
         raise InputError("--timeout must be positive")
     if args.server is None and args.policy != "local":
@@ -134,7 +139,7 @@ def run(args) -> int:
                                    min_column_blocks=0 if alone else OFFLOAD_MIN_COLUMN_BLOCKS)
     feeds = load_inputs(args.input, tg, args.random)
     with Client(args.server, tg, threads=args.threads, policy=args.policy,
-                bandwidth=args.bandwidth, timeout=args.timeout,
+                bandwidth=args.bandwidth, timeout=args.timeout, rtt_ms=args.rtt_ms,
                 model_bytes=args.model_bytes or onnx_bytes) as client:
         if args.compute_cgroup:
             join_cgroup(Path(args.compute_cgroup), client.compute_threads)

@@ -31,7 +31,7 @@ from .engine import Engine
 from .estimates import Estimates
 from .jobs import Job
 from .trace import TraceRecord
-from .shaper import TokenBucket, parse_rate
+from .shaper import UNCAPPED, TokenBucket, parse_rate
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +125,9 @@ class Client:
     CPUs this process may use). ``policy``: local, cloud, split, fl or dynamic (see
     coacto.mobile.policies). ``bandwidth``: cap this client's link, tc-style (``"20mbit"``; a
     number is bits/s; inference traffic only, not the one-time model upload); it is also the
-    goodput assumed until one is measured (else 10 Mbit/s, see estimates.py). ``timeout``: seconds
+    goodput assumed until one is measured (else 10 Mbit/s, see estimates.py). ``rtt_ms``: add
+    this round-trip delay to the link (half each way, after the cap; the experiments' stand-in
+    for a kernel without `netem`). ``timeout``: seconds
     of silence after which the device stops waiting for the server. ``device_flops``: this device's
     FLOP/s on the model (default: measured by one local run when split or fl first need it).
     ``split_layer`` / ``fl_layer`` / ``device_share``: fix the split point or the fused stack
@@ -138,7 +140,7 @@ class Client:
                  input_shapes: dict | None = None, *, model_bytes=None,
                  device_flops: float | None = None, split_layer: int | None = None,
                  fl_layer: int | None = None, device_share: float | None = None, name=None,
-                 trace=None):
+                 trace=None, rtt_ms: float = 0.0):
         self.policy = self._check_policy(policy)
         self.trace = self._check_trace(trace)
         if not (isinstance(timeout, (int, float)) and timeout > 0):
@@ -146,6 +148,10 @@ class Client:
         self.timeout = float(timeout)
         rate = parse_rate(bandwidth) if bandwidth is not None else None
         self.bandwidth = rate
+        if not (isinstance(rtt_ms, (int, float)) and 0 <= rtt_ms < 60_000):
+            raise CoactoError(f"rtt_ms must be a number of milliseconds from 0 to 60000, got "
+                              f"{rtt_ms!r}")
+        self.rtt_ms = float(rtt_ms)
         address = normalize_address(server) if server is not None else None
         if address is None and self.policy != "local":
             raise CoactoError(f"policy {self.policy!r} needs a server address; pass server=None "
@@ -178,12 +184,18 @@ class Client:
         self._engine = Engine(
             address=address, tg=self.graph, model_bytes=self.model_bytes,
             runtime=self._runtime._rt, estimates=self._estimates, timeout=self.timeout,
-            uplink=TokenBucket(rate) if rate else None,
-            downlink=TokenBucket(rate) if rate else None,
+            uplink=self._emulated_link(rate), downlink=self._emulated_link(rate),
             on_finish=_recorder(weakref.ref(self)), name=name)
         self._engine.start(connect=self.policy != "local")
         # a Client dropped without close() still stops its thread and releases its runtime
         self._finalizer = weakref.finalize(self, _release, self._engine, self._runtime)
+
+    def _emulated_link(self, rate):
+        """The cap and the added propagation delay (half the added round trip each way), or None
+        when neither is asked for."""
+        if not rate and not self.rtt_ms:
+            return None
+        return TokenBucket(rate or UNCAPPED, delay=self.rtt_ms / 2e3)
 
     @staticmethod
     def _check_policy(policy) -> str:

@@ -22,7 +22,7 @@ import re
 
 from ..errors import CoactoError
 
-__all__ = ["RateError", "parse_rate", "format_rate", "TokenBucket"]
+__all__ = ["RateError", "parse_rate", "format_rate", "TokenBucket", "UNCAPPED"]
 
 #: Multipliers to bytes per second, tc's units (``man tc``: bit = bits/s, bps = bytes/s).
 _UNITS = {
@@ -79,17 +79,27 @@ def format_rate(bytes_per_s: float) -> str:
     return f"{bits:.3g} bit/s"
 
 
+#: The rate of a link that only adds delay (``--rtt-ms`` without ``--bandwidth``): no frame waits
+#: for tokens.
+UNCAPPED = 1e15
+
+
 class TokenBucket:
-    """A link of ``rate`` bytes/s that lends up to ``burst`` bytes of idle credit.
+    """A link of ``rate`` bytes/s that lends up to ``burst`` bytes of idle credit, and whose frames
+    arrive ``delay`` seconds after they have crossed it (propagation: half an added round trip).
 
     ``reserve(n, now)`` books the link for an ``n``-byte frame handed over at ``now`` and returns
-    the time the frame may be released (``now`` when credit covers it). Frames are released in the
-    order they were reserved. ``free_at(now)`` is when the link has no frame booked any more.
+    the time the frame may be released at the far end (``now`` + ``delay`` when credit covers
+    it). Frames are released in the order they were reserved. ``free_at(now)`` is when the link
+    has no frame booked any more.
     """
 
-    def __init__(self, rate: float, burst: float | None = None):
+    def __init__(self, rate: float, burst: float | None = None, delay: float = 0.0):
         if not (rate > 0):
             raise RateError(f"a token bucket needs a positive rate, got {rate!r}")
+        if not (0.0 <= delay < 60.0):
+            raise RateError(f"a link delay must lie in [0, 60) seconds, got {delay!r}")
+        self.delay = float(delay)
         self.rate = float(rate)
         # Two milliseconds of credit (at least one Ethernet frame): a cap close to the nominal
         # rate even for the first frame after an idle period, like `tc tbf` with a small burst.
@@ -118,11 +128,11 @@ class TokenBucket:
         need = n - self._tokens
         if need <= 0:
             self._tokens -= n
-            return max(now, self._t)
+            return max(now, self._t) + self.delay
         # Borrow: the frame leaves when the missing tokens have accrued; the bucket is empty then.
         self._t += need / self.rate
         self._tokens = 0.0
-        return self._t
+        return self._t + self.delay
 
     def free_at(self, now: float) -> float:
         return now if self._t is None else max(now, self._t)
