@@ -122,8 +122,7 @@ def plot(out: Path, rows: list[dict], policies, settings: dict) -> Path:
     cols = min(2, len(models))
     nrows = (len(models) + cols - 1) // cols
     fig, axes = plt.subplots(nrows, cols, figsize=(6.2 * cols, 4.2 * nrows + 0.8), squeeze=False)
-    colors = {"local": "#555555", "cloud": "#1f77b4", "split": "#2ca02c", "fl": "#9467bd",
-              "dynamic": "#d62728"}
+    colors = H.POLICY_COLORS
     for ax, model in zip(axes.flat, models):
         for system in sorted({r["system"] for r in rows if r["model"] == model},
                              key=lambda s: s != "coacto"):

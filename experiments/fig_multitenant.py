@@ -130,15 +130,18 @@ def plot(out: Path, rows: list[dict], settings: dict) -> Path:
         p50 = [H.medians_by(sel, "devices")[n] for n in counts]
         p95 = [max(r["p95_ms"] for r in sel if r["devices"] == n) for n in counts]
         thr = [H.medians_by(sel, "devices", "throughput_inf_s")[n] for n in counts]
-        lw = 2 if p == "dynamic" else 1
-        axes[0].plot(counts, p50, "-o", label=p, lw=lw)
-        axes[1].plot(counts, p95, "-o", label=p, lw=lw)
-        axes[2].plot(counts, thr, "-o", label=p, lw=lw)
+        kw = {"label": p, "lw": 2 if p == "dynamic" else 1, "color": H.POLICY_COLORS.get(p)}
+        axes[0].plot(counts, p50, "-o", **kw)
+        axes[1].plot(counts, p95, "-o", **kw)
+        axes[2].plot(counts, thr, "-o", **kw)
     for ax, title in zip(axes, ("p50 latency per device (ms, median over devices)",
                                 "worst device's p95 latency (ms)", "throughput (inferences/s)")):
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("devices")
         ax.set_xscale("log", base=2)
+        counts = sorted({r["devices"] for r in rows})
+        ax.set_xticks(counts, [str(n) for n in counts])
+        ax.minorticks_off()
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
     fig.suptitle("Several devices with distinct models on a one-core server")

@@ -74,18 +74,19 @@ def plot(out: Path, rows: list[dict], settings: dict) -> Path:
     plt = H.pyplot()
     models = [m for m in H.FIGURE_MODELS if any(r["model"] == m for r in rows)]
     fig, axes = plt.subplots(1, len(models), figsize=(4.8 * len(models), 4.2), squeeze=False)
-    ours = [r for r in rows if r.get("system", "coacto") == "coacto"]
-    ref = [r for r in rows if r.get("system", "coacto") != "coacto"]
+    ours = [r for r in rows if (r.get("system") or "coacto") == "coacto"]
+    ref = [r for r in rows if (r.get("system") or "coacto") != "coacto"]
     for ax, model in zip(axes[0], models):
         for p in sorted({r["policy"] for r in rows}):
             for source, style in (("real", "-o"), ("sim", ":s")):
                 pts = H.medians_by(ours, "server_threads", model=model, policy=p, source=source)
                 if pts:
                     ax.plot(list(pts), list(pts.values()), style, label=f"{p} ({source})",
-                            lw=2 if p == "dynamic" else 1)
+                            color=H.POLICY_COLORS.get(p), lw=2 if p == "dynamic" else 1)
             pts = H.medians_by(ref, "server_threads", model=model, policy=p)
             if pts:
-                ax.plot(list(pts), list(pts.values()), "--x", label=f"ref {p}", lw=1)
+                ax.plot(list(pts), list(pts.values()), "--x", label=f"ref {p}",
+                        color=H.POLICY_COLORS.get(p), lw=1)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_title(model)
@@ -117,17 +118,17 @@ def main(argv=None) -> int:
                           + 2 * len(ref_models(args)), "server_cores")
     rows, described = measure(args, progress)
     progress.close()
-    rows += simulate(args, [r for r in rows if r.get("system", "coacto") == "coacto"])
+    rows += simulate(args, [r for r in rows if (r.get("system") or "coacto") == "coacto"])
     settings = {"quota": args.quota, "bandwidth_mbps": args.bandwidth, "repeat": args.repeat,
                 "rounds": args.rounds, "device_threads": 1, "testbed": described}
     H.write_table(args.out, "server_cores", rows, settings)
     png = plot(args.out, rows, {k: v for k, v in settings.items() if k != "testbed"})
     for model in args.models:
         for p in args.policies:
-            pts = H.medians_by([r for r in rows if r.get("system", "coacto") == "coacto"],
+            pts = H.medians_by([r for r in rows if (r.get("system") or "coacto") == "coacto"],
                                "server_threads", model=model, policy=p, source="real")
             print(f"{model:12s} {p:8s} " + "  ".join(f"{t} thr: {v:.0f} ms" for t, v in pts.items()))
-        ref = H.medians_by([r for r in rows if r.get("system", "coacto") != "coacto"],
+        ref = H.medians_by([r for r in rows if (r.get("system") or "coacto") != "coacto"],
                            "server_threads", model=model, policy="dynamic")
         if ref:
             print(f"{model:12s} {'dynamic':8s} (ref) "

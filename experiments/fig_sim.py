@@ -25,7 +25,6 @@ Prints, per model and bandwidth, dynamic's latency over the best baseline's.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from pathlib import Path

@@ -107,7 +107,8 @@ def plot(out: Path, rows: list[dict], settings: dict) -> Path:
                                                      system=system).items() if k != "default"}
                 if pts:
                     ax.plot(list(pts), list(pts.values()), "-o" if ours else "--x",
-                            label=p if ours else f"ref {p}", lw=2 if p == "dynamic" else 1)
+                            label=p if ours else f"ref {p}", color=H.POLICY_COLORS.get(p),
+                            lw=2 if p == "dynamic" else 1)
         ax.set_xscale("log", base=2)
         ax.set_title(model)
         ax.set_xlabel("tiles per layer")

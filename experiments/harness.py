@@ -38,6 +38,9 @@ log = logging.getLogger("experiments")
 #: The four zoo models of the figures (CoActo's Fig. 9 uses ResNet-50, VGG-16 and BERT-base).
 FIGURE_MODELS = ("resnet50", "vgg16", "mobilenetv2", "bert")
 POLICIES = ("local", "cloud", "split", "fl", "dynamic")
+#: one color per policy in every figure
+POLICY_COLORS = {"local": "#555555", "cloud": "#1f77b4", "split": "#2ca02c", "fl": "#9467bd",
+                 "dynamic": "#d62728"}
 
 
 class ExperimentError(RuntimeError):
