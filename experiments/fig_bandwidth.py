@@ -15,7 +15,7 @@ is compared with onnxruntime's. Then the reference's `local`, `conventional` (cl
 BERT-base; random weights; its yield build, since its threads busy-wait on 2 cores).
 
     python experiments/fig_bandwidth.py --out results/                  # 5..200 Mbit/s, 4 models
-    python experiments/fig_bandwidth.py --quick --models resnet50       # 5, 20, 100 Mbit/s, two
+    python experiments/fig_bandwidth.py --quick --models resnet50       # 5, 20, 100 Mbit/s, three
                                                                         # rounds; the reference's
                                                                         # local and dynamic only
     python experiments/fig_bandwidth.py --bandwidths 10,50 --no-ref
@@ -179,8 +179,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     quick_rounds = args.quick and args.rounds is None
     H.resolve_common(args)
-    if quick_rounds:  # two passes even so: sim_vs_real compares medians over rounds
-        args.rounds = 2
+    if quick_rounds:  # three passes even so: sim_vs_real compares medians over rounds, and a
+        args.rounds = 3  # slow minute of the throttled device should not decide a setting
     args.policies = args.policies.split(",")
     args.ref_policies = REF_POLICIES_QUICK if args.quick else REF_POLICIES
     if args.from_csv:

@@ -101,7 +101,8 @@ def plot(out: Path, rows: list[dict], settings: dict) -> Path:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    H.add_common_args(ap)
+    # --quick: a CNN and a transformer, so that run_all --quick stays within 20 minutes
+    H.add_common_args(ap, quick_models=("resnet50", "bert"))
     ap.add_argument("--bandwidth", type=float, default=100, help="Mbit/s (default: %(default)s)")
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--sim-cores", default="1,2,4,8,16,32,64", help="simulated server cores")

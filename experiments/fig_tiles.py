@@ -25,7 +25,8 @@ POLICIES = ("local", "cloud", "dynamic")
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    H.add_common_args(ap)
+    # --quick: a CNN and a transformer, so that run_all --quick stays within 20 minutes
+    H.add_common_args(ap, quick_models=("resnet50", "bert"))
     ap.add_argument("--bandwidth", type=float, default=100, help="Mbit/s (default: %(default)s)")
     ap.add_argument("--tiles", default=None, metavar="T,T",
                     help=f"tiles per layer (default: {','.join(map(str, FULL_TILES))}; --quick: "

@@ -386,13 +386,15 @@ def pyplot():
 
 # ----------------------------------------------------------------------------- command line
 
-def add_common_args(ap, models=FIGURE_MODELS) -> None:
+def add_common_args(ap, models=FIGURE_MODELS, quick_models=None) -> None:
     ap.add_argument("--out", default="experiments/results", metavar="DIR",
                     help="folder for NAME.csv, NAME.settings.json and NAME.png (default: %(default)s)")
     ap.add_argument("--quick", action="store_true",
                     help="a reduced sweep (fewer settings and repeats) for CI and a first look")
-    ap.add_argument("--models", default=",".join(models), metavar="M,M",
-                    help="zoo models (default: %(default)s)")
+    quick_note = f"; --quick: {','.join(quick_models)}" if quick_models else ""
+    ap.add_argument("--models", default=None, metavar="M,M",
+                    help=f"zoo models (default: {','.join(models)}{quick_note})")
+    ap.set_defaults(default_models=models, quick_models=quick_models or models)
     ap.add_argument("--quota", type=float, default=0.25,
                     help="the device's CPU share of one core (cgroup quota): 0.25 makes it 4x "
                          "slower than the server's core (default: %(default)s)")
@@ -413,6 +415,8 @@ def add_common_args(ap, models=FIGURE_MODELS) -> None:
 
 
 def resolve_common(args) -> None:
+    if args.models is None:
+        args.models = ",".join(args.quick_models if args.quick else args.default_models)
     args.models = [m for m in args.models.split(",") if m]
     if args.repeat is None:
         args.repeat = 2 if args.quick else 5

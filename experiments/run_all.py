@@ -33,10 +33,10 @@ import harness as H  # noqa: E402
 #: name -> (script, expected seconds with --quick, expected seconds in full, whether it runs on
 #: the testbed) for the ETA and the arguments
 FIGURES = {
-    "bandwidth": ("fig_bandwidth.py", 540, 1500, True),
+    "bandwidth": ("fig_bandwidth.py", 750, 1500, True),
     "server_cores": ("fig_server_cores.py", 150, 900, True),
-    "multitenant": ("fig_multitenant.py", 150, 1200, True),
-    "tiles": ("fig_tiles.py", 150, 900, True),
+    "multitenant": ("fig_multitenant.py", 60, 1200, True),
+    "tiles": ("fig_tiles.py", 140, 900, True),
     "timeline": ("fig_timeline.py", 40, 60, True),
     "sim_vs_real": ("sim_vs_real.py", 30, 60, False),
     "sim": ("fig_sim.py", 60, 600, False),
