@@ -106,9 +106,7 @@ def main(argv=None) -> int:
     ap.add_argument("--bandwidth", type=float, default=100, help="Mbit/s (default: %(default)s)")
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--sim-cores", default="1,2,4,8,16,32,64", help="simulated server cores")
-    ap.add_argument("--no-ref", action="store_true", help="leave out the CoActo reference's rows")
-    ap.add_argument("--ref-repeat", type=int, default=None,
-                    help="inferences per reference run (default: 3 with --quick, else 6)")
+    H.add_reference_args(ap)
     args = ap.parse_args(argv)
     H.resolve_common(args)
     args.policies = args.policies.split(",")

@@ -32,9 +32,7 @@ def main(argv=None) -> int:
                     help=f"tiles per layer (default: {','.join(map(str, FULL_TILES))}; --quick: "
                          f"{','.join(map(str, QUICK_TILES))}); 0 = coacto's default")
     ap.add_argument("--policies", default=",".join(POLICIES))
-    ap.add_argument("--no-ref", action="store_true", help="leave out the CoActo reference's rows")
-    ap.add_argument("--ref-repeat", type=int, default=None,
-                    help="inferences per reference run (default: 3 with --quick, else 6)")
+    H.add_reference_args(ap)
     args = ap.parse_args(argv)
     H.resolve_common(args)
     args.policies = args.policies.split(",")

@@ -414,6 +414,13 @@ def add_common_args(ap, models=FIGURE_MODELS, quick_models=None) -> None:
     ap.add_argument("--verbose", "-v", action="store_true")
 
 
+def add_reference_args(ap) -> None:
+    """The CoActo reference's options, for the figures where it runs beside coacto."""
+    ap.add_argument("--no-ref", action="store_true", help="leave out the CoActo reference's rows")
+    ap.add_argument("--ref-repeat", type=int, default=None,
+                    help="inferences per reference run (default: 3 with --quick, else 6)")
+
+
 def resolve_common(args) -> None:
     if args.models is None:
         args.models = ",".join(args.quick_models if args.quick else args.default_models)
