@@ -11,7 +11,7 @@ import numpy as np
 
 from . import ir
 from .errors import CoactoError, InputError
-from .runtime import NativeRuntime, check, ffi, lib, native_graph
+from .runtime import NativeRuntime, check, ffi, lib, native_graph, read_tile_trace
 from .tilegraph import TileGraph
 
 SEND_NEVER = lib.COACTO_SEND_NEVER
@@ -134,14 +134,8 @@ class NativeInference:
 
     def tile_trace(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(start, end, worker) per tile, seconds on ``now()``'s clock; worker -1: not computed here."""
-        n = self.tg.n_tiles
-        t0, t1 = np.zeros(n), np.zeros(n)
-        worker = np.full(n, -1, dtype=np.int32)
-        check(lib.coacto_inference_tile_trace(self.handle, ffi.from_buffer("double[]", t0),
-                                              ffi.from_buffer("double[]", t1),
-                                              ffi.from_buffer("int32_t[]", worker), n),
-              "reading the inference's trace (enable_trace first)")
-        return t0, t1, worker
+        return read_tile_trace(lib.coacto_inference_tile_trace, self.handle, self.tg.n_tiles,
+                               "reading the inference's trace (enable_trace first)")
 
     def decisions(self) -> list[dict]:
         """The send decisions in the order made: tile, sent, time and both completion times."""

@@ -168,14 +168,8 @@ class NativeGraph:
     def tile_trace(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(start, end, worker) of every tile in the last profiled inference; worker -1 for tiles
         not computed here. Times are seconds of a monotonic clock."""
-        n = int(lib.coacto_graph_tile_count(self.handle))
-        t0, t1 = np.zeros(n), np.zeros(n)
-        worker = np.full(n, -1, dtype=np.int32)
-        check(lib.coacto_graph_tile_trace(self.handle, ffi.from_buffer("double[]", t0),
-                                          ffi.from_buffer("double[]", t1),
-                                          ffi.from_buffer("int32_t[]", worker), n),
-              "reading the tile trace")
-        return t0, t1, worker
+        return read_tile_trace(lib.coacto_graph_tile_trace, self.handle,
+                               int(lib.coacto_graph_tile_count(self.handle)), "reading the tile trace")
 
     def ensure_work(self, work: np.ndarray) -> None:
         """Gives the runtime each tile's work (FLOPs from the inputs) for send decisions, once."""
@@ -387,6 +381,15 @@ class Runtime:
             outputs = inf.outputs()
             self.last_stats = inf.stats()
         return outputs
+
+
+def read_tile_trace(fn, handle, n: int, what: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(start, end, worker) arrays of n tiles from a native trace call (graph or inference)."""
+    t0, t1 = np.zeros(n), np.zeros(n)
+    worker = np.full(n, -1, dtype=np.int32)
+    check(fn(handle, ffi.from_buffer("double[]", t0), ffi.from_buffer("double[]", t1),
+             ffi.from_buffer("int32_t[]", worker), n), what)
+    return t0, t1, worker
 
 
 def chrome_trace(trace: dict) -> dict:

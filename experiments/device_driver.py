@@ -67,18 +67,18 @@ def main() -> int:
     ref = np.load(args.reference)
     tg, model_bytes = resolve_model(args.model, tiles_per_layer=args.tiles)
     client = None
-    client_bw = None
+    client_link = None
     device_flops = None
 
     def make_client(bandwidth, rtt_ms=0.0):
-        nonlocal client, client_bw
+        nonlocal client, client_link
         if client is not None:
             client.close()
         client = coacto.Client(args.server, tg, threads=args.threads, bandwidth=bandwidth,
                                timeout=args.timeout, model_bytes=model_bytes,
                                device_flops=device_flops, rtt_ms=rtt_ms)
         client.connect(timeout=30)
-        client_bw = (bandwidth, rtt_ms)
+        client_link = (bandwidth, rtt_ms)
 
     for line in sys.stdin:
         line = line.strip()
@@ -95,9 +95,9 @@ def main() -> int:
                 # A device that just joined a network: dynamic inferences until its estimates
                 # include a measured goodput from an offloaded one (the engine offloads now and
                 # then to keep its estimates fresh), at most `max`.
-                bw = (cmd.get("bandwidth"), cmd.get("rtt_ms", 0.0))
-                if client is None or bw != client_bw:
-                    make_client(*bw)
+                link = (cmd.get("bandwidth"), cmd.get("rtt_ms", 0.0))
+                if client is None or link != client_link:
+                    make_client(*link)
                 n = 0
                 for n in range(1, cmd.get("max", 10) + 1):
                     client.infer(feeds, policy="dynamic")
@@ -108,9 +108,9 @@ def main() -> int:
                 make_client(cmd.get("bandwidth"), cmd.get("rtt_ms", 0.0))
                 reply = {"ok": True}
             elif cmd["cmd"] == "run":
-                bw = (cmd.get("bandwidth"), cmd.get("rtt_ms", 0.0))
-                if client is None or bw != client_bw:
-                    make_client(*bw)
+                link = (cmd.get("bandwidth"), cmd.get("rtt_ms", 0.0))
+                if client is None or link != client_link:
+                    make_client(*link)
                 lat, stats, err = [], [], 0.0
                 total = cmd.get("warmup", 0) + cmd["repeat"]
                 for i in range(total):

@@ -37,7 +37,6 @@ import harness as H  # noqa: E402
 
 FULL_BANDWIDTHS = (5, 10, 20, 50, 100, 200)
 QUICK_BANDWIDTHS = (5, 20, 100)
-REF_MODELS = H.REF_MODELS
 REF_POLICIES = ("local", "cloud", "split", "fl", "dynamic")
 #: with --quick: its own dynamic beside ours, and its local for scale
 REF_POLICIES_QUICK = ("local", "dynamic")
@@ -192,7 +191,7 @@ def main(argv=None) -> int:
     if args.rtt_ms and not args.no_ref:
         print("--rtt-ms: the CoActo reference cannot add a delay to its link; its rows are left "
               "out", file=sys.stderr)
-    ref_models = [] if args.no_ref or args.rtt_ms else [m for m in args.models if m in REF_MODELS]
+    ref_models = [] if args.no_ref or args.rtt_ms else [m for m in args.models if m in H.REF_MODELS]
     units = (len(args.models) * len(bandwidths) * len(args.policies) * args.rounds
              + sum(len(bandwidths) * (len(args.ref_policies) - 1
                                       - ((m, "fl") in REF_SKIP and "fl" in args.ref_policies)) + 1

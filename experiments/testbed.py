@@ -200,6 +200,28 @@ def _cgroup_dirs(name: str) -> list[Path]:
     return found
 
 
+def lock_name(name: str) -> int:
+    """Holds the name for this process (returns the lock's fd; closing it drops the lock): a
+    second experiment started meanwhile under the same name would otherwise take our live setup
+    for a stale one and tear it down. The kernel drops the lock when its holder dies, so a
+    crashed run's leftovers are still cleaned up."""
+    if not _NAME_RE.match(name):
+        raise TestbedError(f"name {name!r}: use 1-13 letters, digits, '-' or '_'")
+    folder = Path("/run/lock") if os.access("/run/lock", os.W_OK) else Path(tempfile.gettempdir())
+    fd = os.open(folder / f"coacto-testbed-{name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise TestbedError(f"the testbed named {name!r} is in use by another experiment "
+                           f"(pid {holder}): wait for it to finish, or give this one another "
+                           "name (Testbed(name=...), --testbed-name)") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    return fd
+
+
 def remove_setup(name: str = "coacto") -> list[str]:
     """Remove the namespaces, veths and cgroup a Testbed named ``name`` creates; returns what was
     found. Safe to call when nothing is there."""
@@ -288,23 +310,7 @@ class Testbed:
     # ---- setup and teardown ---------------------------------------------------------------
 
     def _lock(self) -> None:
-        """Holds the name for this process: a second experiment started meanwhile under the same
-        name would otherwise take our live setup for a stale one and tear it down. The kernel drops
-        the lock when its holder dies, so a crashed run's leftovers are still cleaned up."""
-        folder = Path("/run/lock") if os.access("/run/lock", os.W_OK) else Path(tempfile.gettempdir())
-        path = folder / f"coacto-testbed-{self.name}.lock"
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-            os.close(fd)
-            raise TestbedError(f"the testbed named {self.name!r} is in use by another experiment "
-                               f"(pid {holder}): wait for it to finish, or give this one another "
-                               "name (Testbed(name=...), --testbed-name)") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
-        self._lock_fd = fd
+        self._lock_fd = lock_name(self.name)
 
     def _unlock(self) -> None:
         fd, self._lock_fd = getattr(self, "_lock_fd", None), None
@@ -846,13 +852,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "clean":
             if not _is_root():
                 raise TestbedError("clean needs root (namespaces and cgroups belong to root)")
-            holder = Testbed.__new__(Testbed)  # only to take the name's lock: not a live setup's
-            holder.name = args.name
-            holder._lock()
+            fd = lock_name(args.name)  # never a live setup's
             try:
                 removed = remove_setup(args.name)
             finally:
-                holder._unlock()
+                os.close(fd)
             log.info("removed: %s", ", ".join(removed) or f"nothing named {args.name!r}")
             return 0
         with Testbed(quota=args.quota, server_cpus=args.server_cpus, device_cpu=args.device_cpu,
