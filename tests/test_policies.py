@@ -87,13 +87,62 @@ def test_check_plan_catches_an_unreachable_output(model):
     assert P.check_plan(tg, plan)
 
 
-def test_valid_cuts_leave_one_live_tensor(model):
+def test_cuts_send_every_tensor_read_after_them(model):
     tg, _, _ = model
     layers = tg.graph.layers
     cuts = P.valid_cuts(tg)
     assert cuts[0] == max(tg.graph.inputs.values()) and cuts[-1] == len(layers) - 1
+    several = 0
     for c in cuts:
-        assert all(p >= c for layer in layers[c + 1:] for p in layer.inputs), c
+        read_later = {p for layer in layers[c + 1:] for p in layer.inputs if p < c}
+        assert P.cut_layers(tg, c) == sorted(read_later) + [c], c
+        assert P.cut_bytes(tg)[c] == pytest.approx(
+            sum(float(tg.plan.tile_bytes[list(P.layer_tiles(tg, li))].sum())
+                for li in sorted(read_later) + [c]))
+        assert (c in P.single_tensor_cuts(tg)) == (not read_later)
+        several += bool(read_later)
+    assert several  # both models have cuts inside a block (a shortcut or a concat is live)
+
+
+def test_a_cut_inside_a_block_sends_both_tensors_and_matches_onnxruntime(model):
+    tg, feeds, ref = model
+    c = next(c for c in P.valid_cuts(tg) if len(P.cut_layers(tg, c)) > 1)
+    plan = P.plan_split(tg, 5e9, 20e9, 2e6, 0.002, layer=c)
+    sent = np.flatnonzero(plan.send == SEND_ALWAYS)
+    assert set(sent.tolist()) == set(P.cut_tiles(tg, c).tolist())
+    out, stats = exchange(tg, feeds, plan)
+    assert_close(out, ref, rel=1e-4)
+
+
+def test_a_transformer_can_be_cut_anywhere_its_mask_goes_along():
+    """BERT's attention mask (an input) is read by every layer: before cuts sent several tensors
+    only the cut after the last attention was valid, so split and dynamic priced offloading as
+    running the whole encoder here, and never offloaded. Every layer is a cut now; the input cut
+    is cloud, and a mid-encoder cut sends the hidden state with the mask."""
+    import onnxruntime as ort
+
+    from coacto import zoo
+
+    m = zoo.build("bert", layers=2, hidden=64, heads=4, seq_len=16, vocab=1000)
+    tg = coacto.compile(m, tiles_per_layer=4)
+    feeds = zoo.input_feeds(m, seed=0)
+    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    ref = dict(zip(names, sess.run(names, feeds)))
+    inputs = sorted(tg.graph.inputs.values())
+    cuts = P.valid_cuts(tg)
+    assert cuts[0] == inputs[-1] and P.cut_layers(tg, cuts[0]) == [
+        li for li in inputs if any(li in layer.inputs for layer in tg.graph.layers)]
+    assert len(P.single_tensor_cuts(tg)) < len(cuts) // 4  # the mask is live almost everywhere
+    # a fast link and server: the inputs go (a few hundred bytes), not the encoder's output
+    plan = P.plan_split(tg, device_flops=1e9, server_flops=1e12, bandwidth=1e8, rtt=1e-3)
+    assert plan.split_layer == cuts[0] and plan.info["predicted_s"] < plan.info["predicted_local_s"]
+    mid = next(c for c in cuts[len(cuts) // 2:] if len(P.cut_layers(tg, c)) > 1)
+    for layer in (cuts[0], mid):
+        out, _ = exchange(tg, feeds, P.plan_split(tg, 5e9, 20e9, 2e6, 0.002, layer=layer))
+        assert_close(out, ref, rel=1e-4)
+    dyn = P.plan_dynamic(tg, device_flops=1e9, server_flops=1e12, bandwidth=1e8, rtt=1e-3)
+    assert dyn.info.get("local_after_inputs")  # the input is the best start: CoActo's rule
 
 
 def test_cloud_and_dynamic_masks(model):
@@ -124,7 +173,7 @@ def test_dynamic_streams_a_cut_when_the_input_is_expensive(model):
     else:
         assert dyn.split_layer == best
         sent = np.nonzero(dyn.send)[0]
-        assert set(sent.tolist()) == set(P.layer_tiles(tg, best))
+        assert set(sent.tolist()) == set(P.cut_tiles(tg, best).tolist())
         assert (dyn.send[sent] == SEND_ALWAYS).all()
 
 

@@ -8,7 +8,7 @@ exit tiles; every policy therefore gives the same outputs, only who computes wha
 
 * ``local``    the device alone; no server.
 * ``cloud``    send the inputs, the server computes everything.
-* ``split``    Neurosurgeon / SPINN: compute layers up to a cut here, send the cut's tensor, the
+* ``split``    Neurosurgeon / SPINN: compute layers up to a cut here, send the tensors live there, the
                server computes the rest; sequential. The cut minimises the predicted latency from
                the device's FLOP rate, the goodput, the RTT and the server's rate and contention.
 * ``fl``       fused-layer offloading (DeepThings): the first K layers form a fused stack split
@@ -30,7 +30,7 @@ from ..tilegraph import TileGraph
 
 POLICIES = ("local", "cloud", "split", "fl", "dynamic")
 
-#: The fused stack of `fl` ends at the first valid cut after this share of the FLOPs.
+#: The fused stack of `fl` ends at the first single-tensor cut after this share of the FLOPs.
 FL_STACK_FLOPS_SHARE = 1 / 3
 
 
@@ -75,26 +75,67 @@ def layer_flops(tg: TileGraph) -> np.ndarray:
     return cs[first[1:]] - cs[first[:-1]]
 
 
+def _last_reader(tg: TileGraph) -> np.ndarray:
+    """last[l]: the largest index of a layer reading layer l (-1: none reads it)."""
+    layers = tg.graph.layers
+    last = np.full(len(layers), -1, dtype=np.int64)
+    for i, layer in enumerate(layers):
+        for p in layer.inputs:
+            last[p] = max(last[p], i)
+    return last
+
+
+def cut_layers(tg: TileGraph, c: int) -> list[int]:
+    """The layers whose tensors the server needs to compute everything after layer c from:
+    c itself and every earlier layer a later one reads (BERT's attention mask, a residual
+    block's shortcut)."""
+    last = _last_reader(tg) if getattr(tg, "_last_reader", None) is None else tg._last_reader
+    tg._last_reader = last
+    return [int(l) for l in np.flatnonzero(last[:c] > c)] + [c]
+
+
 def valid_cuts(tg: TileGraph) -> list[int]:
-    """Layers c after which one tensor is live: no layer after c reads a layer before c, and no
-    graph output lies before c (those would have to be sent too). Computing layers 0..c here and
-    sending layer c is then enough for the server to compute everything after c."""
+    """Layers c where the network can be cut: every input is at or before c and no graph output
+    lies before c (it would have to be sent too). Computing layers 0..c here and sending
+    cut_layers(tg, c) is then enough for the server to compute everything after c; a cut where
+    several tensors are live sends them all (split prices their bytes)."""
     cached = getattr(tg, "_valid_cuts", None)
     if cached is not None:
         return cached
-    layers = tg.graph.layers
-    n = len(layers)
-    # earliest[c]: the smallest layer index read by any layer after c
-    earliest = np.full(n + 1, n, dtype=np.int64)
-    for i in range(n - 1, -1, -1):
-        lo = min(layers[i].inputs) if layers[i].inputs else n
-        earliest[i] = min(earliest[i + 1], lo)
+    n = len(tg.graph.layers)
     outs = sorted(tg.graph.outputs.values())
     last_input = max(tg.graph.inputs.values())
-    cuts = [c for c in range(last_input, n)
-            if earliest[c + 1] >= c and not any(o < c for o in outs)]
+    cuts = [c for c in range(last_input, n) if not any(o < c for o in outs)]
     tg._valid_cuts = cuts
     return cuts
+
+
+def single_tensor_cuts(tg: TileGraph) -> list[int]:
+    """The valid cuts after which one tensor is live (no later layer reads a layer before c):
+    where a fused stack can end."""
+    cached = getattr(tg, "_single_cuts", None)
+    if cached is None:
+        last = _last_reader(tg)
+        cached = [c for c in valid_cuts(tg) if not (last[:c] > c).any()]
+        tg._single_cuts = cached
+    return cached
+
+
+def cut_bytes(tg: TileGraph) -> dict[int, float]:
+    """{valid cut: the bytes sent there} (computed once per graph: plans are made per
+    inference)."""
+    cached = getattr(tg, "_cut_bytes", None)
+    if cached is None:
+        tb = tg.plan.tile_bytes
+        cached = {c: float(tb[cut_tiles(tg, c)].sum()) for c in valid_cuts(tg)}
+        tg._cut_bytes = cached
+    return cached
+
+
+def cut_tiles(tg: TileGraph, c: int) -> np.ndarray:
+    """The tiles sent at cut c (those of cut_layers)."""
+    return np.concatenate([np.asarray(layer_tiles(tg, li), dtype=np.int64)
+                           for li in cut_layers(tg, c)])
 
 
 def ancestors(tg: TileGraph, mask: np.ndarray) -> np.ndarray:
@@ -154,7 +195,7 @@ def plan_dynamic(tg: TileGraph, device_flops: float | None = None, server_flops:
         first_input = min(tg.graph.inputs.values())
         if cut not in tg.graph.inputs.values() and cut != tg.n_layers - 1 and cut > first_input:
             send[:] = SEND_NEVER
-            send[layer_tiles(tg, cut)] = SEND_ALWAYS
+            send[cut_tiles(tg, cut)] = SEND_ALWAYS
         elif cut != tg.n_layers - 1:
             # The input is the best start: it gets the device's CPU first (on a device whose
             # CPU is the bottleneck, computing would slow its own transmission); the engine
@@ -177,12 +218,12 @@ def split_costs(tg: TileGraph, device_flops: float, server_flops: float, bandwid
     total = float(cum[-1])
     last = tg.n_layers - 1
     costs = {}
+    sent = cut_bytes(tg)
     for c in valid_cuts(tg):
         if c == last:
             costs[c] = total / device_flops
             continue
-        cut_bytes = float(tg.plan.tile_bytes[list(layer_tiles(tg, c))].sum())
-        costs[c] = (float(cum[c]) / device_flops + cut_bytes / bandwidth + rtt
+        costs[c] = (float(cum[c]) / device_flops + sent[c] / bandwidth + rtt
                     + alpha * (total - float(cum[c])) / server_flops)
     costs.setdefault(last, total / device_flops)
     return costs
@@ -220,18 +261,19 @@ def plan_split(tg: TileGraph, device_flops: float, server_flops: float, bandwidt
     local = np.zeros(tg.n_tiles, dtype=np.uint8)
     local[:first[layer + 1]] = 1
     send = np.zeros(tg.n_tiles, dtype=np.uint8)
-    send[first[layer]:first[layer + 1]] = SEND_ALWAYS
+    send[cut_tiles(tg, layer)] = SEND_ALWAYS
     return Plan("split", local, send, uses_server=True, split_layer=layer, info=info)
 
 
 def fl_stack_layer(tg: TileGraph, share: float = FL_STACK_FLOPS_SHARE) -> int | None:
-    """The last layer of the fused stack: the first valid cut after ``share`` of the FLOPs whose
-    output has at least two column blocks (else the latest such cut before it); None if none."""
+    """The last layer of the fused stack: the first single-tensor cut after ``share`` of the
+    FLOPs whose output has at least two column blocks (else the latest such cut before it); None
+    if none."""
     lf = layer_flops(tg)
     cum = np.cumsum(lf)
     total = float(cum[-1])
     inputs = set(tg.graph.inputs.values())
-    splittable = [c for c in valid_cuts(tg) if c not in inputs and c < tg.n_layers - 1
+    splittable = [c for c in single_tensor_cuts(tg) if c not in inputs and c < tg.n_layers - 1
                   and len(tg.plan.col_bounds[c]) - 1 >= 2]
     if not splittable:
         return None
@@ -250,9 +292,9 @@ def plan_fl(tg: TileGraph, device_flops: float, server_flops: float, alpha: floa
             plan.policy = "fl"
             plan.info["fl_degenerate"] = True
             return plan
-    elif layer not in valid_cuts(tg):
+    elif layer not in single_tensor_cuts(tg):
         raise PolicyError(f"layer {layer} cannot end a fused stack: later layers read layers "
-                          "before it (choose a valid cut)")
+                          "before it (choose a cut after which one tensor is live)")
     if device_share is None:
         speed_srv = server_flops / max(alpha, 1.0)
         device_share = device_flops / (device_flops + speed_srv)
