@@ -68,21 +68,43 @@ def testbed_kwargs(settings: dict, nominal_mbps: float | None, profile: str = PR
     }
 
 
-def session(policies, repeat: int, rnd: int, warmup: int = 1) -> list[tuple[str, int]]:
+def session(policies, repeat: int, rnd: int, warmup: int = 1,
+            cuts: dict | None = None) -> list[tuple]:
     """What H.run_policies runs on one fresh client: ``warmup`` dynamic inferences (the device
     driver's `learn`: until one offloaded and measured the goodput; the rows say how many),
-    then every policy ``repeat`` times, the order rotated by the round."""
+    then every policy ``repeat`` times, the order rotated by the round. ``cuts``: {"split": [layer
+    per inference]}: those inferences are planned at the given cuts (Client's split_layer
+    option) instead of from the simulated client's estimates."""
     k = rnd % len(policies)
     order = list(policies[k:]) + list(policies[:k])
-    return [("dynamic", max(1, int(warmup)))] + [(p, repeat) for p in order]
+    seq: list[tuple] = [("dynamic", max(1, int(warmup)))]
+    for p in order:
+        layers = (cuts or {}).get(p)
+        if layers and len(layers) == repeat:
+            seq += [(p, 1, {"split_layer": int(c)}) for c in layers]
+        else:
+            seq.append((p, repeat))
+    return seq
+
+
+def real_cuts(rows: list[dict]) -> dict[str, list[int]]:
+    """{policy: the cut of each inference} from the real rows' `cuts` column (split only: fl's
+    stack is fixed by the model, dynamic decides per tile at run time and is never replayed)."""
+    out = {}
+    for r in rows:
+        text = (r.get("cuts") or "").split()
+        if r.get("policy") == "split" and text and all(t.lstrip("-").isdigit() for t in text):
+            out["split"] = [int(t) for t in text]
+    return out
 
 
 def simulate_session(tg, settings: dict, row: dict, policies, repeat: int, rnd: int,
-                     profile: str = PROFILE, **extra):
+                     profile: str = PROFILE, cuts: dict | None = None, **extra):
     """One fresh client of the real run (row: its link and device columns) simulated; returns
     the SimResult (warm-up left out of the statistics). The client plans with the row's own
     estimates of the device (device_gflops) and, when the row has it, of the server
-    (server_gflops: what the server announced to this client); ``extra`` overrides."""
+    (server_gflops: what the server announced to this client); ``cuts``: see session();
+    ``extra`` overrides."""
     from coacto import sim
 
     nominal = _num(row.get("nominal_mbps"))
@@ -97,7 +119,7 @@ def simulate_session(tg, settings: dict, row: dict, policies, repeat: int, rnd: 
     rtt = _num(row.get("measured_rtt_ms"), 0.1)
     dev = _num(row.get("device_gflops"))
     warm = int(_num(row.get("warmup_inferences"), 1) or 1)
-    return sim.simulate(tg, session(policies, repeat, rnd, warm), bandwidth_mbps=up,
+    return sim.simulate(tg, session(policies, repeat, rnd, warm, cuts), bandwidth_mbps=up,
                         rtt_ms=rtt, device_flops=dev * 1e9 if dev else None, warmup=warm, **kw)
 
 

@@ -14,6 +14,15 @@ without server_gflops its announced rate is the simulated server's: its calibrat
 has measured the model, then what it measured, carried from session to session), and each
 policy's median is compared with the real row's median.
 
+Split plans one cut for the whole inference from the client's goodput estimate, and near a
+break-even point the real estimate's noise (a 100 Mbit/s link read as 140-500 Mbit/s after a
+burst tbf let through at line rate) picks another cut than the simulated client's: the latency
+then differs by the cut, not by the model of time. So split's inferences are planned at the cuts
+the real run chose (bandwidth.csv's `cuts` column, when it has one) -- the same planning code
+given the same cut, as Client(split_layer=) does -- and the session planned from the simulated
+client's own estimates is reported beside it (sim_own_plan_s; --own-cuts judges that instead).
+Dynamic and fl are never replayed: dynamic decides per tile at run time, fl's stack is fixed.
+
     python experiments/sim_vs_real.py --out results/ [--real results/bandwidth.csv]
     python experiments/sim_vs_real.py --out /tmp/svr --real /tmp/q1/bandwidth.csv --models resnet50
 
@@ -53,8 +62,10 @@ def read_real(path: Path) -> tuple[list[dict], dict]:
 
 def compare(real_rows: list[dict], settings: dict, profile: str = B.PROFILE,
             image_size: int | None = None, tolerance: float = TOLERANCE,
-            progress=None) -> list[dict]:
-    """One row per real row: the simulated median beside the real one."""
+            progress=None, replay_cuts: bool = True) -> list[dict]:
+    """One row per real row: the simulated median beside the real one. ``replay_cuts``: split's
+    inferences are planned at the cuts the real client chose (rows that record them), and the
+    simulation planned from its own estimates is kept beside it (sim_own_plan_s)."""
     order = [p for p in H.POLICIES if any(r["policy"] == p for r in real_rows)]
     repeat = int(settings.get("repeat") or 2)
     groups: dict = {}
@@ -71,8 +82,13 @@ def compare(real_rows: list[dict], settings: dict, profile: str = B.PROFILE,
         rows = groups[(model, bw, rnd)]
         if model not in graphs:
             graphs[model] = B.graph(model, image_size)
+        cuts = B.real_cuts(rows) if replay_cuts else {}
         res = B.simulate_session(graphs[model], settings, rows[0], order, repeat, rnd, profile,
-                                 server_flops=announced.get(model, first))
+                                 cuts=cuts, server_flops=announced.get(model, first))
+        # the same session planned from the simulated client's own estimates throughout
+        free = B.by_policy(B.simulate_session(
+            graphs[model], settings, rows[0], order, repeat, rnd, profile,
+            server_flops=announced.get(model, first))) if cuts else None
         announced[model] = res.settings["server_flops_measured"] or \
             res.settings["server_flops_est"]
         sims = B.by_policy(res)
@@ -81,6 +97,7 @@ def compare(real_rows: list[dict], settings: dict, profile: str = B.PROFILE,
             if not infs:
                 continue
             sim_s = statistics.median(i.latency_s for i in infs)
+            free_infs = (free or sims).get(r["policy"], infs)
             real_s = float(r["median_ms"]) / 1e3
             ratio = sim_s / real_s
             last = infs[-1]
@@ -90,6 +107,11 @@ def compare(real_rows: list[dict], settings: dict, profile: str = B.PROFILE,
                 "rtt_ms": float(r["measured_rtt_ms"]),
                 "sim_s": sim_s, "real_s": real_s, "ratio": ratio,
                 "within_20pct": abs(ratio - 1.0) <= tolerance,
+                "cuts_replayed": r["policy"] in cuts,
+                "cuts_real": r.get("cuts", ""),
+                "cuts_sim_own": " ".join(str(i.split_layer) for i in free_infs)
+                if r["policy"] in ("split", "fl") else "",
+                "sim_own_plan_s": statistics.median(i.latency_s for i in free_infs),
                 "sim_ms_each": " ".join(f"{1e3 * i.latency_s:.1f}" for i in infs),
                 "real_ms_each": r.get("latencies_ms", ""),
                 "tiles_sent_sim": statistics.median(i.tiles_sent for i in infs),
@@ -120,9 +142,12 @@ def by_setting(rows: list[dict], tolerance: float) -> list[dict]:
     for (model, policy, bw), rs in groups.items():
         sim_s = statistics.median(r["sim_s"] for r in rs)
         real_s = statistics.median(r["real_s"] for r in rs)
+        own = statistics.median(r["sim_own_plan_s"] for r in rs)
         out.append({"model": model, "policy": policy, "bandwidth_mbps": bw, "rounds": len(rs),
                     "sim_s": sim_s, "real_s": real_s, "ratio": sim_s / real_s,
-                    "within_20pct": abs(sim_s / real_s - 1) <= tolerance})
+                    "within_20pct": abs(sim_s / real_s - 1) <= tolerance,
+                    "cuts_replayed": any(r["cuts_replayed"] for r in rs),
+                    "sim_own_plan_s": own, "own_plan_ratio": own / real_s})
     return out
 
 
@@ -196,6 +221,10 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true",
                     help="accepted for run_all.py: the comparison simulates what the real run "
                          "measured, quick or not")
+    ap.add_argument("--own-cuts", action="store_true",
+                    help="judge split rows planned from the simulated client's estimates too "
+                         "(default: at the cuts the real client chose, which the rows record; "
+                         "its own plan is reported beside them either way)")
     ap.add_argument("--tolerance", type=float, default=TOLERANCE,
                     help="largest |sim/real - 1| a row may show (default %(default)s)")
     args = ap.parse_args(argv)
@@ -215,7 +244,8 @@ def main(argv=None) -> int:
     engine = prof.raw.get("engine") or {}
     t0 = time.monotonic()
     rows = compare(real_rows, real_settings, args.profile, args.image_size, args.tolerance,
-                   progress=lambda m: print(f"simulated {m}", file=sys.stderr))
+                   progress=lambda m: print(f"simulated {m}", file=sys.stderr),
+                   replay_cuts=not args.own_cuts)
     if not rows:
         print("sim_vs_real: nothing to compare", file=sys.stderr)
         return 2
@@ -244,6 +274,10 @@ def main(argv=None) -> int:
                          "server announced; older rows: the simulated server's calibration, "
                          "then its measured rate); the client starts from its default "
                          "goodput and the session's probe under kernel shaping"),
+        "split_cuts": ("the simulated client's own plan (--own-cuts)" if args.own_cuts else
+                       "replayed: each split inference planned at the cut the real client chose "
+                       "(the rows' cuts column), when recorded; sim_own_plan_s is the session "
+                       "planned from the simulated client's estimates"),
         "real_settings": {k: real_settings.get(k) for k in
                           ("quota", "server_threads", "device_threads", "repeat", "rounds",
                            "bandwidths_mbps", "testbed")},
