@@ -546,6 +546,30 @@ def test_sim_bridge_replays_the_testbeds_sessions():
     assert kw["quota"] is None and kw["initial_goodput_mbps"] == 20 and not kw["probe"]
 
 
+def test_sim_bridge_plans_split_at_the_real_clients_cuts():
+    B, _ = _experiments()
+    tg = B.graph("squeezenet", 64)
+    from coacto.mobile.policies import valid_cuts
+
+    cuts = valid_cuts(tg)
+    chosen = [cuts[len(cuts) // 2], cuts[-1]]  # one offloaded cut, then all on the device
+    rows = [{"policy": "split", "cuts": " ".join(map(str, chosen))},
+            {"policy": "fl", "cuts": "7 7"}, {"policy": "local", "cuts": ""}]
+    assert B.real_cuts(rows) == {"split": chosen}  # fl's stack is fixed: never replayed
+    assert B.session(["local", "split"], 2, 0, cuts={"split": chosen}) == [
+        ("dynamic", 1), ("local", 2), ("split", 1, {"split_layer": chosen[0]}),
+        ("split", 1, {"split_layer": chosen[1]})]
+    settings = {"quota": 0.25, "server_threads": 1, "device_threads": 1,
+                "testbed": {"mode": "netns", "cfs_period_us": 4000, "cgroup": "v1",
+                            "server_cpus": "1"}}
+    row = {"nominal_mbps": 20, "measured_up_mbps": 19.1, "measured_rtt_ms": 0.06,
+           "device_gflops": 20.0}
+    res = B.simulate_session(tg, settings, row, ["split"], 2, 0, cuts={"split": chosen})
+    infs = B.by_policy(res)["split"]
+    assert [i.split_layer for i in infs] == chosen
+    assert infs[0].tiles_sent > 0 and infs[1].tiles_sent == 0
+
+
 def test_sim_vs_real_flags_rows_off_by_more_than_the_tolerance(tmp_path):
     import csv
 
