@@ -21,7 +21,7 @@ import zmq
 import coacto
 from coacto import protocol as P
 from coacto import zoo
-from coacto.mobile import Client, ServerVersionError
+from coacto.mobile import Client, ServerVersionError, policies
 from coacto.mobile.estimates import Goodput, RoundTrip
 from coacto.mobile.shaper import RateError, TokenBucket, parse_rate
 from coacto.server import Server
@@ -118,6 +118,38 @@ def test_goodput_uses_the_servers_stamps_when_acks_are_read_late():
     for i in range(20):
         g.acked(i, 1.0, 0.001, t_server=500.0 + (i + 1) * 20_000 / rate)
     assert g.value == pytest.approx(rate, rel=0.05)
+
+
+def test_an_isolated_transfer_bounds_the_goodput_only_beyond_a_burst():
+    from coacto.mobile.estimates import BURST_BYTES
+
+    g = Goodput(initial=1e5)
+    # a 5 Mbit/s token bucket lets its burst through at once: a 25 kB probe answered after the
+    # rest took 14 ms reads as 14 Mbit/s if its burst counts
+    n = 25_000
+    t = (n - BURST_BYTES) / 625e3
+    g.sent("probe", n, 0.0)
+    g.bound("probe", t)
+    assert g.value == pytest.approx(625e3, rel=0.01)
+    g2 = Goodput(initial=1e5)
+    g2.sent("small", BURST_BYTES, 0.0)  # all of it within a burst: proves nothing
+    g2.bound("small", 1e-4)
+    assert g2.value == 1e5
+
+
+def test_the_downlink_is_measured_from_results_on_the_devices_clock():
+    from coacto.mobile.estimates import BURST_BYTES, Estimates
+
+    e = Estimates(bandwidth=2.5e6)
+    assert e.downlink == 2.5e6  # the uplink's estimate until a RESULT was measured
+    e.clock.sample(10.0, 1010.0 + 0.002, 10.004)  # server = device + 1000 s, RTT 4 ms
+    e.rtt.sample(0.004)
+    e.on_result(400_000, 1020.0, 20.0 + 0.002 + (400_000 - BURST_BYTES) / 1e6)
+    assert e.down.samples == 1 and e.downlink == pytest.approx(1e6, rel=0.01)
+    e.on_result(10_000, 1021.0, 21.5)  # smaller than two bursts: not a sample
+    e.on_result(400_000, None, 22.0)   # an older server's RESULT: no stamp
+    assert e.down.samples == 1
+    assert e.snapshot()["downlink_est_mbps"] == pytest.approx(8.0, rel=0.01)
 
 
 def test_rtt_is_min_filtered():
@@ -255,6 +287,36 @@ def test_bandwidth_cap_slows_transfers_and_is_measured(server, big_input):
     assert min(runs) >= 0.9 * floor, (runs, floor)
     assert min(runs) > 3 * unlimited, (runs, unlimited)
     assert 2.5 <= est <= 10, est
+
+
+def test_returned_tiles_measure_the_downlink(server):
+    """A model whose output (1 MB) dwarfs its input: the RESULTs measure the downlink, and the
+    cost model prices returning them (split stays local on a link that cannot carry them back
+    faster than the device computes)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(3)
+    w = numpy_helper.from_array(rng.standard_normal((64, 3, 1, 1)).astype(np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[1, 1])], "expand",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 64, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64, 64, 64])], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    feeds, ref = _reference(model)
+    tg = coacto.compile(model)
+    with Client(server.address, tg, threads=1, policy="cloud", bandwidth="40mbit",
+                timeout=10, model_bytes=model) as client:
+        client.connect(30)
+        for _ in range(2):
+            assert_close(client.infer(feeds), ref, rel=1e-4)
+        s = client.last_stats
+        assert s["downlink_samples"] >= 1, s
+        assert 20 <= s["downlink_est_mbps"] <= 44, s["downlink_est_mbps"]
+        # returning 1 MB at 40 Mbit/s (0.2 s) costs more than computing 1.6 MFLOP here
+        plan = policies.make_plan("split", tg, device_flops=1e9, server_flops=1e12,
+                                  bandwidth=1e8, rtt=1e-3, downlink=s["downlink_est_mbps"] / 8e-6)
+        assert not plan.uses_server
 
 
 def test_token_bucket_adds_the_propagation_delay_after_the_cap():

@@ -157,9 +157,10 @@ class Spy:
 
 
 def _dynamic_with_decisions():
-    # The input is the best start (2 ms on the link + 2 ms RTT + 0.5 ms at the server vs 5 ms
-    # here): local work waits for the input to leave, then the device computes and decides.
-    return sim(chain(), "dynamic", device_threads=1, server_cores=1, inferences=2)
+    # The input is the best start (2 ms on the link + 1 ms RTT + 0.5 ms at the server + 0.4 ms
+    # back vs 5 ms here): local work waits for the input to leave, then the device computes and
+    # decides.
+    return sim(chain(), "dynamic", device_threads=1, server_cores=1, inferences=2, rtt_ms=1.0)
 
 
 def test_send_decisions_go_through_the_runtimes_rule(monkeypatch):

@@ -223,7 +223,8 @@ class Engine:
         server error unparks it at once through the fallback)."""
         e = self.est
         total = self.tg.total_flops
-        t_server = job.input_bytes / e.bandwidth + e.rtt.value + e.alpha * total / e.server_flops
+        t_server = (job.input_bytes / e.bandwidth + e.rtt.value + e.alpha * total / e.server_flops
+                    + policies.output_bytes(self.tg) / e.downlink)
         t_device = total / e.device_flops if e.device_flops else float("inf")
         job.local_parked = True
         if t_server * INSURANCE_MARGIN < t_device:
@@ -333,7 +334,8 @@ class Engine:
         if e.device_flops is None:
             return False
         local, offloaded = policies.local_and_best_offload(
-            self.tg, e.device_flops, e.server_flops, e.bandwidth, e.rtt.value, e.alpha)
+            self.tg, e.device_flops, e.server_flops, e.bandwidth, e.rtt.value, e.alpha,
+            e.downlink)
         if offloaded < local * (1.0 - OFFLOAD_MIN_GAIN):
             self._gated = 0
             return False
@@ -348,7 +350,8 @@ class Engine:
         e = self.est
         return policies.make_plan(job.policy, self.tg, device_flops=e.device_flops,
                                   server_flops=e.server_flops, bandwidth=e.bandwidth,
-                                  rtt=e.rtt.value, alpha=e.alpha, **job.options)
+                                  rtt=e.rtt.value, alpha=e.alpha, downlink=e.downlink,
+                                  **job.options)
 
     def _start(self, job: Job, plan) -> None:
         """Starts a job with ``plan`` (a Plan, or a function making one); a failure fails only
@@ -634,6 +637,7 @@ class Engine:
         if job.trace is not None:
             job.trace.result(ids, nbytes, t, now())
         job.tiles_from_server += accepted
+        self.est.on_result(nbytes, h.get("ts"), t)
 
     def _traced(self, h: dict) -> Job | None:
         """A finished inference whose trace waits for the server's side."""

@@ -171,7 +171,8 @@ def plan_cloud(tg: TileGraph) -> Plan:
 
 
 def plan_dynamic(tg: TileGraph, device_flops: float | None = None, server_flops: float = 1.0,
-                 bandwidth: float = 1.0, rtt: float = 0.0, alpha: float = 1.0) -> Plan:
+                 bandwidth: float = 1.0, rtt: float = 0.0, alpha: float = 1.0,
+                 downlink: float | None = None) -> Plan:
     """Tile-level collaboration. Where the cost model (the one split uses) says sending the input
     is the best start — or before the device's speed is known — it is CoActo's rule: the input
     tiles go first and every other tile is sent when the ECT rule says the server gets it sooner
@@ -189,7 +190,7 @@ def plan_dynamic(tg: TileGraph, device_flops: float | None = None, server_flops:
     info: dict = {}
     cut = None
     if device_flops and device_flops > 0 and bandwidth > 0 and server_flops > 0:
-        costs = split_costs(tg, device_flops, server_flops, bandwidth, rtt, alpha)
+        costs = split_costs(tg, device_flops, server_flops, bandwidth, rtt, alpha, downlink)
         cut = min(costs, key=lambda c: (costs[c], -c))
         info = {"predicted_s": costs[cut], "cut_name": tg.graph.layers[cut].name}
         first_input = min(tg.graph.inputs.values())
@@ -210,9 +211,22 @@ def plan_dynamic(tg: TileGraph, device_flops: float | None = None, server_flops:
     return Plan("dynamic", None, send, uses_server=True, split_layer=cut, info=info)
 
 
+def output_bytes(tg: TileGraph) -> float:
+    """Bytes of the exit tiles: what the server returns."""
+    cached = getattr(tg, "_output_bytes", None)
+    if cached is None:
+        cached = float(sum(tg.plan.tile_bytes[list(layer_tiles(tg, li))].sum()
+                           for li in set(tg.graph.outputs.values())))
+        tg._output_bytes = cached
+    return cached
+
+
 def split_costs(tg: TileGraph, device_flops: float, server_flops: float, bandwidth: float,
-                rtt: float, alpha: float = 1.0) -> dict[int, float]:
-    """Predicted latency (s) of cutting after each valid layer; the last layer means all local."""
+                rtt: float, alpha: float = 1.0, downlink: float | None = None) -> dict[int, float]:
+    """Predicted latency (s) of cutting after each valid layer; the last layer means all local.
+    An offloaded cut pays its tensors up at ``bandwidth`` and the exit tiles back at
+    ``downlink`` (default: the same)."""
+    back = output_bytes(tg) / (downlink or bandwidth)
     lf = layer_flops(tg)
     cum = np.cumsum(lf)
     total = float(cum[-1])
@@ -224,28 +238,30 @@ def split_costs(tg: TileGraph, device_flops: float, server_flops: float, bandwid
             costs[c] = total / device_flops
             continue
         costs[c] = (float(cum[c]) / device_flops + sent[c] / bandwidth + rtt
-                    + alpha * (total - float(cum[c])) / server_flops)
+                    + alpha * (total - float(cum[c])) / server_flops + back)
     costs.setdefault(last, total / device_flops)
     return costs
 
 
 def local_and_best_offload(tg: TileGraph, device_flops: float, server_flops: float,
-                           bandwidth: float, rtt: float, alpha: float = 1.0) -> tuple[float, float]:
+                           bandwidth: float, rtt: float, alpha: float = 1.0,
+                           downlink: float | None = None) -> tuple[float, float]:
     """Predicted latency on the device alone, and with the best split point (inf if none)."""
-    costs = split_costs(tg, device_flops, server_flops, bandwidth, rtt, alpha)
+    costs = split_costs(tg, device_flops, server_flops, bandwidth, rtt, alpha, downlink)
     local = costs.pop(tg.n_layers - 1)
     return local, min(costs.values(), default=float("inf"))
 
 
 def plan_split(tg: TileGraph, device_flops: float, server_flops: float, bandwidth: float,
-               rtt: float, alpha: float = 1.0, layer: int | None = None) -> Plan:
+               rtt: float, alpha: float = 1.0, layer: int | None = None,
+               downlink: float | None = None) -> Plan:
     """Cut at ``layer`` (a valid cut) or at the cut with the lowest predicted latency."""
     for name, v in (("device_flops", device_flops), ("server_flops", server_flops),
                     ("bandwidth", bandwidth)):
         if not (v and v > 0):
             raise PolicyError(f"split needs a positive {name}, got {v!r}")
     cuts = valid_cuts(tg)
-    costs = split_costs(tg, device_flops, server_flops, bandwidth, rtt, alpha)
+    costs = split_costs(tg, device_flops, server_flops, bandwidth, rtt, alpha, downlink)
     last = tg.n_layers - 1
     if layer is None:
         layer = min(costs, key=lambda c: (costs[c], -c))  # ties: compute more here
@@ -327,15 +343,16 @@ def plan_fl(tg: TileGraph, device_flops: float, server_flops: float, alpha: floa
 def make_plan(policy: str, tg: TileGraph, *, device_flops: float | None = None,
               server_flops: float = 1.0, bandwidth: float = 1.0, rtt: float = 0.0,
               alpha: float = 1.0, split_layer: int | None = None, fl_layer: int | None = None,
-              device_share: float | None = None) -> Plan:
+              device_share: float | None = None, downlink: float | None = None) -> Plan:
     if policy == "local":
         return plan_local(tg)
     if policy == "cloud":
         return plan_cloud(tg)
     if policy == "dynamic":
-        return plan_dynamic(tg, device_flops, server_flops, bandwidth, rtt, alpha)
+        return plan_dynamic(tg, device_flops, server_flops, bandwidth, rtt, alpha, downlink)
     if policy == "split":
-        return plan_split(tg, device_flops, server_flops, bandwidth, rtt, alpha, split_layer)
+        return plan_split(tg, device_flops, server_flops, bandwidth, rtt, alpha, split_layer,
+                          downlink)
     if policy == "fl":
         return plan_fl(tg, device_flops, server_flops, alpha, fl_layer, device_share)
     raise PolicyError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")

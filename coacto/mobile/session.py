@@ -23,9 +23,10 @@ BACKOFF_MAX_S = 4.0
 BACKOFF_REFUSED_S = 16.0
 #: The goodput probe after the handshake: a HEARTBEAT with one padding frame (the server ignores
 #: it) of about this much link time at the assumed goodput, within the bounds below. Without it a
-#: policy that sends nothing (split choosing local) would never learn the link is faster.
+#: policy that sends nothing (split choosing local) would never learn the link is faster. At
+#: least three bursts (estimates.BURST_BYTES): only the bytes beyond one count.
 PROBE_SECONDS = 0.02
-PROBE_MIN_BYTES, PROBE_MAX_BYTES = 4 << 10, 64 << 10
+PROBE_MIN_BYTES, PROBE_MAX_BYTES = 48 << 10, 64 << 10
 
 
 class Session:

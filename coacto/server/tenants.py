@@ -272,7 +272,7 @@ class Tenants:
             si.sent[ids] = True
             si.n_sent += int(ids.size)
             self.counts["results"] += 1
-            self.send(si.session.identity, {"t": P.RESULT, "inf": si.inf_id},
+            self.send(si.session.identity, {"t": P.RESULT, "inf": si.inf_id, "ts": t_out},
                       ids.astype("<i4"), data.astype("<f4", copy=False))
             if si.trace is not None:
                 si.trace.add(ids, t_out, now(), P.TRACE_RETURNED)

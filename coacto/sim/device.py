@@ -485,6 +485,8 @@ class SimDevice:
                 accepted = sum(1 for tile in data["ids"] if ts.put_tile(tile, t))
                 job.tiles_from_server += accepted
                 self.cores.dispatch(t)
+            # one clock for both sides here: the server's stamp is ours
+            self.est.down.result(msg.nbytes, data.get("ts"), t, self.est.rtt.value)
         elif kind == P.DONE:
             if job is not None:
                 job.server_done = True

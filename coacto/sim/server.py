@@ -33,7 +33,7 @@ from .link import Msg
 _HEADER_BYTES = {kind: len(P.pack(h)[0]) for kind, h in {
     P.ACK: {"t": P.ACK, "inf": 1, "batch": 1, "bytes": 100000, "t_send": 1.0, "t_server": 1.0,
             "accepted": 10, "duplicates": 0},
-    P.RESULT: {"t": P.RESULT, "inf": 1},
+    P.RESULT: {"t": P.RESULT, "inf": 1, "ts": 1.0},
     P.DONE: {"t": P.DONE, "inf": 1, "seconds": 1.0, "compute_s": 1.0, "tiles_computed": 100,
              "tiles_external": 10, "duplicates": 0},
     P.STATS: {"t": P.STATS, "t_send": 1.0, "t_server": 1.0, "alpha": 1.0, "inferences": 1,
@@ -203,7 +203,8 @@ class SimServer:
             si.sent[ids] = True
             si.n_sent += len(ids)
             nbytes = _HEADER_BYTES[P.RESULT] + 4 * len(ids) + int(self.g.nbytes[ids].sum())
-            self._send(si.device, P.RESULT, nbytes, {"inf": si.inf, "ids": ids})
+            self._send(si.device, P.RESULT, nbytes, {"inf": si.inf, "ids": ids,
+                                                     "ts": self.loop.now})
         if si.n_sent == len(self.g.outputs):
             t = self.loop.now
             self._measure(si, t)
