@@ -164,27 +164,46 @@ class Goodput:
 
 class Downlink:
     """The server-to-device goodput, from RESULTs: the server stamps each when it hands it to
-    its socket, the clock offset puts that on our clock, and a RESULT larger than a burst took
-    its bytes beyond the burst over (arrival - stamp - RTT/2). None until one was measured (the
-    uplink's estimate stands in). It prices returning the exit tiles, which for a transformer's
-    hidden states (BERT-base: 393 kB) is most of what crosses the link."""
+    its socket and the clock offset puts that on our clock. A RESULT handed over before the
+    previous one arrived queued behind it: the link carried it in the time between the two
+    arrivals (pooled into windows of at least WINDOW_S, as the uplink's ACKs are). An isolated
+    one larger than two bursts took its bytes beyond the burst over (arrival - stamp - RTT/2).
+    None until measured (the uplink's estimate stands in). It prices returning the exit tiles,
+    which for a transformer's hidden states (BERT-base: 393 kB in 8 RESULTs) is most of what
+    crosses the link."""
 
     def __init__(self):
         self.value: float | None = None
         self.samples = 0
+        self._last_recv: float | None = None
+        self._win_bytes = 0
+        self._win_time = 0.0
 
     def result(self, nbytes: int, t_sent_local: float | None, t_recv: float, rtt: float) -> None:
-        if t_sent_local is None or nbytes < 2 * BURST_BYTES:
+        if t_sent_local is None:
             return
+        last, self._last_recv = self._last_recv, t_recv
+        if last is not None and t_sent_local < last and t_recv > last:
+            self._win_bytes += nbytes
+            self._win_time += t_recv - last
+            if self._win_time >= WINDOW_S:
+                self._close()
+            return
+        self._close()
         dt = t_recv - t_sent_local - rtt / 2
-        if not (dt > 0):
-            return
-        sample = (nbytes - BURST_BYTES) / dt
+        if nbytes >= 2 * BURST_BYTES and dt > 0:
+            self._sample((nbytes - BURST_BYTES) / dt)
+
+    def _close(self) -> None:
+        if self._win_bytes >= WINDOW_MIN_BYTES and self._win_time > 0:
+            self._sample(self._win_bytes / self._win_time)
+        self._win_bytes, self._win_time = 0, 0.0
+
+    def _sample(self, sample: float) -> None:
         self.value = sample if self.samples == 0 else (
             (1 - GOODPUT_GAIN) * self.value + GOODPUT_GAIN * sample)
         self.samples += 1
-        log.debug("downlink sample %.3g B/s (%d B in %.1f ms) -> %.3g B/s", sample, nbytes,
-                  dt * 1e3, self.value)
+        log.debug("downlink sample %.3g B/s -> %.3g B/s", sample, self.value)
 
 
 class RoundTrip:
