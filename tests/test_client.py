@@ -129,12 +129,28 @@ def test_an_isolated_transfer_bounds_the_goodput_only_beyond_a_burst():
     n = 25_000
     t = (n - BURST_BYTES) / 625e3
     g.sent("probe", n, 0.0)
-    g.bound("probe", t)
+    g.acked("probe", t, 0.0001)
     assert g.value == pytest.approx(625e3, rel=0.01)
     g2 = Goodput(initial=1e5)
     g2.sent("small", BURST_BYTES, 0.0)  # all of it within a burst: proves nothing
-    g2.bound("small", 1e-4)
-    assert g2.value == 1e5
+    g2.acked("small", 1e-4, 0.0001)
+    assert g2.value == 1e5 and g2.samples == 0
+
+
+def test_a_probe_train_measures_the_rate_behind_the_burst():
+    """Three 24 kB probes handed over at once on a 50 Mbit/s tbf link (16 kB burst) whose
+    device reads the answers 3 ms late (its CPU quota): the first bounds the goodput, the
+    server's stamps on the two behind it measure it."""
+    from coacto.mobile.estimates import BURST_BYTES
+
+    rate, n, late = 6.25e6, 24 * 1024, 0.003
+    g = Goodput(initial=1.25e6)
+    for k in range(3):
+        g.sent(("probe", k), n, 0.0)
+    arrive = [(k + 1) * n / rate - BURST_BYTES / rate for k in range(3)]  # at the server
+    for k in range(3):
+        g.acked(("probe", k), arrive[k] + late, 0.0002, t_server=1000.0 + arrive[k])
+    assert g.samples == 1 and g.value == pytest.approx(rate, rel=0.15), g.value * 8e-6
 
 
 def test_the_downlink_is_measured_from_results_on_the_devices_clock():
@@ -163,6 +179,22 @@ def test_results_queued_behind_each_other_measure_the_downlink_by_their_spacing(
     e.down._close()
     # each queued behind the one before: their stamps alone would read 6-20 Mbit/s
     assert e.downlink == pytest.approx(rate, rel=0.1), e.downlink * 8e-6
+
+
+def test_offloaded_inferences_correct_the_predictions_they_came_from():
+    from coacto.mobile.estimates import Estimates
+
+    e = Estimates(bandwidth=1e6)
+    assert e.offloaded_s(0.020) == 0.020  # nothing learnt yet
+    for _ in range(6):  # predicted 20 ms, took 32: the engine's CPU in a quota, say
+        e.on_offloaded(0.020, 0.032)
+    assert e.offload_error == pytest.approx(0.012)
+    assert e.offloaded_s(0.025) == pytest.approx(0.037)
+    for _ in range(30):  # streaming beat the sequential prediction by far
+        e.on_offloaded(0.100, 0.020)
+    assert e.offloaded_s(0.040) == pytest.approx(0.020)  # at most half taken off
+    e.on_offloaded(0.0, 0.01)  # nothing to learn from
+    assert e.offload_outcomes == 36 and e.snapshot()["offload_error_ms"] < 0
 
 
 def test_rtt_is_min_filtered():

@@ -336,6 +336,7 @@ class Engine:
         local, offloaded = policies.local_and_best_offload(
             self.tg, e.device_flops, e.server_flops, e.bandwidth, e.rtt.value, e.alpha,
             e.downlink)
+        offloaded = e.offloaded_s(offloaded)
         if offloaded < local * (1.0 - OFFLOAD_MIN_GAIN):
             self._gated = 0
             return False
@@ -345,6 +346,13 @@ class Engine:
         job.skipped = (f"the device is predicted to finish first ({local * 1e3:.1f} ms vs "
                        f"{offloaded * 1e3:.1f} ms offloaded at best)")
         return True
+
+    def _learn_outcome(self, job: Job, t: float) -> None:
+        """A dynamic inference that offloaded: how far its plan's prediction was off."""
+        plan = job.plan
+        if job.policy == "dynamic" and plan.uses_server and not job.fallback \
+                and job.t_start is not None and "predicted_s" in plan.info:
+            self.est.on_offloaded(plan.info["predicted_s"], t - job.t_start)
 
     def _plan(self, job: Job) -> policies.Plan:
         e = self.est
@@ -472,6 +480,7 @@ class Engine:
             job.fallback_reason = "finished on the device before a server was ready"
         if native_stats["tiles_computed"] == self._n_computable:  # the device's own speed
             self.est.on_local_run(self.tg.total_flops, native_stats["seconds"])
+        self._learn_outcome(job, t)
         stats = job_stats(job, native_stats, t, self)
         if self.on_finish is not None:
             self.on_finish(stats)  # before the Future: whoever waits on it reads last_stats

@@ -9,8 +9,9 @@ time the link took for the later one: bytes acknowledged over the spacing of the
 timestamps is the goodput, whatever the pipelining depth and the RTT, and untouched by how late the
 device gets around to reading the ACKs (a busy or CPU-capped device reads them in bunches).
 Samples are pooled over windows of at least ``WINDOW_S`` and the windows are smoothed with an EWMA.
-An isolated batch, or the probe the session sends after the handshake, still bounds the goodput
-from below (it took at most its round trip), which lifts a too-low initial guess quickly.
+An isolated batch still bounds the goodput from below (it took at most its round trip, less what
+a burst carried at once), which lifts a too-low initial guess quickly; the probe train the
+session sends after the handshake is measured like backlogged batches.
 
 Round-trip time comes from HEARTBEAT -> STATS exchanges (the server echoes our timestamp), from the
 HELLO handshake and from ACKs of small, unqueued batches; each sample is min-filtered over the last
@@ -42,6 +43,8 @@ WINDOW_MIN_BYTES = 16 * 1024
 GOODPUT_GAIN = 0.3
 RTT_GAIN = 0.25
 DEVICE_GAIN = 0.3
+#: EWMA weight of a new offloaded inference's prediction error.
+OFFLOAD_ERROR_GAIN = 0.3
 #: RTT samples a min-filter spans.
 RTT_MIN_OF = 5
 #: A link may carry this much at once faster than its rate (a token bucket's burst, a Wi-Fi
@@ -129,8 +132,11 @@ class Goodput:
                     self.value = bound
                 if n <= 4096:
                     rtt_sample = max(0.0, elapsed - n / self.value)
-                elif elapsed > 3 * rtt:  # the transfer dominates the round trip: a real sample
-                    self._win_bytes += n
+                elif elapsed > 3 * rtt and n > BURST_BYTES and self.inflight_bytes == 0:
+                    # the transfer dominates the round trip: a real sample, of what the burst
+                    # did not carry (unless batches queued behind it measure the rate better:
+                    # this one's round trip holds the device's delay in reading its ACK)
+                    self._win_bytes += n - BURST_BYTES
                     self._win_time += elapsed - rtt
         self._last_ack = t
         self._last_server = t_server
@@ -138,18 +144,6 @@ class Goodput:
         if self._win_time >= WINDOW_S or (self.inflight_bytes == 0 and self._win_time > 0):
             self._close_window()
         return rtt_sample
-
-    def bound(self, key, t: float) -> None:
-        """An isolated probe's answer arrived at ``t``: it proves the link at least that fast
-        (its round trip also holds scheduling and processing delays), so it only ever raises the
-        estimate."""
-        item = self._pending.pop(key, None)
-        if item is None:
-            return
-        n, t_sent, _ = item
-        self.inflight_bytes -= n
-        if t > t_sent and (n - BURST_BYTES) / (t - t_sent) > self.value:
-            self.value = (n - BURST_BYTES) / (t - t_sent)
 
     def _close_window(self) -> None:
         if self._win_bytes >= WINDOW_MIN_BYTES and self._win_time > 0:
@@ -260,6 +254,12 @@ class Estimates:
         self.server_load: dict = {}
         self.device_flops = float(device_flops) if device_flops else None
         self._device_fixed = device_flops is not None
+        #: How much later than predicted dynamic's offloaded inferences ended (s, EWMA): what
+        #: the cost model leaves out on this device and link (the engine's CPU for the messages,
+        #: which a CPU quota makes four times dearer; RESULTs read late) or overstates
+        #: (streaming overlaps what it adds up).
+        self.offload_error = 0.0
+        self.offload_outcomes = 0
 
     @property
     def bandwidth(self) -> float:
@@ -292,6 +292,20 @@ class Estimates:
             self.server_flops = float(flops)
             self.server_flops_known = True
 
+    def on_offloaded(self, predicted_s: float, actual_s: float) -> None:
+        """A dynamic inference planned to take ``predicted_s`` offloaded took ``actual_s``."""
+        if not (predicted_s > 0 and actual_s > 0):
+            return
+        err = actual_s - predicted_s
+        self.offload_error = err if self.offload_outcomes == 0 else (
+            (1 - OFFLOAD_ERROR_GAIN) * self.offload_error + OFFLOAD_ERROR_GAIN * err)
+        self.offload_outcomes += 1
+
+    def offloaded_s(self, predicted_s: float) -> float:
+        """``predicted_s`` corrected by the offloaded inferences' error so far (a negative error
+        takes off at most half)."""
+        return predicted_s + max(self.offload_error, -0.5 * predicted_s)
+
     def on_local_run(self, flops: float, seconds: float) -> None:
         """A whole inference ran here: flops / seconds is the device's rate on this model."""
         if self._device_fixed or not (seconds > 0) or not (flops > 0):
@@ -310,5 +324,6 @@ class Estimates:
             "alpha": self.alpha,
             "device_flops": self.device_flops,
             "goodput_samples": self.goodput.samples,
+            "offload_error_ms": self.offload_error * 1e3,
             "rtt_samples": self.rtt.samples,
         }

@@ -137,7 +137,8 @@ class Link:
         while True:
             item = self.outbox.popleft() if self.outbox else next_batch()
             if item is None and self.idle is not None and not self.held:
-                item, self.idle = self.idle(), None
+                make, self.idle = self.idle, None
+                item = make()  # which may arm the next idle message (a probe train)
             if item is None:
                 break
             kind, frames, job = item

@@ -21,12 +21,17 @@ BACKOFF_MIN_S = 0.25
 BACKOFF_MAX_S = 4.0
 #: Back-off after an answer that retrying soon will not change (version, model refused).
 BACKOFF_REFUSED_S = 16.0
-#: The goodput probe after the handshake: a HEARTBEAT with one padding frame (the server ignores
-#: it) of about this much link time at the assumed goodput, within the bounds below. Without it a
-#: policy that sends nothing (split choosing local) would never learn the link is faster. At
-#: least three bursts (estimates.BURST_BYTES): only the bytes beyond one count.
+#: The goodput probe after the handshake: a train of PROBE_TRAIN HEARTBEATs with one padding
+#: frame each (the server ignores it), handed to the link back to back when it has nothing else
+#: to carry, each of about PROBE_SECONDS of link time at the assumed goodput, within the bounds
+#: below. The first may pass in a burst (estimates.BURST_BYTES); the ones behind it queued, so
+#: the server's stamps on their STATS measure the rate, as backlogged batches' ACKs do (a single
+#: probe only bounded it from below, by a round trip that holds the device's own delays: a
+#: 50 Mbit/s link read as 30). Without a probe a policy that sends nothing (split choosing
+#: local) would never learn the link is faster.
+PROBE_TRAIN = 3
 PROBE_SECONDS = 0.02
-PROBE_MIN_BYTES, PROBE_MAX_BYTES = 48 << 10, 64 << 10
+PROBE_MIN_BYTES, PROBE_MAX_BYTES = 24 << 10, 64 << 10
 
 
 class Session:
@@ -54,7 +59,8 @@ class Session:
         self._next_hb = 0.0
         self._hb_interval = self.timeout / 3
         self._graph_flops_known = False
-        self._probe: tuple | None = None  # (t_send, goodput key) of the probe in flight
+        self._probes: dict = {}  # t_send -> goodput key of the probes in flight
+        self._probes_left = 0
 
     @property
     def ready(self) -> bool:
@@ -188,22 +194,29 @@ class Session:
 
     def _send_probe(self) -> None:
         # made when the link has nothing else to carry: it never delays an inference's tiles
+        self._probes.clear()
+        self._probes_left = PROBE_TRAIN
         self.link.idle = self._make_probe
 
     def _make_probe(self):
         size = int(min(PROBE_MAX_BYTES, max(PROBE_MIN_BYTES, self.est.bandwidth * PROBE_SECONDS)))
         t = now()
-        key = ("probe", self.link.epoch)
+        key = ("probe", self.link.epoch, self._probes_left)
         self.est.goodput.sent(key, size, t)
-        self._probe = (t, key)
+        self._probes[t] = key
+        self._probes_left -= 1
+        if self._probes_left > 0:
+            self.link.idle = self._make_probe  # the next one right behind it
         header = {"t": P.HEARTBEAT, "t_send": t, "probe": size}
         return P.HEARTBEAT, P.pack(header, bytes(size)), None
 
     def _on_stats(self, h: dict) -> None:
         t_send = h.get("t_send")
-        if self._probe is not None and t_send == self._probe[0]:
-            self.est.goodput.bound(self._probe[1], now())
-            self._probe = None
+        key = self._probes.pop(t_send, None) if isinstance(t_send, float) else None
+        if key is not None:
+            t_server = h.get("t_server")
+            self.est.goodput.acked(key, now(), self.est.rtt.value,
+                                   t_server if isinstance(t_server, (int, float)) else None)
         elif isinstance(t_send, (int, float)):
             t = now()
             self.est.rtt.sample(t - t_send)

@@ -288,6 +288,7 @@ class SimDevice:
         ts = native.ts
         if ts.computed == self.g.n_computable:
             self.est.on_local_run(self.tg.total_flops, ts.t_end - ts.t_start)
+        Engine._learn_outcome(self, job, t)
         self.records.append(self._record(job, t))
         self.wake(t)
         if self.remaining > 0:
@@ -441,16 +442,17 @@ class SimDevice:
         self.sim.server.receive(self, msg, self.loop.now)
 
     def _send_probe(self) -> None:
-        """Session._make_probe: a HEARTBEAT padded to 20 ms of the assumed goodput (4-64 kB);
-        its STATS bounds the goodput from below."""
-        from ..mobile.session import PROBE_MAX_BYTES, PROBE_MIN_BYTES, PROBE_SECONDS
+        """Session._make_probe: a train of HEARTBEATs padded to 20 ms of the assumed goodput each
+        (24-64 kB), handed over back to back; their STATS are taken as ACKs."""
+        from ..mobile.session import PROBE_MAX_BYTES, PROBE_MIN_BYTES, PROBE_SECONDS, PROBE_TRAIN
 
         size = int(min(PROBE_MAX_BYTES, max(PROBE_MIN_BYTES, self.est.bandwidth * PROBE_SECONDS)))
         t = self.loop.now
-        key = ("probe", 0)
-        self.est.goodput.sent(key, size, t)
-        self.outbox.append(Msg(P.HEARTBEAT, _CONTROL_BYTES[P.HEARTBEAT] + size, None,
-                               {"t_send": t, "probe": key}))
+        for i in range(PROBE_TRAIN, 0, -1):
+            key = ("probe", 0, i)
+            self.est.goodput.sent(key, size, t)
+            self.outbox.append(Msg(P.HEARTBEAT, _CONTROL_BYTES[P.HEARTBEAT] + size, None,
+                                   {"t_send": t, "probe": key}))
         self.wake(t)
 
     # ------------------------------------------------------------------ receiving
@@ -491,7 +493,7 @@ class SimDevice:
             if job is not None:
                 job.server_done = True
         elif kind == P.STATS and data.get("probe") is not None:
-            self.est.goodput.bound(data["probe"], t)
+            self.est.goodput.acked(data["probe"], t, self.est.rtt.value, data["t_server"])
         elif kind == P.STATS:
             self.est.rtt.sample(t - data["t_send"])
             flops = self.est.server_flops
