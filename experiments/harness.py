@@ -472,6 +472,8 @@ def run_policies(dev: Device, policies, repeat: int, rnd: int, bw_arg, base: dic
             "latencies_ms": " ".join(f"{1e3 * x:.1f}" for x in r["latencies_s"]),
             "client_goodput_mbps": r["estimates"]["bandwidth_est_mbps"],
             "client_rtt_ms": r["estimates"]["rtt_est_ms"],
+            "client_downlink_mbps": r["estimates"].get("downlink_est_mbps"),
+            "offload_error_ms": r["estimates"].get("offload_error_ms"),
             "alpha": r["estimates"]["alpha"],
             "server_gflops": (r["estimates"]["server_flops"] or 0) / 1e9,
             "warmup_inferences": learned["inferences"],
