@@ -364,6 +364,22 @@ def test_returned_tiles_measure_the_downlink(server):
         assert not plan.uses_server
 
 
+def test_the_sessions_probe_train_measures_the_link_before_any_inference(server, squeezenet):
+    # a client told 5 Mbit/s on a 20 Mbit/s link: the train (3 x 24-64 kB, back to back) finds
+    # the real rate; one probe only bounded it by a round trip and the bytes beyond a burst
+    model, _feeds, _ref = squeezenet
+    tg = coacto.compile(model, tiles_per_layer=TILES)
+    with Client(server.address, tg, threads=1, policy="local", bandwidth="20mbit", timeout=10,
+                model_bytes=model) as client:
+        client._estimates.goodput.value = 5e6 / 8
+        client.connect(30)
+        deadline = time.monotonic() + 5
+        while client.estimates["goodput_samples"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        est = client.estimates
+    assert est["goodput_samples"] >= 1 and 17 <= est["bandwidth_est_mbps"] <= 23, est
+
+
 def test_token_bucket_adds_the_propagation_delay_after_the_cap():
     tb = TokenBucket(1000.0, burst=100.0, delay=0.05)
     assert tb.reserve(100, 0.0) == pytest.approx(0.05)       # credit covers it: the delay alone

@@ -54,7 +54,8 @@ class Link:
         self.held: collections.deque = collections.deque()
         self.backlog_bytes = 0  # TILES bytes among them
         self._blocked_until = 0.0
-        self.idle = None  # makes (kind, frames, job) when nothing else waits (a goodput probe)
+        self.idle = None  # makes (kind, frames, job), or a list of them, when nothing else waits
+        # (the goodput probe train)
         self.inbox: collections.deque = collections.deque()  # (release time, frames)
         self.awaiting_since: float | None = None
         self.await_limit = self.timeout
@@ -137,8 +138,12 @@ class Link:
         while True:
             item = self.outbox.popleft() if self.outbox else next_batch()
             if item is None and self.idle is not None and not self.held:
-                make, self.idle = self.idle, None
-                item = make()  # which may arm the next idle message (a probe train)
+                made, self.idle = self.idle(), None
+                if isinstance(made, list):  # a train: handed over back to back
+                    item = made[0]
+                    self.outbox.extend(made[1:])
+                else:
+                    item = made
             if item is None:
                 break
             kind, frames, job = item

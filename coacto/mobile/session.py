@@ -60,7 +60,6 @@ class Session:
         self._hb_interval = self.timeout / 3
         self._graph_flops_known = False
         self._probes: dict = {}  # t_send -> goodput key of the probes in flight
-        self._probes_left = 0
 
     @property
     def ready(self) -> bool:
@@ -195,20 +194,19 @@ class Session:
     def _send_probe(self) -> None:
         # made when the link has nothing else to carry: it never delays an inference's tiles
         self._probes.clear()
-        self._probes_left = PROBE_TRAIN
-        self.link.idle = self._make_probe
+        self.link.idle = self._make_probes
 
-    def _make_probe(self):
+    def _make_probes(self) -> list:
         size = int(min(PROBE_MAX_BYTES, max(PROBE_MIN_BYTES, self.est.bandwidth * PROBE_SECONDS)))
-        t = now()
-        key = ("probe", self.link.epoch, self._probes_left)
-        self.est.goodput.sent(key, size, t)
-        self._probes[t] = key
-        self._probes_left -= 1
-        if self._probes_left > 0:
-            self.link.idle = self._make_probe  # the next one right behind it
-        header = {"t": P.HEARTBEAT, "t_send": t, "probe": size}
-        return P.HEARTBEAT, P.pack(header, bytes(size)), None
+        train = []
+        for i in range(PROBE_TRAIN):
+            t = now()
+            key = ("probe", self.link.epoch, i)
+            self.est.goodput.sent(key, size, t)
+            self._probes[t] = key
+            header = {"t": P.HEARTBEAT, "t_send": t, "probe": size}
+            train.append((P.HEARTBEAT, P.pack(header, bytes(size)), None))
+        return train
 
     def _on_stats(self, h: dict) -> None:
         t_send = h.get("t_send")
