@@ -124,6 +124,22 @@ def test_bandwidth_step_mid_transfer_gives_the_hand_computed_finish():
     assert r.p50 == pytest.approx(released + 1e-3 + 3e-4 + down / 625e3 + 1e-3, rel=1e-12)
 
 
+def test_a_link_that_gets_faster_is_seen_while_dynamic_stays_local():
+    """At 0.8 Mbit/s the 2 kB input costs more than the 5 ms the device takes; at 8 Mbit/s
+    offloading wins (2 ms up, 1 ms RTT, 0.5 ms there, 0.4 ms back). The input is too small to
+    measure the link, so the engine's probe train, sent again while the gate keeps inferences
+    local, is what sees the rise, and its first sample after a pause replaces the estimate."""
+    from coacto.mobile.engine import REPROBE_S
+
+    r = sim(chain(), "dynamic", device_threads=1, server_cores=1, inferences=1200, rtt_ms=1.0,
+            trace=[(0, 0.8), (1.0, 8.0)])
+    early = [i for i in r.inferences if i.t_submit < 1.0]
+    late = [i for i in r.inferences if i.t_submit > 1.0 + REPROBE_S + 0.3]
+    assert sum(i.offloaded for i in early) <= len(early) // 8 + 1  # only the gate's explorations
+    assert len(late) > 100 and sum(i.offloaded for i in late) > 0.8 * len(late)
+    assert late[-1].estimates["bandwidth_est_mbps"] == pytest.approx(8.0, rel=0.1)
+
+
 def test_trace_transfer_end_and_validation():
     tr = BandwidthTrace([(0, 100), (1, 0), (2, 8)])
     assert tr.transfer_end(0.5, 12.5e6 * 0.5) == pytest.approx(1.0)

@@ -37,7 +37,7 @@ from .. import __version__
 from .. import protocol as P
 from ..errors import CoactoError
 from ..inference import REPORT_DONE, SEND_ALWAYS, SEND_DECIDE, NativeInference, ReportQueue, now
-from . import policies
+from . import estimates, policies
 from .jobs import COALESCE_S, Job, job_stats
 from .link import Link
 from .session import Session
@@ -60,6 +60,10 @@ WINDOW_S = 0.05
 #: worth their link time and CPU. Every EXPLORE_EVERY-th such inference offloads anyway, so the
 #: estimates stay fresh.
 EXPLORE_EVERY = 8
+#: ... and while it keeps them there the link is probed again (the session's probe train, when
+#: the link is idle) once its goodput was last measured this long ago: a link that got faster is
+#: seen by the next inference, not the eighth.
+REPROBE_S = estimates.GOODPUT_STALE_S
 #: ... and unless offloading is predicted to be at least this much faster: the predictions carry
 #: errors of a few percent, and offloading costs what they leave out (the device's CPU for the
 #: link, a fallback when the server goes away). A tie stays on the device.
@@ -104,6 +108,7 @@ class Engine:
         self._is_input[policies.input_tiles(tg)] = True
         self._n_computable = tg.n_tiles - int(self._is_input.sum())
         self._gated = 0
+        self._last_probe: float | None = None
 
     # ------------------------------------------------------------------ other threads
 
@@ -343,9 +348,25 @@ class Engine:
         self._gated += 1
         if self._gated % EXPLORE_EVERY == 0:
             return False
+        self._probe_if_stale()
         job.skipped = (f"the device is predicted to finish first ({local * 1e3:.1f} ms vs "
                        f"{offloaded * 1e3:.1f} ms offloaded at best)")
         return True
+
+    def _probe_if_stale(self) -> None:
+        t = self._clock()
+        measured = self.est.goodput.measured_at
+        if (measured is None or t - measured > REPROBE_S) and \
+                (self._last_probe is None or t - self._last_probe > REPROBE_S):
+            self._last_probe = t
+            self._send_probe()
+
+    @staticmethod
+    def _clock() -> float:
+        return now()
+
+    def _send_probe(self) -> None:
+        self.session._send_probe()
 
     def _learn_outcome(self, job: Job, t: float) -> None:
         """A dynamic inference that offloaded: how far its plan's prediction was off."""

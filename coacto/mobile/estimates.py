@@ -43,6 +43,9 @@ WINDOW_MIN_BYTES = 16 * 1024
 GOODPUT_GAIN = 0.3
 RTT_GAIN = 0.25
 DEVICE_GAIN = 0.3
+#: A goodput sample after this long without one replaces the estimate instead of blending into
+#: it: the link may have changed meanwhile (the engine probes it again after as long).
+GOODPUT_STALE_S = 2.0
 #: EWMA weight of a new offloaded inference's prediction error.
 OFFLOAD_ERROR_GAIN = 0.3
 #: RTT samples a min-filter spans.
@@ -60,6 +63,7 @@ class Goodput:
     def __init__(self, initial: float = DEFAULT_BANDWIDTH):
         self.value = float(initial)
         self.samples = 0
+        self.measured_at: float | None = None  # when the last sample was taken
         self.inflight_bytes = 0
         self._pending: dict = {}
         self._last_ack: float | None = None
@@ -142,18 +146,23 @@ class Goodput:
         self._last_server = t_server
         self._last_booked = t_booked
         if self._win_time >= WINDOW_S or (self.inflight_bytes == 0 and self._win_time > 0):
-            self._close_window()
+            if self._close_window(t):
+                self.measured_at = t
         return rtt_sample
 
-    def _close_window(self) -> None:
-        if self._win_bytes >= WINDOW_MIN_BYTES and self._win_time > 0:
+    def _close_window(self, t: float) -> bool:
+        sampled = self._win_bytes >= WINDOW_MIN_BYTES and self._win_time > 0
+        if sampled:
             sample = self._win_bytes / self._win_time
-            self.value = sample if self.samples == 0 else (
+            fresh = self.samples == 0 or self.measured_at is None or \
+                t - self.measured_at > GOODPUT_STALE_S
+            self.value = sample if fresh else (
                 (1 - GOODPUT_GAIN) * self.value + GOODPUT_GAIN * sample)
             self.samples += 1
             log.debug("goodput sample %.3g B/s over %.1f ms -> %.3g B/s", sample,
                       self._win_time * 1e3, self.value)
         self._win_bytes, self._win_time = 0, 0.0
+        return sampled
 
 
 class Downlink:

@@ -160,6 +160,7 @@ class SimDevice:
         self.downlink = Link(self.loop, downlink_trace, rtt / 2, on_arrive=self._receive,
                              burst_bytes=burst_bytes)
         self._gated = 0
+        self._last_probe: float | None = None
         self.jobs: dict[int, Job] = {}
         self.outbox: collections.deque = collections.deque()
         self._pump_due = False
@@ -440,6 +441,12 @@ class SimDevice:
 
     def _arrive_at_server(self, msg: Msg) -> None:
         self.sim.server.receive(self, msg, self.loop.now)
+
+    def _clock(self) -> float:
+        return self.loop.now
+
+    def _probe_if_stale(self) -> None:
+        Engine._probe_if_stale(self)
 
     def _send_probe(self) -> None:
         """Session._make_probe: a train of HEARTBEATs padded to 20 ms of the assumed goodput each
