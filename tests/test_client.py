@@ -153,6 +153,16 @@ def test_a_probe_train_measures_the_rate_behind_the_burst():
     assert g.samples == 1 and g.value == pytest.approx(rate, rel=0.15), g.value * 8e-6
 
 
+def test_a_key_sent_again_does_not_leak_bytes_in_flight():
+    # two probe trains with the same keys once left bytes "in flight" for ever, and the send
+    # window, which counts them, then held every later batch back
+    g = Goodput(initial=1e5)
+    g.sent(("probe", 0, 1), 30_000, 0.0)
+    g.sent(("probe", 0, 1), 30_000, 1.0)
+    g.acked(("probe", 0, 1), 1.5, 0.001)
+    assert g.inflight_bytes == 0
+
+
 def test_the_downlink_is_measured_from_results_on_the_devices_clock():
     from coacto.mobile.estimates import BURST_BYTES, Estimates
 

@@ -75,6 +75,8 @@ class Goodput:
 
     def sent(self, key, nbytes: int, t: float) -> None:
         """A batch of ``nbytes`` was handed to the link at ``t``."""
+        if key in self._pending:  # a key used again: the old one will not be acknowledged
+            self.forget(key)
         self._pending[key] = (int(nbytes), t, self.inflight_bytes > 0)
         self.inflight_bytes += int(nbytes)
 

@@ -60,6 +60,7 @@ class Session:
         self._hb_interval = self.timeout / 3
         self._graph_flops_known = False
         self._probes: dict = {}  # t_send -> goodput key of the probes in flight
+        self._trains = 0
 
     @property
     def ready(self) -> bool:
@@ -192,16 +193,19 @@ class Session:
         self.on_ready()
 
     def _send_probe(self) -> None:
-        # made when the link has nothing else to carry: it never delays an inference's tiles
-        self._probes.clear()
+        """A probe train, made when the link has nothing else to carry (it never delays an
+        inference's tiles); none while one is out."""
+        if self._probes or self.link.idle is not None:
+            return
         self.link.idle = self._make_probes
 
     def _make_probes(self) -> list:
         size = int(min(PROBE_MAX_BYTES, max(PROBE_MIN_BYTES, self.est.bandwidth * PROBE_SECONDS)))
         train = []
+        self._trains += 1
         for i in range(PROBE_TRAIN):
             t = now()
-            key = ("probe", self.link.epoch, i)
+            key = ("probe", self.link.epoch, self._trains, i)
             self.est.goodput.sent(key, size, t)
             self._probes[t] = key
             header = {"t": P.HEARTBEAT, "t_send": t, "probe": size}

@@ -161,6 +161,8 @@ class SimDevice:
                              burst_bytes=burst_bytes)
         self._gated = 0
         self._last_probe: float | None = None
+        self._probes: set = set()  # keys of the probe train in flight
+        self._trains = 0
         self.jobs: dict[int, Job] = {}
         self.outbox: collections.deque = collections.deque()
         self._pump_due = False
@@ -260,11 +262,11 @@ class SimDevice:
         """The engine's silence check: nothing heard about the inference for ``timeout``."""
         if job.done or job.fallback:
             return
-        t = self.loop.now
-        if t - job.last_news >= self.timeout:
+        due = job.last_news + self.timeout  # the time this was scheduled for, to the bit
+        if self.loop.now >= due:
             self._fallback(job, f"nothing heard about this inference for {self.timeout:g} s")
         else:
-            self.loop.at(job.last_news + self.timeout, self._watch, job)
+            self.loop.at(due, self._watch, job)
 
     def _fallback(self, job: Job, reason: str) -> None:
         log.debug("device %d inference %d falls back: %s", self.index, job.id, reason)
@@ -453,10 +455,14 @@ class SimDevice:
         (24-64 kB), handed over back to back; their STATS are taken as ACKs."""
         from ..mobile.session import PROBE_MAX_BYTES, PROBE_MIN_BYTES, PROBE_SECONDS, PROBE_TRAIN
 
+        if self._probes:  # one train at a time
+            return
         size = int(min(PROBE_MAX_BYTES, max(PROBE_MIN_BYTES, self.est.bandwidth * PROBE_SECONDS)))
         t = self.loop.now
-        for i in range(PROBE_TRAIN, 0, -1):
-            key = ("probe", 0, i)
+        self._trains += 1
+        for i in range(PROBE_TRAIN):
+            key = ("probe", 0, self._trains, i)
+            self._probes.add(key)
             self.est.goodput.sent(key, size, t)
             self.outbox.append(Msg(P.HEARTBEAT, _CONTROL_BYTES[P.HEARTBEAT] + size, None,
                                    {"t_send": t, "probe": key}))
@@ -500,6 +506,7 @@ class SimDevice:
             if job is not None:
                 job.server_done = True
         elif kind == P.STATS and data.get("probe") is not None:
+            self._probes.discard(data["probe"])
             self.est.goodput.acked(data["probe"], t, self.est.rtt.value, data["t_server"])
         elif kind == P.STATS:
             self.est.rtt.sample(t - data["t_send"])
