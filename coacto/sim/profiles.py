@@ -144,6 +144,17 @@ class MachineProfile:
                 return float(m["slowdown"])
         return float(entry["slowdown"])
 
+    def quota_full_s(self, quota: float, period_ms: float, graph_id: str | None) -> float | None:
+        """The full-speed latency (1 thread) over which `coacto profile --quota` measured this
+        model's slowdown in this quota and period; None if it did not measure the model."""
+        for q in (self.raw.get("quota") or {}).values():
+            if isinstance(q, dict) and abs(float(q.get("quota", -1)) - quota) < 1e-9 \
+                    and abs(float(q.get("period_ms", -1)) - period_ms) < 1e-9:
+                for m in (q.get("models") or {}).values():
+                    if graph_id is not None and m.get("graph_id") == graph_id and m.get("full_ms"):
+                        return float(m["full_ms"]) / 1e3
+        return None
+
     def layer_seconds(self, graph_id: str, n_layers: int) -> dict[int, np.ndarray] | None:
         """Busy seconds per layer (summed over threads) per measured thread count of the tile
         graph ``graph_id``, when `coacto profile` measured that graph; else None."""

@@ -363,7 +363,17 @@ def simulate(model_or_tg, policy: str = "dynamic", *, device="raspberry-pi-4",
     slowdown = float(slowdown or 1.0)
     if dev_costs is not None and slowdown != 1.0:
         dev_costs = dataclasses.replace(dev_costs, scale=dev_costs.scale * slowdown)
-    dev_dur = Durations(g, dev_prof, quota=None if dev_cpu_model else quota, scale=slowdown)
+    tile_scale = slowdown
+    full_s = dev_prof.quota_full_s(quota, quota_period_ms, tg.graph_id) \
+        if quota_slowdown is None and quota is not None and quota_period_ms is not None else None
+    if full_s:
+        # The slowdown is over the model's measured full-speed latency: the simulated tiles'
+        # are anchored to it (a model of many small layers simulates a few percent slower
+        # alone than it ran, and in 1 ms windows of every 4 that decides whole periods)
+        plain = solo_latency(g, 1, Durations(g, dev_prof))
+        if plain > 0:
+            tile_scale = slowdown * full_s / plain
+    dev_dur = Durations(g, dev_prof, quota=None if dev_cpu_model else quota, scale=tile_scale)
     srv_dur = Durations(g, srv_prof)
     dev_solo = solo_latency(g, k, dev_dur, make_dev_cpu)
     srv_solo = solo_latency(g, n, srv_dur, make_srv_cpu)
@@ -441,6 +451,7 @@ def simulate(model_or_tg, policy: str = "dynamic", *, device="raspberry-pi-4",
         "server_flops_est": est_server, "server_busy_s": sim.server.cores.busy_s,
         "server_flops_measured": sim.server.measured_flops,
         "quota_period_ms": quota_period_ms, "quota_slowdown": slowdown,
+        "quota_tile_scale": tile_scale,
         "device_cpus": dcpus, "server_cpus": scpus,
         "device_costs": None if dev_costs is None else f"{dev_costs.source} x{dev_costs.scale:g}",
         "server_costs": None if srv_costs is None else f"{srv_costs.source} x{srv_costs.scale:g}",
