@@ -163,6 +163,26 @@ def test_a_key_sent_again_does_not_leak_bytes_in_flight():
     assert g.inflight_bytes == 0
 
 
+def test_a_probe_train_lost_with_its_connection_does_not_stop_the_next():
+    from types import SimpleNamespace
+
+    from coacto.mobile.estimates import Estimates
+    from coacto.mobile.session import PROBE_TRAIN, Session
+
+    link = SimpleNamespace(epoch=1, idle=None)
+    est = Estimates(bandwidth=1e6)
+    s = Session(link, "tcp://x:1", None, None, est, 5.0, "t", lambda: None, lambda r: None)
+    s._send_probe()
+    train = link.idle()
+    link.idle = None
+    assert len(train) == PROBE_TRAIN and est.goodput.inflight_bytes > 0
+    s._send_probe()
+    assert link.idle is None  # one train at a time
+    link.epoch = 2  # the connection was replaced before any answer came
+    s._send_probe()
+    assert link.idle is not None and est.goodput.inflight_bytes == 0
+
+
 def test_the_downlink_is_measured_from_results_on_the_devices_clock():
     from coacto.mobile.estimates import BURST_BYTES, Estimates
 

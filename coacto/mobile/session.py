@@ -195,6 +195,11 @@ class Session:
     def _send_probe(self) -> None:
         """A probe train, made when the link has nothing else to carry (it never delays an
         inference's tiles); none while one is out."""
+        t = now()
+        for t_send, key in list(self._probes.items()):  # lost with a connection, or unanswered
+            if key[1] != self.link.epoch or t - t_send > self.timeout:
+                del self._probes[t_send]
+                self.est.goodput.forget(key)
         if self._probes or self.link.idle is not None:
             return
         self.link.idle = self._make_probes
