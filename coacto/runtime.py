@@ -168,8 +168,8 @@ class NativeGraph:
     def tile_trace(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(start, end, worker) of every tile in the last profiled inference; worker -1 for tiles
         not computed here. Times are seconds of a monotonic clock."""
-        return read_tile_trace(lib.coacto_graph_tile_trace, self.handle,
-                               int(lib.coacto_graph_tile_count(self.handle)), "reading the tile trace")
+        n = int(lib.coacto_graph_tile_count(self.handle))
+        return read_tile_trace(lib.coacto_graph_tile_trace, self.handle, n, "reading the tile trace")
 
     def ensure_work(self, work: np.ndarray) -> None:
         """Gives the runtime each tile's work (FLOPs from the inputs) for send decisions, once."""

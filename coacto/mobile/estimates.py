@@ -57,6 +57,11 @@ RTT_MIN_OF = 5
 BURST_BYTES = 16 * 1024
 
 
+def _ewma(old: float | None, sample: float, gain: float) -> float:
+    """The smoothed value after ``sample`` (the sample itself when there is no ``old``)."""
+    return sample if old is None else (1 - gain) * old + gain * sample
+
+
 class Goodput:
     """Goodput from acknowledged batches (see the module text)."""
 
@@ -158,8 +163,7 @@ class Goodput:
             sample = self._win_bytes / self._win_time
             fresh = self.samples == 0 or self.measured_at is None or \
                 t - self.measured_at > GOODPUT_STALE_S
-            self.value = sample if fresh else (
-                (1 - GOODPUT_GAIN) * self.value + GOODPUT_GAIN * sample)
+            self.value = _ewma(None if fresh else self.value, sample, GOODPUT_GAIN)
             self.samples += 1
             log.debug("goodput sample %.3g B/s over %.1f ms -> %.3g B/s", sample,
                       self._win_time * 1e3, self.value)
@@ -205,8 +209,7 @@ class Downlink:
         self._win_bytes, self._win_time = 0, 0.0
 
     def _sample(self, sample: float) -> None:
-        self.value = sample if self.samples == 0 else (
-            (1 - GOODPUT_GAIN) * self.value + GOODPUT_GAIN * sample)
+        self.value = _ewma(self.value, sample, GOODPUT_GAIN)
         self.samples += 1
         log.debug("downlink sample %.3g B/s -> %.3g B/s", sample, self.value)
 
@@ -224,7 +227,7 @@ class RoundTrip:
             return
         self._recent.append(float(rtt))
         floor = min(self._recent)
-        self.value = floor if self.samples == 0 else (1 - RTT_GAIN) * self.value + RTT_GAIN * floor
+        self.value = _ewma(self.value if self.samples else None, floor, RTT_GAIN)
         self.samples += 1
 
 
@@ -308,8 +311,8 @@ class Estimates:
         if not (predicted_s > 0 and actual_s > 0):
             return
         err = actual_s - predicted_s
-        self.offload_error = err if self.offload_outcomes == 0 else (
-            (1 - OFFLOAD_ERROR_GAIN) * self.offload_error + OFFLOAD_ERROR_GAIN * err)
+        self.offload_error = _ewma(self.offload_error if self.offload_outcomes else None, err,
+                                   OFFLOAD_ERROR_GAIN)
         self.offload_outcomes += 1
 
     def offloaded_s(self, predicted_s: float) -> float:
@@ -322,8 +325,7 @@ class Estimates:
         if self._device_fixed or not (seconds > 0) or not (flops > 0):
             return
         rate = flops / seconds
-        self.device_flops = rate if self.device_flops is None else (
-            (1 - DEVICE_GAIN) * self.device_flops + DEVICE_GAIN * rate)
+        self.device_flops = _ewma(self.device_flops, rate, DEVICE_GAIN)
 
     def snapshot(self) -> dict:
         return {

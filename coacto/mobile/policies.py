@@ -8,8 +8,8 @@ exit tiles; every policy therefore gives the same outputs, only who computes wha
 
 * ``local``    the device alone; no server.
 * ``cloud``    send the inputs, the server computes everything.
-* ``split``    Neurosurgeon / SPINN: compute layers up to a cut here, send the tensors live there, the
-               server computes the rest; sequential. The cut minimises the predicted latency from
+* ``split``    Neurosurgeon / SPINN: compute layers up to a cut here, send the tensors live
+               there, the server computes the rest; sequential. The cut minimises the predicted latency from
                the device's FLOP rate, the goodput, the RTT and the server's rate and contention.
 * ``fl``       fused-layer offloading (DeepThings): the first K layers form a fused stack split
                spatially (by columns) into a device part and a server part sized by the two
@@ -77,11 +77,13 @@ def layer_flops(tg: TileGraph) -> np.ndarray:
 
 def _last_reader(tg: TileGraph) -> np.ndarray:
     """last[l]: the largest index of a layer reading layer l (-1: none reads it)."""
-    layers = tg.graph.layers
-    last = np.full(len(layers), -1, dtype=np.int64)
-    for i, layer in enumerate(layers):
-        for p in layer.inputs:
-            last[p] = max(last[p], i)
+    last = getattr(tg, "_last_reader", None)
+    if last is None:
+        last = np.full(len(tg.graph.layers), -1, dtype=np.int64)
+        for i, layer in enumerate(tg.graph.layers):
+            for p in layer.inputs:
+                last[p] = max(last[p], i)
+        tg._last_reader = last
     return last
 
 
@@ -89,9 +91,7 @@ def cut_layers(tg: TileGraph, c: int) -> list[int]:
     """The layers whose tensors the server needs to compute everything after layer c from:
     c itself and every earlier layer a later one reads (BERT's attention mask, a residual
     block's shortcut)."""
-    last = _last_reader(tg) if getattr(tg, "_last_reader", None) is None else tg._last_reader
-    tg._last_reader = last
-    return [int(l) for l in np.flatnonzero(last[:c] > c)] + [c]
+    return [int(l) for l in np.flatnonzero(_last_reader(tg)[:c] > c)] + [c]
 
 
 def valid_cuts(tg: TileGraph) -> list[int]:

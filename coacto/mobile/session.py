@@ -34,6 +34,11 @@ PROBE_SECONDS = 0.02
 PROBE_MIN_BYTES, PROBE_MAX_BYTES = 24 << 10, 64 << 10
 
 
+def probe_size(bandwidth: float) -> int:
+    """Bytes of each probe of a train at the assumed goodput (bytes/s)."""
+    return int(min(PROBE_MAX_BYTES, max(PROBE_MIN_BYTES, bandwidth * PROBE_SECONDS)))
+
+
 class Session:
     """Written by the engine thread only; other threads read the plain attributes."""
 
@@ -205,7 +210,7 @@ class Session:
         self.link.idle = self._make_probes
 
     def _make_probes(self) -> list:
-        size = int(min(PROBE_MAX_BYTES, max(PROBE_MIN_BYTES, self.est.bandwidth * PROBE_SECONDS)))
+        size = probe_size(self.est.bandwidth)
         train = []
         self._trains += 1
         for i in range(PROBE_TRAIN):

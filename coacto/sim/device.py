@@ -453,11 +453,11 @@ class SimDevice:
     def _send_probe(self) -> None:
         """Session._make_probe: a train of HEARTBEATs padded to 20 ms of the assumed goodput each
         (24-64 kB), handed over back to back; their STATS are taken as ACKs."""
-        from ..mobile.session import PROBE_MAX_BYTES, PROBE_MIN_BYTES, PROBE_SECONDS, PROBE_TRAIN
+        from ..mobile.session import PROBE_TRAIN, probe_size
 
         if self._probes:  # one train at a time
             return
-        size = int(min(PROBE_MAX_BYTES, max(PROBE_MIN_BYTES, self.est.bandwidth * PROBE_SECONDS)))
+        size = probe_size(self.est.bandwidth)
         t = self.loop.now
         self._trains += 1
         for i in range(PROBE_TRAIN):

@@ -127,33 +127,35 @@ class MachineProfile:
             return None
         return rate * 1e9 * max(1, min(int(threads), self.cores)) * CALIBRATION_EFFICIENCY
 
-    def quota_slowdown(self, quota: float, period_ms: float, graph_id: str | None = None
-                       ) -> float | None:
-        """The slowdown `coacto profile --quota` measured inside this quota and period: the
-        model's own (by tile graph id) or the median over the measured models; None if not
-        measured."""
+    def _quota(self, quota: float, period_ms: float, graph_id: str | None
+               ) -> tuple[dict | None, dict | None]:
+        """`coacto profile --quota`'s entry for this quota and period, and in it the model's
+        (by tile graph id); None where not measured."""
         entry = None
         for q in (self.raw.get("quota") or {}).values():
             if isinstance(q, dict) and abs(float(q.get("quota", -1)) - quota) < 1e-9 \
                     and abs(float(q.get("period_ms", -1)) - period_ms) < 1e-9:
                 entry = q
+        if entry is None or graph_id is None:
+            return entry, None
+        return entry, next((m for m in (entry.get("models") or {}).values()
+                            if m.get("graph_id") == graph_id), None)
+
+    def quota_slowdown(self, quota: float, period_ms: float, graph_id: str | None = None
+                       ) -> float | None:
+        """The slowdown `coacto profile --quota` measured inside this quota and period: the
+        model's own (by tile graph id) or the median over the measured models; None if not
+        measured."""
+        entry, model = self._quota(quota, period_ms, graph_id)
         if entry is None:
             return None
-        for m in (entry.get("models") or {}).values():
-            if graph_id is not None and m.get("graph_id") == graph_id:
-                return float(m["slowdown"])
-        return float(entry["slowdown"])
+        return float((model or entry)["slowdown"])
 
     def quota_full_s(self, quota: float, period_ms: float, graph_id: str | None) -> float | None:
         """The full-speed latency (1 thread) over which `coacto profile --quota` measured this
         model's slowdown in this quota and period; None if it did not measure the model."""
-        for q in (self.raw.get("quota") or {}).values():
-            if isinstance(q, dict) and abs(float(q.get("quota", -1)) - quota) < 1e-9 \
-                    and abs(float(q.get("period_ms", -1)) - period_ms) < 1e-9:
-                for m in (q.get("models") or {}).values():
-                    if graph_id is not None and m.get("graph_id") == graph_id and m.get("full_ms"):
-                        return float(m["full_ms"]) / 1e3
-        return None
+        _, model = self._quota(quota, period_ms, graph_id)
+        return float(model["full_ms"]) / 1e3 if model and model.get("full_ms") else None
 
     def layer_seconds(self, graph_id: str, n_layers: int) -> dict[int, np.ndarray] | None:
         """Busy seconds per layer (summed over threads) per measured thread count of the tile
@@ -178,8 +180,8 @@ class MachineProfile:
 class DeviceCosts:
     """CPU seconds (at the profile machine's full speed) the device's communication engine spends
     per event (coacto.sim.enginecost measures them): starting an inference (planning, the
-    native inference, its inputs; per policy), finishing one (per policy), handing a message to the link (per message and
-    per byte: taking the tiles out of the runtime, msgpack, ZeroMQ, the kernel's TCP), taking
+    native inference, its inputs; per policy), finishing one (per policy), handing a message to
+    the link (per message and per byte: taking the tiles out of the runtime, msgpack, ZeroMQ, the kernel's TCP), taking
     one in (per kind and per byte), a wake-up by the runtime (a tile queued for sending),
     finishing an inference; ``loop_s`` (the engine's time outside its handlers, per handled
     event) is added to each."""
