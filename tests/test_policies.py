@@ -6,6 +6,9 @@ import select
 import time
 
 import numpy as np
+import onnx
+from onnx import TensorProto as T
+from onnx import helper, numpy_helper
 import pytest
 
 import coacto
@@ -112,6 +115,111 @@ def test_a_cut_inside_a_block_sends_both_tensors_and_matches_onnxruntime(model):
     assert set(sent.tolist()) == set(P.cut_tiles(tg, c).tolist())
     out, stats = exchange(tg, feeds, plan)
     assert_close(out, ref, rel=1e-4)
+
+
+def _exported_encoder(layers=2, s=16, d=32, h=2, seed=0):
+    """Attention blocks as torch.onnx.export writes them: MatMul + Add projections, Reshape /
+    Transpose heads, the padding mask as (1 - mask) * finfo.min added to the scores (read by
+    every block), residual Adds."""
+    rng = np.random.default_rng(seed)
+    dh = d // h
+    const = {"hs": np.array([1, s, h, dh], np.int64), "ms": np.array([1, s, d], np.int64),
+             "ax12": np.array([1, 2], np.int64), "one": np.array(1.0, np.float32),
+             "fmin": np.array(np.finfo(np.float32).min, np.float32),
+             "sc": np.array(np.sqrt(dh), np.float32)}
+    nodes = [helper.make_node("Unsqueeze", ["mask", "ax12"], ["m4"]),
+             helper.make_node("Cast", ["m4"], ["mf"], to=T.FLOAT),
+             helper.make_node("Sub", ["one", "mf"], ["inv"]),
+             helper.make_node("Mul", ["inv", "fmin"], ["bias"])]
+    x = "x"
+    for blk in range(layers):
+        p = f"b{blk}_"
+        for n in "qkvo":
+            const[p + "W" + n] = (rng.standard_normal((d, d)) / np.sqrt(d)).astype(np.float32)
+            const[p + "b" + n] = (0.1 * rng.standard_normal(d)).astype(np.float32)
+        for n in "qkv":
+            nodes += [helper.make_node("MatMul", [x, p + "W" + n], [p + n + "0"]),
+                      helper.make_node("Add", [p + n + "0", p + "b" + n], [p + n + "1"]),
+                      helper.make_node("Reshape", [p + n + "1", "hs"], [p + n + "2"]),
+                      helper.make_node("Transpose", [p + n + "2"], [p + n],
+                                       perm=[0, 2, 3, 1] if n == "k" else [0, 2, 1, 3])]
+        nodes += [helper.make_node("MatMul", [p + "q", p + "k"], [p + "s0"]),
+                  helper.make_node("Div", [p + "s0", "sc"], [p + "s1"]),
+                  helper.make_node("Add", [p + "s1", "bias"], [p + "s2"]),
+                  helper.make_node("Softmax", [p + "s2"], [p + "pr"], axis=-1),
+                  helper.make_node("MatMul", [p + "pr", p + "v"], [p + "c0"]),
+                  helper.make_node("Transpose", [p + "c0"], [p + "c1"], perm=[0, 2, 1, 3]),
+                  helper.make_node("Reshape", [p + "c1", "ms"], [p + "c2"]),
+                  helper.make_node("MatMul", [p + "c2", p + "Wo"], [p + "o0"]),
+                  helper.make_node("Add", [p + "o0", p + "bo"], [p + "o1"]),
+                  helper.make_node("Add", [p + "o1", x], [p + "y"])]
+        x = p + "y"
+    graph = helper.make_graph(
+        nodes, "exported_encoder",
+        [helper.make_tensor_value_info("x", T.FLOAT, [1, s, d]),
+         helper.make_tensor_value_info("mask", T.INT64, [1, s])],
+        [helper.make_tensor_value_info(x, T.FLOAT, [1, s, d])],
+        [numpy_helper.from_array(v, k) for k, v in const.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model
+
+
+def test_an_exported_encoder_cut_anywhere_matches_onnxruntime():
+    """Not a zoo model: two attention blocks written as torch.onnx.export writes them (MatMul +
+    Add projections, Reshape / Transpose heads, the padding mask turned into an additive bias
+    that both blocks read, residual Adds). Every cut -- each sends the mask's bias and the block
+    state live there -- gives onnxruntime's output through an in-process exchange."""
+    import onnxruntime as ort
+
+    m = _exported_encoder()
+    tg = coacto.compile(m, tiles_per_layer=4)
+    rng = np.random.default_rng(1)
+    feeds = {"x": rng.standard_normal((1, 16, 32)).astype(np.float32),
+             "mask": np.array([[1] * 11 + [0] * 5], np.int64)}
+    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    ref = dict(zip(names, sess.run(names, feeds)))
+    cuts = P.valid_cuts(tg)
+    assert len(cuts) > 10 and P.single_tensor_cuts(tg) == [cuts[-1]]
+    for c in cuts:
+        out, _ = exchange(tg, feeds, P.plan_split(tg, 5e9, 20e9, 2e6, 0.002, layer=c))
+        assert_close(out, ref, rel=1e-4)
+    fast = P.plan_split(tg, device_flops=1e8, server_flops=1e12, bandwidth=1e8, rtt=1e-3)
+    assert fast.split_layer == cuts[0] and len(P.cut_layers(tg, cuts[0])) == 2
+
+
+@pytest.mark.parametrize("policy", ["split", "dynamic"])
+def test_an_exported_encoder_offloads_over_zeromq(policy):
+    """The same encoder through a real server: split at a cut inside the second block (the mask's
+    bias and three tensors of the block go up), and dynamic on a fast loopback link."""
+    import onnxruntime as ort
+
+    from coacto.mobile import Client
+    from coacto.server import Server
+
+    m = _exported_encoder()
+    tg = coacto.compile(m, tiles_per_layer=4)
+    rng = np.random.default_rng(2)
+    feeds = {"x": rng.standard_normal((1, 16, 32)).astype(np.float32),
+             "mask": np.array([[1] * 9 + [0] * 7], np.int64)}
+    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    ref = dict(zip(names, sess.run(names, feeds)))
+    cut = max(P.valid_cuts(tg), key=lambda c: len(P.cut_layers(tg, c)))
+    options = {"split_layer": cut} if policy == "split" else {}
+    with Server("tcp://127.0.0.1:0", threads=1, server_flops=20e9) as srv, \
+            Client(srv.address, tg, threads=1, policy=policy, timeout=10, model_bytes=m,
+                   device_flops=1e6, **options) as client:  # 0.33 s alone: worth offloading
+        client.connect(10)
+        for _ in range(2):
+            assert_close(client.infer(feeds), ref, rel=1e-4)
+            s = client.last_stats
+            assert not s["fallback"] and s["offloaded"] and s["tiles_sent"] > 0, s
+    if policy == "split":  # (dynamic's device computes everything too and may finish first)
+        assert s["split_layer"] == cut and s["tiles_sent"] == len(P.cut_tiles(tg, cut))
+        assert s["tiles_from_server"] > 0
 
 
 def test_a_transformer_can_be_cut_anywhere_its_mask_goes_along():
