@@ -511,7 +511,7 @@ class Engine:
         self._tracing[job.id] = (job, outputs, stats)
         # the server answers DONE or CANCEL with its TRACE (DONE after it: once DONE or an ERROR
         # came, nothing more will)
-        if job.trace.asked and job.trace.server is None and job.begin_released \
+        if job.trace.asked and not job.trace.replied and job.begin_released \
                 and job.epoch == self.link.epoch and self.link.is_open and not job.server_done:
             job.trace.waited_from = t
             job.trace.deadline = t + min(self.timeout, TRACE_WAIT_S)
@@ -523,7 +523,7 @@ class Engine:
         the engine's thread, then the inference's Future completes."""
         job, outputs, stats = self._tracing.pop(job_id)
         rec = job.trace
-        if why is not None and rec.server is None:
+        if why is not None and not rec.replied:  # a malformed TRACE keeps its own note
             log.warning("inference %d: the trace holds the device's side only: %s", job.id, why)
             rec.server_note = why
         offset, uncertainty = self.est.clock.value, self.est.clock.uncertainty
@@ -676,7 +676,7 @@ class Engine:
 
     def _on_trace(self, h, rest, nbytes) -> None:
         job = self._job_of(h, nbytes) or self._traced(h)
-        if job is None or job.trace is None or not job.trace.asked or job.trace.server is not None:
+        if job is None or job.trace is None or not job.trace.asked or job.trace.replied:
             return  # not asked for (or already here): ignored
         job.trace.server_reply(h, rest, self.tg.n_tiles, now())
         if job.id in self._tracing:

@@ -93,6 +93,7 @@ class TraceRecord:
         self.results: list[dict] = []        # RESULTs taken in: ids, bytes, t0, t1 (device)
         self.server: dict | None = None      # the TRACE reply: header, ids, t0, t1, worker, t_recv
         self.server_note = "the server was not used"
+        self.replied = False                 # a TRACE came, well-formed or not
         self.asked = False                   # BEGIN asked the server for its side
         self.waited_from: float | None = None  # the inference finished; the TRACE was due
         self.deadline: float | None = None   # stop waiting for it then
@@ -123,6 +124,7 @@ class TraceRecord:
 
     def server_reply(self, header: dict, frames: list, n_tiles: int, t: float) -> None:
         """Takes a TRACE message; a malformed one is logged and left out, never raised."""
+        self.replied = True
         try:
             ids, t0, t1, worker = P.unpack_trace_rows(header, frames, n_tiles)
         except P.ProtocolError as e:
