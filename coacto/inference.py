@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import ir
+from . import protocol as P
 from .errors import CoactoError, InputError
 from .runtime import NativeRuntime, check, ffi, lib, native_graph, read_tile_trace
 from .tilegraph import TileGraph
@@ -55,6 +56,26 @@ def tile_work(tg: TileGraph) -> np.ndarray:
     return work
 
 
+def wire_ratios(tg: TileGraph, mode: str, feeds: dict | None = None) -> np.ndarray:
+    """Per layer: the bytes its tiles take encoded in ``mode`` per raw byte, from one local
+    inference on ``feeds`` (default: the graph's example inputs; cached per mode then). What a
+    client learns from its own inferences; the simulator prices tiles with it."""
+    cache = getattr(tg, "_wire_ratios", None)
+    if cache is None:
+        cache = tg._wire_ratios = {}
+    if feeds is None and mode in cache:
+        return cache[mode]
+    with NativeInference(NativeRuntime(1), tg) as ni:
+        ni.set_transfer(mode, measure=True)
+        ni.set_inputs(feeds if feeds is not None else tg.example_feeds())
+        ni.wait()
+        raw, enc = ni.wire_bytes()
+    ratio = np.where(raw > 0, enc / np.maximum(raw, 1), 1.0)
+    if feeds is None:
+        cache[mode] = ratio
+    return ratio
+
+
 class ReportQueue:
     """The runtime's report queue: poll `fd`, then `take()` the reports."""
 
@@ -78,10 +99,12 @@ class NativeInference:
     """A coacto_inference: created, planned, fed, waited on, read, destroyed (close)."""
 
     def __init__(self, rt: NativeRuntime, tg: TileGraph, tag: int = 0):
+        self.handle = None
         self.tg = tg
         self.rt = rt  # keeps the threads alive while this inference exists
         self.native = native_graph(tg)
         self.tag = tag
+        self.transfer = "raw"
         out = ffi.new("coacto_inference **")
         check(lib.coacto_inference_create(rt.handle, self.native.handle, out), "creating an inference")
         self.handle = out[0]
@@ -188,6 +211,76 @@ class NativeInference:
             check(st, "completing tiles")
         return int(counts[0]), int(counts[1])
 
+    def set_transfer(self, mode: str, measure: bool = False) -> None:
+        """Encode sent tiles in `mode` (protocol.TRANSFER_MODES; the send rule prices each tile at
+        its encoded size); `measure` also sums per layer the raw and encoded bytes of every tile
+        completed here (wire_bytes). Before the first input is set."""
+        code = P.TRANSFER_MODES.get(mode)
+        if code is None:
+            raise InputError(f"unknown transfer mode {mode!r}: use one of "
+                             f"{', '.join(P.TRANSFER_MODES)}")
+        check(lib.coacto_inference_set_transfer(self.handle, code, int(bool(measure))),
+              "setting the transfer mode")
+        self.transfer = mode
+
+    def wire_bytes(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per layer: (raw, encoded) bytes of the tiles completed here (set_transfer measure)."""
+        n = len(self.tg.graph.layers)
+        raw, enc = np.zeros(n, np.int64), np.zeros(n, np.int64)
+        check(lib.coacto_inference_wire_bytes(self.handle, ffi.from_buffer("int64_t[]", raw),
+                                              ffi.from_buffer("int64_t[]", enc), n),
+              "reading the wire sizes (set_transfer(measure=True) first)")
+        return raw, enc
+
+    def take_sends_encoded(self, max_bytes: int, max_tiles: int = 4096):
+        """Queued tiles to send, encoded in the transfer mode: (ids int32, lens int32, data
+        uint8), up to max_bytes of data (one tile alone if it is larger)."""
+        ids = np.empty(max_tiles, dtype=np.int32)
+        lens = np.empty(max_tiles, dtype=np.int32)
+        data = np.empty(max(1, max_bytes), dtype=np.uint8)
+        used = ffi.new("int64_t *")
+        take = lib.coacto_inference_take_sends_encoded
+        n = take(self.handle, ffi.from_buffer("int32_t[]", ids), ffi.from_buffer("int32_t[]", lens),
+                 max_tiles, ffi.from_buffer("uint8_t[]", data), data.size, used)
+        if n == 0 and self.queued_bytes() > max_bytes:  # the next tile alone is larger
+            return self.take_sends_encoded(self.queued_bytes(), 1)
+        return ids[:n], lens[:n], data[:used[0]]
+
+    def put_tiles_encoded(self, mode: str, ids: np.ndarray, lens: np.ndarray, data) -> tuple[int, int]:
+        """put_tiles from tiles encoded in `mode`; bad ids, lengths or bitmaps raise InputError
+        and apply nothing."""
+        code = P.TRANSFER_MODES.get(mode)
+        if code is None:
+            raise InputError(f"unknown transfer encoding {mode!r}")
+        ids = np.ascontiguousarray(ids, dtype=np.int32)
+        lens = np.ascontiguousarray(lens, dtype=np.int32)
+        data = np.frombuffer(data, dtype=np.uint8) if not isinstance(data, np.ndarray) else data
+        if ids.shape != lens.shape:
+            raise InputError(f"{ids.size} tile ids but {lens.size} lengths")
+        counts = ffi.new("int32_t[2]")
+        st = lib.coacto_inference_put_tiles_encoded(
+            self.handle, code, ffi.from_buffer("int32_t[]", ids), ffi.from_buffer("int32_t[]", lens),
+            ids.size, ffi.from_buffer("uint8_t[]", data) if data.size else ffi.NULL, data.size,
+            counts, counts + 1)
+        if st == lib.COACTO_ERR_INVALID_ARGUMENT:
+            raise InputError("encoded tiles do not match their ids: lengths, bitmaps or scales")
+        if st != lib.COACTO_ERR_CANCELLED:
+            check(st, "completing tiles")
+        return int(counts[0]), int(counts[1])
+
+    def get_tiles_encoded(self, mode: str, ids) -> tuple[np.ndarray, np.ndarray]:
+        """get_tiles encoded in `mode`: (lens int32, data uint8)."""
+        ids = np.ascontiguousarray(ids, dtype=np.int32)
+        lens = np.empty(ids.size, dtype=np.int32)
+        out = np.empty(4 * self._floats(ids) + 4 * ids.size + 1, dtype=np.uint8)
+        used = ffi.new("int64_t *")
+        if ids.size:
+            check(lib.coacto_inference_get_tiles_encoded(
+                self.handle, P.TRANSFER_MODES[mode], ffi.from_buffer("int32_t[]", ids), ids.size,
+                ffi.from_buffer("int32_t[]", lens), ffi.from_buffer("uint8_t[]", out), out.size,
+                used), "reading tiles")
+        return lens, out[:used[0]]
+
     def take_sends(self, max_bytes: int = 1 << 20, max_tiles: int = 4096) -> tuple[np.ndarray, np.ndarray]:
         """Queued tiles to send (shallowest first): (ids int32, data float32)."""
         ids = np.empty(max_tiles, dtype=np.int32)
@@ -256,5 +349,6 @@ class NativeInference:
         lib.coacto_inference_get_stats(self.handle, s)
         return {"tiles_total": s.tiles_total, "tiles_computed": s.tiles_computed,
                 "tiles_external": s.tiles_external, "tiles_dropped": s.tiles_dropped,
-                "tiles_sent": s.tiles_sent, "bytes_sent": s.bytes_sent, "seconds": s.seconds,
+                "tiles_sent": s.tiles_sent, "bytes_sent": s.bytes_sent,
+                "bytes_sent_raw": s.bytes_sent_raw, "seconds": s.seconds,
                 "peak_activation_bytes": s.peak_bytes}

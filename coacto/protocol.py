@@ -21,9 +21,10 @@ MODEL_MISSING = "model_missing"  # s->c {graph_id, model_hash}
 MODEL_UPLOAD = "model_upload"    # c->s {graph_id, model_hash, params} + [onnx bytes]
 MODEL_READY = "model_ready"  # s->c {graph_id, tiles}
 BEGIN = "begin"              # c->s {inf, graph_id, trace?}          (no reply; errors as ERROR)
-TILES = "tiles"              # c->s {inf, batch, t_send} + [ids int32] + [data float32]
+TILES = "tiles"              # c->s {inf, batch, t_send, enc?} + [ids int32] + [lens int32, when
+                             #   enc] + [data: float32, or tiles encoded as enc says]
 ACK = "ack"                  # s->c {inf, batch, bytes, t_send, t_server}: one per TILES
-RESULT = "result"            # s->c {inf} + [ids int32] + [data float32]: exit tiles
+RESULT = "result"            # s->c {inf, ts?, enc?} + [ids int32] + [lens int32, when enc] + [data]
 CANCEL = "cancel"            # c->s {inf}: free the server's state for this inference
 DONE = "done"                # s->c {inf}: every exit tile was sent
 HEARTBEAT = "heartbeat"      # c->s {t_send}                         s->c STATS
@@ -46,6 +47,12 @@ E_UNKNOWN_INFERENCE = 6  # inf not begun (or already freed)
 E_BAD_TILES = 7          # unknown tile ids or sizes that do not match
 E_BUSY = 8               # too many inferences in flight for this device
 E_INTERNAL = 9
+
+#: Transfer encodings of tile data (docs/PROTOCOL.md §2): the wire name -> the runtime's mode.
+#: "raw" is what a TILES or RESULT without `enc` carries; a server lists the others it reads in
+#: HELLO_OK `transfer`.
+TRANSFER_MODES = {"raw": 0, "lossless": 1, "f16": 2, "int8": 3}
+LOSSY_TRANSFERS = frozenset({"f16", "int8"})
 
 #: Frames at least this large are sent without copying (pyzmq zero-copy has a fixed cost).
 ZERO_COPY_MIN_BYTES = 64 * 1024

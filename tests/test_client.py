@@ -305,6 +305,52 @@ def test_split_and_fl_offload_when_told_where(server, squeezenet):
         assert client.last_stats["policy"] == "fl" and client.last_stats["tiles_sent"] > 0
 
 
+def test_tiles_travel_encoded_and_stay_exact(server, squeezenet):
+    """Lossless (the default) sends a ReLU cut in fewer bytes and equals onnxruntime; f16 and
+    int8 send a half and a quarter and stay close; the learnt per-layer ratios price the cuts."""
+    model, feeds, ref = squeezenet
+    tg = coacto.compile(model, tiles_per_layer=TILES)
+    from coacto.mobile.policies import cut_bytes, valid_cuts
+
+    # the first convolution followed by its ReLU (act 1), where about half the values are zero
+    cut = next(c for c in valid_cuts(tg) if tg.graph.layers[c].op == "CONV"
+               and tg.graph.layers[c].attrs.get("act") == 1)
+    bounds = {"lossless": (1e-4, 1.0), "f16": (2e-2, 0.5 + 1 / 32), "int8": (0.2, 0.25 + 1 / 32)}
+    for transfer, (rel, share) in bounds.items():
+        with Client(server.address, tg, threads=1, policy="split", split_layer=cut, timeout=10,
+                    model_bytes=model, transfer=transfer) as client:
+            client.connect(10)
+            for policy in ("split", "cloud"):
+                assert_close(client.infer(feeds, policy=policy), ref, rel=rel)
+                s = client.last_stats
+                assert s["transfer"] == transfer and s["tiles_from_server"] > 0, (policy, s)
+                assert 0 < s["tile_bytes_wire"] <= share * s["tile_bytes_raw"] + 4 * s["tiles_sent"]
+            # the ratios learnt from these inferences: the cut's planned bytes are what was sent
+            client.infer(feeds, policy="split")
+            s = client.last_stats
+            wire = client._estimates.wire
+            assert wire is not None and wire.max() <= share + 1e-6
+            planned = cut_bytes(tg, wire)[cut]
+            assert planned == pytest.approx(s["tile_bytes_wire"], rel=0.15)
+            if transfer == "lossless":
+                assert s["tile_bytes_wire"] < 0.9 * s["tile_bytes_raw"]  # ReLU zeros masked
+    with pytest.raises(coacto.CoactoError, match="transfer must be one of"):
+        Client(server.address, tg, transfer="zstd")
+
+
+def test_a_server_that_reads_no_encodings_gets_raw_floats(server, squeezenet):
+    model, feeds, ref = squeezenet
+    with Client(server.address, model, threads=1, policy="cloud", tiles_per_layer=TILES,
+                timeout=10) as client:
+        client.connect(10)
+        client._engine.session.server_info.pop("transfer")  # what an older server says
+        for policy in ("cloud", "dynamic"):
+            assert_close(client.infer(feeds, policy=policy), ref, rel=1e-4)
+            s = client.last_stats
+            assert s["transfer"] == "raw" and s["tile_bytes_wire"] == s["tile_bytes_raw"]
+            assert s["tile_bytes_raw"] > 0 or s["server_skipped"]
+
+
 def test_a_tensor_sent_whole_leaves_when_its_last_tile_completes(server, squeezenet, tmp_path):
     # The runtime announces only the first tile queued; split's cut goes out in one message once
     # all its tiles are queued, so the last one's completion must wake the engine (it once waited
@@ -462,12 +508,13 @@ def test_a_failed_server_inference_means_an_immediate_local_finish(squeezenet, m
     from coacto.errors import NativeError
     from coacto.server import tenants
 
-    def no_outputs(self, ids):
+    def no_outputs(self, *args):
         raise NativeError("reading output tiles: out of memory")
 
     model, feeds, ref = squeezenet
     monkeypatch.setattr(tenants.NativeInference, "failure", lambda self: "out of memory")
     monkeypatch.setattr(tenants.NativeInference, "get_tiles", no_outputs)
+    monkeypatch.setattr(tenants.NativeInference, "get_tiles_encoded", no_outputs)
     with Server("tcp://127.0.0.1:0", threads=1) as srv, \
             Client(srv.address, model, threads=1, policy="cloud", tiles_per_layer=TILES,
                    timeout=30.0) as client:

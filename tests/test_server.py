@@ -133,6 +133,41 @@ def tiles_message(inf, tiles, batch=0):
         ids.tobytes(), data.tobytes()
 
 
+def np_encode(enc: str, x: np.ndarray) -> bytes:
+    """One tile in a transfer encoding (docs/PROTOCOL.md §2), written from the text in numpy."""
+    x = np.asarray(x, np.float32)
+    n = x.size
+    nz = x.view(np.uint32) != 0
+    head = b""
+    if enc == "f16":
+        vals = x.astype(np.float16)
+    elif enc == "int8":
+        scale = np.float32(np.abs(x).max() / 127)
+        head = scale.tobytes()
+        vals = np.clip(np.rint(x / scale if scale else x * 0), -127, 127).astype(np.int8)
+    else:
+        vals = x
+    dense = head + vals.tobytes()
+    masked = head + np.packbits(nz, bitorder="little").tobytes() + vals[nz].tobytes()
+    return masked if enc != "raw" and len(masked) < len(dense) else dense
+
+
+def np_decode(enc: str, b: np.ndarray, n: int) -> np.ndarray:
+    b = np.asarray(b, np.uint8)
+    head, scale = (4, np.frombuffer(b[:4].tobytes(), np.float32)[0]) if enc == "int8" else (0, 1)
+    dt = {"lossless": np.float32, "raw": np.float32, "f16": np.float16, "int8": np.int8}[enc]
+    vb = np.dtype(dt).itemsize
+    body = b[head:]
+    if body.size == vb * n:
+        vals = np.frombuffer(body.tobytes(), dt).astype(np.float32)
+    else:
+        nb = (n + 7) // 8
+        nz = np.unpackbits(body[:nb], bitorder="little")[:n].astype(bool)
+        vals = np.zeros(n, np.float32)
+        vals[nz] = np.frombuffer(body[nb:].tobytes(), dt).astype(np.float32)
+    return vals * scale if enc == "int8" else vals
+
+
 class Results:
     """Assembles the output layers from RESULT tiles."""
 
@@ -143,10 +178,21 @@ class Results:
                                   np.nan, np.float32) for li in set(tg.graph.outputs.values())}
         self.tiles = []
 
-    def add(self, frames):
+    def add(self, frames, enc=None):
         ids = np.frombuffer(frames[0], "<i4")
-        data = np.frombuffer(frames[1], "<f4")
         b, layer_of = self.tg.plan.tile_bounds, self.tg.plan.tile_layer
+        if enc is None:
+            data = np.frombuffer(frames[1], "<f4")
+        else:  # decoded by the numpy oracle below, not the runtime
+            lens = np.frombuffer(frames[1], "<i4")
+            assert len(frames) == 3 and lens.size == ids.size and lens.sum() == len(frames[2])
+            raw, at = np.frombuffer(frames[2], np.uint8), 0
+            parts = []
+            for t, ln in zip(ids.tolist(), lens.tolist()):
+                c0, c1, r0, r1 = b[t]
+                parts.append(np_decode(enc, raw[at:at + ln], (c1 - c0) * (r1 - r0)))
+                at += ln
+            data = np.concatenate(parts)
         pos = 0
         for t in ids.tolist():
             c0, c1, r0, r1 = b[t]
@@ -173,7 +219,7 @@ def collect(dev: Device, tg, inf, timeout=20.0, heartbeat=None):
             continue
         h, frames = P.unpack(dev.sock.recv_multipart())
         if h["t"] == P.RESULT and h["inf"] == inf:
-            res.add(frames)
+            res.add(frames, h.get("enc"))
         elif h["t"] == P.ACK:
             acks.append(h)
         elif h["t"] == P.DONE and h["inf"] == inf:
@@ -568,6 +614,67 @@ def test_output_tiles_from_the_device_are_not_sent_back(device, model):
     assert mine not in res.tiles
     assert sorted(res.tiles + [mine]) == list(range(first[li], first[li + 1]))
     res.add([np.asarray([mine], "<i4").tobytes(), own.astype("<f4").tobytes()])
+    assert_matches(res.outputs(), model["ref"])
+
+
+def encoded_tiles_message(inf, tiles, enc, batch=0):
+    ids = np.asarray([t for t, _ in tiles], dtype="<i4")
+    parts = [np_encode(enc, d) for _, d in tiles]
+    lens = np.asarray([len(p) for p in parts], dtype="<i4")
+    return {"t": P.TILES, "inf": inf, "batch": batch, "t_send": time.monotonic(), "enc": enc}, \
+        ids.tobytes(), lens.tobytes(), b"".join(parts)
+
+
+@pytest.mark.parametrize("enc,rel", [("lossless", 1e-4), ("f16", 2e-2), ("int8", 0.2)])
+def test_encoded_tiles_in_and_results_out(device, model, server, enc, rel):
+    """A device that encodes its tiles as the protocol text says (numpy, not the runtime) and
+    asks for lossless RESULTs gets onnxruntime's outputs (exactly, or within what the rounding
+    of its own tiles costs), with fewer bytes than float32 would take."""
+    tg = model["tg"]
+    h, _ = device.rpc({"t": P.HELLO, "v": P.PROTOCOL_VERSION})
+    assert set(h["transfer"]) == {"lossless", "f16", "int8"}
+    inf = f"enc-{enc}"
+    device.send({"t": P.BEGIN, "inf": inf, "graph_id": tg.graph_id, "result_enc": "lossless"})
+    msg = encoded_tiles_message(inf, model["tiles"], enc)
+    device.send(*msg)
+    res, acks, done, others = collect(device, tg, inf)
+    assert not [o for o in others if o["t"] == P.ERROR], others
+    assert acks[0]["accepted"] == len(model["tiles"])
+    raw_bytes = sum(d.nbytes for _, d in model["tiles"])
+    # an image has no zeros: lossless sends it dense, the others at half and a quarter
+    assert len(msg[3]) <= raw_bytes * {"lossless": 1.0, "f16": 0.5, "int8": 0.26}[enc]
+    ref = model["ref"]
+    got = res.outputs()
+    for k in ref:
+        scale = float(np.abs(ref[k]).max())
+        assert float(np.abs(got[k] - ref[k]).max()) <= rel * scale, (k, enc)
+
+
+def test_encoded_tiles_that_do_not_fit_are_refused_whole(device, model, server):
+    tg = model["tg"]
+    gid = tg.graph_id
+    device.send({"t": P.BEGIN, "inf": "bad-enc", "graph_id": gid})
+    header, ids, lens, data = encoded_tiles_message("bad-enc", model["tiles"][:2], "lossless")
+    short = np.frombuffer(lens, "<i4").copy()
+    short[0] -= 4
+    bad = [
+        [{**header, "enc": "zip"}, ids, lens, data],               # unknown encoding
+        [{**header, "enc": 5}, ids, lens, data],
+        [header, ids, data],                                       # no lengths frame
+        [header, ids, lens[:-4], data],                            # a length short
+        [header, ids, lens, data[:-1]],                            # data short of the lengths
+        [header, ids, short.tobytes(), data[:-4]],                 # a tile short of its floats
+        [header, ids, lens, data + b"\0"],
+    ]
+    for frames in bad:
+        e = device.error(*frames)
+        assert e["code"] == P.E_BAD_TILES and e["batch"] == 0, e
+    e = device.error({"t": P.BEGIN, "inf": "bad-res", "graph_id": gid, "result_enc": "int8"})
+    assert e["code"] == P.E_BAD_MESSAGE and "result_enc" in e["text"]
+    # nothing of it was applied: the whole input, once, still makes an exact inference
+    device.send(*tiles_message("bad-enc", model["tiles"]))
+    res, acks, done, others = collect(device, tg, "bad-enc")
+    assert acks[-1]["accepted"] == len(model["tiles"]) and acks[-1]["duplicates"] == 0
     assert_matches(res.outputs(), model["ref"])
 
 

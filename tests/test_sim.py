@@ -63,6 +63,7 @@ def sim(tg, policy, **kw):
     kw.setdefault("device", DEVICE)
     kw.setdefault("server", SERVER)
     kw.setdefault("rtt_ms", 2.0)
+    kw.setdefault("transfer", "raw")  # the byte counts below are of float32 tiles
     if "trace" not in kw:
         kw.setdefault("bandwidth_mbps", 8.0)  # 1e6 bytes/s
     return simulate(tg, policy, **kw)
@@ -94,6 +95,20 @@ def test_quota_and_per_tile_overhead():
     # each (two layers of two tiles), the last tile alone gets the whole half core
     r = sim(tg, "local", device=dev, device_threads=2, quota=0.5)
     assert r.p50 == pytest.approx((4 + 4 + 2) * (1e-3 + 100e-6), rel=1e-12)
+
+
+def test_encoded_transfers_take_their_layers_share_of_the_bytes():
+    tg = chain()
+    wire = np.full(tg.n_layers, 0.5)
+    raw = sim(tg, "cloud", transfer="raw").inferences[0]
+    half = sim(tg, "cloud", transfer="lossless", wire=wire).inferences[0]
+    # two input tiles of 1000 bytes: 500 each, plus a 4-byte length per tile
+    assert raw.bytes_sent - half.bytes_sent == 2 * 500 - 2 * 4
+    assert half.latency_s < raw.latency_s
+    with pytest.raises(SimError, match="one ratio per layer"):
+        sim(tg, "cloud", transfer="lossless", wire=[0.5])
+    with pytest.raises(SimError, match="transfer must be one of"):
+        sim(tg, "cloud", transfer="zip")
 
 
 @pytest.mark.parametrize("cores,compute", [(1, 5 * 1e-4), (2, 3 * 1e-4)])

@@ -29,6 +29,8 @@ examples:
                 --compute-cgroup /sys/fs/cgroup/cpu/slow-device     (a throttled device)
   coacto-client --server tcp://127.0.0.1:5555 --model resnet50 --random --policy dynamic \\
                 --bandwidth 20mbit --trace t.json       (then open t.json in ui.perfetto.dev)
+  coacto-client --server tcp://127.0.0.1:5555 --model resnet50 --random --transfer f16 \
+                --bandwidth 5mbit       (half the bytes; outputs within float16 rounding)
 
 policies: local (this device alone), cloud (send the whole input, then the server infers),
 split (one split layer chosen from the estimates, its tensor sent whole), fl (fused-layer: the
@@ -36,7 +38,8 @@ first layers split spatially), dynamic (CoActo: tile by tile, transmission and c
 overlapped on both sides).
 --bandwidth takes tc's units: bit, kbit, mbit, gbit (bits/s); bps, kbps, mbps (bytes/s); a bare
 number is bits/s. With --json every inference prints one JSON object on stdout (latency_s,
-tiles_local, tiles_sent, tiles_from_server, bytes_sent, fallback, bandwidth_est_mbps, ...).
+tiles_local, tiles_sent, tiles_from_server, bytes_sent, tile_bytes_raw / tile_bytes_wire (the
+sent tiles as float32 and as encoded), fallback, bandwidth_est_mbps, ...).
 --trace writes the last inference (with --repeat) as one Chrome trace-event JSON of both sides on
 this device's clock: the tiles each device and server thread computed, every TILES batch and
 RESULT on the link with arrows from the tile sent to its first use, the scheduler's decisions
@@ -70,6 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rtt-ms", type=float, default=0.0, metavar="MS",
                    help="add this round-trip delay to the link, half each way (emulates a "
                         "distant server; with or without --bandwidth)")
+    p.add_argument("--transfer", default="lossless", choices=["lossless", "f16", "int8", "raw"],
+                   help="how tiles travel to the server: lossless (default: each tile's zeros "
+                        "masked out, bit-exact), f16 or int8 (lossy, a half / a quarter of the "
+                        "bytes; outputs differ by what the rounding costs), raw (float32)")
     p.add_argument("--repeat", type=int, default=1, metavar="R",
                    help="inferences to run (default 1)")
     p.add_argument("--timeout", type=float, default=5.0, metavar="S",
@@ -140,7 +147,7 @@ def run(args) -> int:
     feeds = load_inputs(args.input, tg, args.random)
     with Client(args.server, tg, threads=args.threads, policy=args.policy,
                 bandwidth=args.bandwidth, timeout=args.timeout, rtt_ms=args.rtt_ms,
-                model_bytes=args.model_bytes or onnx_bytes) as client:
+                model_bytes=args.model_bytes or onnx_bytes, transfer=args.transfer) as client:
         if args.compute_cgroup:
             join_cgroup(Path(args.compute_cgroup), client.compute_threads)
         if args.server is not None and args.policy != "local":
@@ -161,6 +168,8 @@ def run(args) -> int:
                       f"{stats['latency_s'] * 1e3:.2f} ms, "
                       f"{stats['tiles_local']} tiles here, {stats['tiles_sent']} sent, "
                       f"{stats['tiles_from_server']} from the server"
+                      + (f", {stats['tile_bytes_wire'] / 1e3:.1f} of {stats['tile_bytes_raw'] / 1e3:.1f}"
+                         f" kB on the wire ({stats['transfer']})" if stats["tile_bytes_raw"] else "")
                       + (f" (fallback: {stats['fallback_reason']})" if stats["fallback"] else ""),
                       file=sys.stderr, flush=True)
         if not args.json:

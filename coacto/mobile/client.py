@@ -21,6 +21,7 @@ from concurrent.futures import Future
 
 import numpy as np
 
+from .. import protocol as P
 from ..errors import CoactoError, ModelError
 from ..inference import now
 from ..partition import OFFLOAD_MIN_COLUMN_BLOCKS
@@ -132,7 +133,12 @@ class Client:
     FLOP/s on the model (default: measured by one local run when split or fl first need it).
     ``split_layer`` / ``fl_layer`` / ``device_share``: fix the split point or the fused stack
     instead of choosing them from the estimates. ``trace``: a path; every inference then writes a
-    merged trace of both sides there (see ``infer_async``).
+    merged trace of both sides there (see ``infer_async``). ``transfer``: how tile data travels to
+    the server: ``"lossless"`` (default: the zeros of each tile masked out, bit-exact),
+    ``"f16"`` or ``"int8"`` (lossy: half floats, or bytes with a scale per tile; the outputs
+    then differ from onnxruntime's by what the rounding of the sent tiles causes) or ``"raw"``
+    (float32 as computed). Results come back lossless. The scheduler prices every tile at the
+    bytes it will really take.
     """
 
     def __init__(self, server, model, threads: int | None = None, policy: str = "dynamic",
@@ -140,8 +146,12 @@ class Client:
                  input_shapes: dict | None = None, *, model_bytes=None,
                  device_flops: float | None = None, split_layer: int | None = None,
                  fl_layer: int | None = None, device_share: float | None = None, name=None,
-                 trace=None, rtt_ms: float = 0.0):
+                 trace=None, rtt_ms: float = 0.0, transfer: str = "lossless"):
         self.policy = self._check_policy(policy)
+        if transfer not in P.TRANSFER_MODES:
+            raise CoactoError(f"transfer must be one of {', '.join(P.TRANSFER_MODES)}, got "
+                              f"{transfer!r}")
+        self.transfer = transfer
         self.trace = self._check_trace(trace)
         if not (isinstance(timeout, (int, float)) and timeout > 0):
             raise CoactoError(f"timeout must be a positive number of seconds, got {timeout!r}")
@@ -177,6 +187,7 @@ class Client:
         self._options = {"split_layer": split_layer, "fl_layer": fl_layer,
                          "device_share": device_share}
         self._estimates = Estimates(rate, device_flops)
+        self._estimates.set_transfer(transfer, len(self.graph.graph.layers))
         self._ids = itertools.count(1)
         self._calibrate_lock = threading.Lock()
         self._closed = False
@@ -185,7 +196,7 @@ class Client:
             address=address, tg=self.graph, model_bytes=self.model_bytes,
             runtime=self._runtime._rt, estimates=self._estimates, timeout=self.timeout,
             uplink=self._emulated_link(rate), downlink=self._emulated_link(rate),
-            on_finish=_recorder(weakref.ref(self)), name=name)
+            on_finish=_recorder(weakref.ref(self)), name=name, transfer=transfer)
         self._engine.start(connect=self.policy != "local")
         # a Client dropped without close() still stops its thread and releases its runtime
         self._finalizer = weakref.finalize(self, _release, self._engine, self._runtime)

@@ -79,8 +79,10 @@ class Engine:
     """The communication engine of one Client (see the module text)."""
 
     def __init__(self, *, address, tg, model_bytes, runtime, estimates, timeout, uplink=None,
-                 downlink=None, on_finish=None, name=None):
+                 downlink=None, on_finish=None, name=None, transfer="lossless"):
         self.address = address
+        self.transfer = transfer  # what the device asks for; raw with a server that lacks it
+        self._transfer_warned = False
         self.tg = tg
         self.rt = runtime
         self.est = estimates
@@ -340,7 +342,7 @@ class Engine:
             return False
         local, offloaded = policies.local_and_best_offload(
             self.tg, e.device_flops, e.server_flops, e.bandwidth, e.rtt.value, e.alpha,
-            e.downlink)
+            e.downlink, self._wire())
         offloaded = e.offloaded_s(offloaded)
         if offloaded < local * (1.0 - OFFLOAD_MIN_GAIN):
             self._gated = 0
@@ -380,7 +382,25 @@ class Engine:
         return policies.make_plan(job.policy, self.tg, device_flops=e.device_flops,
                                   server_flops=e.server_flops, bandwidth=e.bandwidth,
                                   rtt=e.rtt.value, alpha=e.alpha, downlink=e.downlink,
-                                  **job.options)
+                                  wire=self._wire(), **job.options)
+
+    def _transfer_now(self) -> str:
+        """The encoding this device's tiles take: the one asked for, unless the server (when
+        one is connected) does not read it (an older server: raw floats then)."""
+        mode = self.transfer
+        if mode == "raw" or not self.session.ready:
+            return mode
+        if mode in (self.session.server_info.get("transfer") or ()):
+            return mode
+        if not self._transfer_warned:
+            self._transfer_warned = True
+            log.warning("the server does not read %s tile transfers (an older server): sending "
+                        "raw float32", mode)
+        return "raw"
+
+    def _wire(self):
+        """Bytes on the wire per raw byte, per layer, for the encoding now in use (None: raw)."""
+        return self.est.wire if self._transfer_now() != "raw" else None
 
     def _start(self, job: Job, plan) -> None:
         """Starts a job with ``plan`` (a Plan, or a function making one); a failure fails only
@@ -403,6 +423,9 @@ class Engine:
             # waits for its last tile, whose completion must wake this loop, not MAX_POLL_S.
             report = (plan.send == SEND_ALWAYS).astype(np.uint8)
         native.set_plan(plan.local, plan.send, report)  # any plan: REPORT_DONE is announced
+        mode = self._transfer_now()
+        if mode != "raw":  # every inference measures what its tiles would take encoded
+            native.set_transfer(mode, measure=True)
         if job.trace is not None:
             native.enable_trace()
             job.trace.threads = self.rt.threads
@@ -410,8 +433,8 @@ class Engine:
         if plan.uses_server:
             send = plan.send
             job.inputs_to_send = int((send[self._is_input] == SEND_ALWAYS).sum())
-            job.input_bytes = int(self.tg.plan.tile_bytes[self._is_input & (send == SEND_ALWAYS)]
-                                  .sum())
+            job.input_bytes = policies.wire_bytes(
+                self.tg, self._is_input & (send == SEND_ALWAYS), self._wire())
             job.decides = bool((send == SEND_DECIDE).any())
             if plan.info.get("send_whole"):
                 job.whole_bytes = int(self.tg.plan.tile_bytes[send == SEND_ALWAYS].sum())
@@ -427,11 +450,18 @@ class Engine:
         job.feeds = None
 
     def _attach(self, job: Job) -> None:
+        enc = job.native.transfer if job.native is not None else "raw"
+        if enc != "raw" and enc not in (self.session.server_info.get("transfer") or ()):
+            # planned before this server was known, and it cannot read the encoding
+            self._fallback(job, f"the server does not read {enc} tile transfers")
+            return
         t = now()
         job.attached, job.epoch, job.deadline = True, self.link.epoch, None
         job.t_begin = job.last_news = t
         job.sending = True
         begin = {"t": P.BEGIN, "inf": job.id, "graph_id": self.tg.graph_id}
+        if job.native is not None and job.native.transfer != "raw":
+            begin["result_enc"] = "lossless"  # the exit tiles come back exact, zeros masked
         if job.trace is not None:
             if self.session.server_info.get("trace") is True:
                 begin["trace"] = job.trace.asked = True
@@ -486,6 +516,8 @@ class Engine:
         if job.trace is not None:  # read before the native inference goes
             job.trace.device = native.tile_trace()
             job.trace.decisions = native.decisions()
+        if native.transfer != "raw":
+            self.est.on_wire(*native.wire_bytes())
         for frames in self.link.drop_job(job, now()):  # batches not sent yet: withdrawn
             self.est.goodput.forget((job.id, P.unpack(frames[:1])[0].get("batch")))
         if job.begin_released and job.epoch == self.link.epoch and not job.server_done \
@@ -652,15 +684,20 @@ class Engine:
                 t = now()
                 traced.trace.result(np.frombuffer(rest[0].buffer, dtype="<i4"), nbytes, t, t)
             return
-        if job.native is None or len(rest) != 2:
+        enc = h.get("enc")
+        if job.native is None or len(rest) != (2 if enc is None else 3):
             return
         ids = np.frombuffer(rest[0].buffer, dtype="<i4")
-        data = np.frombuffer(rest[1].buffer, dtype="<f4")
-        if data.ctypes.data % 4:
-            data = data.copy()
         t = now()
         try:
-            accepted, _dup = job.native.put_tiles(ids, data)
+            if enc is None:
+                data = np.frombuffer(rest[1].buffer, dtype="<f4")
+                accepted, _dup = job.native.put_tiles(ids, data.copy() if data.ctypes.data % 4
+                                                      else data)
+            else:
+                lens = np.frombuffer(rest[1].buffer, dtype="<i4")
+                accepted, _dup = job.native.put_tiles_encoded(str(enc), ids, lens,
+                                                              rest[2].buffer)
         except Exception as e:
             self._fallback(job, f"the server sent unusable results ({e})")
             return

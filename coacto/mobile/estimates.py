@@ -25,6 +25,8 @@ from __future__ import annotations
 import collections
 import logging
 
+import numpy as np
+
 log = logging.getLogger(__name__)
 
 #: Goodput before anything was measured, when no --bandwidth is given: 10 Mbit/s, a modest WiFi or
@@ -48,6 +50,12 @@ DEVICE_GAIN = 0.3
 GOODPUT_STALE_S = 2.0
 #: EWMA weight of a new offloaded inference's prediction error.
 OFFLOAD_ERROR_GAIN = 0.3
+#: Bytes on the wire per raw byte of a layer not measured yet, per transfer encoding: dense
+#: tiles (a tile is never sent larger than that).
+WIRE_PRIOR = {"raw": 1.0, "lossless": 1.0, "f16": 0.5, "int8": 0.25}
+#: EWMA weight of a new inference's measured wire ratio of a layer (activations' sparsity moves
+#: with the input, a little).
+WIRE_GAIN = 0.5
 #: RTT samples a min-filter spans.
 RTT_MIN_OF = 5
 #: A link may carry this much at once faster than its rate (a token bucket's burst, a Wi-Fi
@@ -274,6 +282,25 @@ class Estimates:
         #: (streaming overlaps what it adds up).
         self.offload_error = 0.0
         self.offload_outcomes = 0
+        #: Per layer: bytes its tiles take on the wire per raw byte in the transfer encoding
+        #: (set_transfer), learnt from every inference's tiles; None before set_transfer.
+        self.wire: np.ndarray | None = None
+        self.transfer = "raw"
+
+    def set_transfer(self, mode: str, n_layers: int) -> None:
+        self.transfer = mode
+        self.wire = np.full(n_layers, WIRE_PRIOR[mode])
+        self._wire_seen = np.zeros(n_layers, bool)
+
+    def on_wire(self, raw: np.ndarray, encoded: np.ndarray) -> None:
+        """One inference's raw and encoded bytes per layer (of the tiles completed here)."""
+        if self.wire is None or raw.shape != self.wire.shape:
+            return
+        m = raw > 0
+        ratio = encoded[m] / raw[m]
+        seen = self._wire_seen[m]
+        self.wire[m] = np.where(seen, self.wire[m] + WIRE_GAIN * (ratio - self.wire[m]), ratio)
+        self._wire_seen[m] = True
 
     @property
     def bandwidth(self) -> float:

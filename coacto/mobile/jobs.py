@@ -78,7 +78,7 @@ class Job:
             self.queued_since = None
             return None
         if self.whole_bytes:  # cloud / split: the whole tensor in one message, once all is here
-            if queued < self.whole_bytes:
+            if native.stats()["bytes_sent_raw"] < self.whole_bytes:
                 return None
             self.whole_bytes = 0
             max_bytes = max(max_bytes, queued)
@@ -89,24 +89,24 @@ class Job:
             if t < self.queued_since + COALESCE_S:
                 return None
         self.queued_since = None
-        ids = np.empty(MAX_BATCH_TILES, dtype=np.int32)
-        data = np.empty(max(1, min(queued, max_bytes) // 4), dtype=np.float32)
-        used = ffi.new("int64_t *")
-        take = lib.coacto_inference_take_sends
-        n = take(native.handle, ffi.from_buffer("int32_t[]", ids), MAX_BATCH_TILES,
-                 ffi.from_buffer("float[]", data), data.size, used)
-        if n == 0:  # the next tile alone is larger than a batch: it goes alone
-            data = np.empty(max(1, queued // 4), dtype=np.float32)
-            n = take(native.handle, ffi.from_buffer("int32_t[]", ids), 1,
-                     ffi.from_buffer("float[]", data), data.size, used)
-            if n == 0:
+        header = {"t": P.TILES, "inf": self.id, "batch": self.batches + 1, "t_send": 0.0}
+        if native.transfer != "raw":
+            ids, lens, data = native.take_sends_encoded(min(queued, max_bytes), MAX_BATCH_TILES)
+            if ids.size == 0:
                 return None
-        ids, data = ids[:n], data[:used[0]]
+            header["enc"] = native.transfer
+            payload = (ids, lens, data)
+        else:
+            ids, data = self._take_raw(queued, max_bytes)
+            if ids.size == 0:
+                return None
+            payload = (ids, data)
         t = now()
         self.batches += 1
         batch = self.batches
-        frames = P.pack({"t": P.TILES, "inf": self.id, "batch": batch, "t_send": t}, ids, data)
-        nbytes = len(frames[0]) + ids.nbytes + data.nbytes
+        header["t_send"] = t
+        frames = P.pack(header, *payload)
+        nbytes = len(frames[0]) + sum(a.nbytes for a in payload)
         goodput.sent((self.id, batch), nbytes, t)
         if self.trace is not None:
             self.trace.handed(batch, ids, nbytes, t)
@@ -117,6 +117,20 @@ class Job:
             if self.inputs_to_send <= 0:
                 self.input_batch = batch
         return frames
+
+    def _take_raw(self, queued: int, max_bytes: int):
+        native = self.native
+        ids = np.empty(MAX_BATCH_TILES, dtype=np.int32)
+        data = np.empty(max(1, min(queued, max_bytes) // 4), dtype=np.float32)
+        used = ffi.new("int64_t *")
+        take = lib.coacto_inference_take_sends
+        n = take(native.handle, ffi.from_buffer("int32_t[]", ids), MAX_BATCH_TILES,
+                 ffi.from_buffer("float[]", data), data.size, used)
+        if n == 0:  # the next tile alone is larger than a batch: it goes alone
+            data = np.empty(max(1, queued // 4), dtype=np.float32)
+            n = take(native.handle, ffi.from_buffer("int32_t[]", ids), 1,
+                     ffi.from_buffer("float[]", data), data.size, used)
+        return ids[:n], data[:used[0]]
 
     def complete(self, outputs: dict, stats: dict) -> None:
         self.future.stats = stats
@@ -155,6 +169,10 @@ def job_stats(job: Job, native: dict, t: float, engine) -> dict:
         "tiles_dropped": native["tiles_dropped"],
         "bytes_sent": job.bytes_sent,
         "bytes_received": job.bytes_received,
+        # the tiles' data alone, as float32 and as encoded for the wire
+        "tile_bytes_raw": native["bytes_sent_raw"],
+        "tile_bytes_wire": native["bytes_sent"],
+        "transfer": job.native.transfer if job.native is not None else "raw",
         "batches": job.batches,
         "offloaded": job.t_begin is not None,
         "fallback": job.fallback,

@@ -121,15 +121,43 @@ def single_tensor_cuts(tg: TileGraph) -> list[int]:
     return cached
 
 
-def cut_bytes(tg: TileGraph) -> dict[int, float]:
-    """{valid cut: the bytes sent there} (computed once per graph: plans are made per
-    inference)."""
-    cached = getattr(tg, "_cut_bytes", None)
+def layer_bytes(tg: TileGraph) -> np.ndarray:
+    """Raw (float32) bytes of each layer's output."""
+    cached = getattr(tg, "_layer_bytes", None)
     if cached is None:
-        tb = tg.plan.tile_bytes
-        cached = {c: float(tb[cut_tiles(tg, c)].sum()) for c in valid_cuts(tg)}
-        tg._cut_bytes = cached
+        first = tg.plan.layer_first_tile
+        cs = np.concatenate([[0], np.cumsum(tg.plan.tile_bytes, dtype=np.int64)])
+        cached = (cs[first[1:]] - cs[first[:-1]]).astype(np.float64)
+        tg._layer_bytes = cached
     return cached
+
+
+def wire_bytes(tg: TileGraph, tiles, wire=None) -> float:
+    """Bytes the given tiles (ids or a bool mask) take on the wire: raw bytes times their
+    layer's ratio in ``wire`` (per layer; None: raw)."""
+    tb = tg.plan.tile_bytes[tiles]
+    if wire is None:
+        return float(tb.sum())
+    return float((tb * np.asarray(wire)[tg.plan.tile_layer[tiles]]).sum())
+
+
+def cut_bytes(tg: TileGraph, wire=None) -> dict[int, float]:
+    """{valid cut: the bytes sent there}, raw or at the per-layer wire ratios ``wire`` (the
+    cuts' layers are found once per graph: plans are made per inference)."""
+    cached = getattr(tg, "_cut_members", None)
+    if cached is None:
+        cuts = valid_cuts(tg)
+        members = [cut_layers(tg, c) for c in cuts]
+        starts = np.cumsum([0] + [len(m) for m in members[:-1]])
+        cached = (cuts, np.concatenate(members).astype(np.int64) if members else
+                  np.zeros(0, np.int64), starts.astype(np.int64))
+        tg._cut_members = cached
+    cuts, layers, starts = cached
+    if not cuts:
+        return {}
+    per_layer = layer_bytes(tg) if wire is None else layer_bytes(tg) * np.asarray(wire)
+    sums = np.add.reduceat(per_layer[layers], starts)
+    return dict(zip(cuts, sums.tolist()))
 
 
 def cut_tiles(tg: TileGraph, c: int) -> np.ndarray:
@@ -172,7 +200,7 @@ def plan_cloud(tg: TileGraph) -> Plan:
 
 def plan_dynamic(tg: TileGraph, device_flops: float | None = None, server_flops: float = 1.0,
                  bandwidth: float = 1.0, rtt: float = 0.0, alpha: float = 1.0,
-                 downlink: float | None = None) -> Plan:
+                 downlink: float | None = None, wire=None) -> Plan:
     """Tile-level collaboration. Where the cost model (the one split uses) says sending the input
     is the best start — or before the device's speed is known — it is CoActo's rule: the input
     tiles go first and every other tile is sent when the ECT rule says the server gets it sooner
@@ -190,7 +218,7 @@ def plan_dynamic(tg: TileGraph, device_flops: float | None = None, server_flops:
     info: dict = {}
     cut = None
     if device_flops and device_flops > 0 and bandwidth > 0 and server_flops > 0:
-        costs = split_costs(tg, device_flops, server_flops, bandwidth, rtt, alpha, downlink)
+        costs = split_costs(tg, device_flops, server_flops, bandwidth, rtt, alpha, downlink, wire)
         cut = min(costs, key=lambda c: (costs[c], -c))
         info = {"predicted_s": costs[cut], "cut_name": tg.graph.layers[cut].name}
         first_input = min(tg.graph.inputs.values())
@@ -222,17 +250,19 @@ def output_bytes(tg: TileGraph) -> float:
 
 
 def split_costs(tg: TileGraph, device_flops: float, server_flops: float, bandwidth: float,
-                rtt: float, alpha: float = 1.0, downlink: float | None = None) -> dict[int, float]:
+                rtt: float, alpha: float = 1.0, downlink: float | None = None,
+                wire=None) -> dict[int, float]:
     """Predicted latency (s) of cutting after each valid layer; the last layer means all local.
-    An offloaded cut pays its tensors up at ``bandwidth`` and the exit tiles back at
-    ``downlink`` (default: the same)."""
+    An offloaded cut pays its tensors up at ``bandwidth`` (at the per-layer wire ratios
+    ``wire``: what the transfer encoding makes of them) and the exit tiles back at ``downlink``
+    (default: the same)."""
     back = output_bytes(tg) / (downlink or bandwidth)
     lf = layer_flops(tg)
     cum = np.cumsum(lf)
     total = float(cum[-1])
     last = tg.n_layers - 1
     costs = {}
-    sent = cut_bytes(tg)
+    sent = cut_bytes(tg, wire)
     for c in valid_cuts(tg):
         if c == last:
             costs[c] = total / device_flops
@@ -245,23 +275,23 @@ def split_costs(tg: TileGraph, device_flops: float, server_flops: float, bandwid
 
 def local_and_best_offload(tg: TileGraph, device_flops: float, server_flops: float,
                            bandwidth: float, rtt: float, alpha: float = 1.0,
-                           downlink: float | None = None) -> tuple[float, float]:
+                           downlink: float | None = None, wire=None) -> tuple[float, float]:
     """Predicted latency on the device alone, and with the best split point (inf if none)."""
-    costs = split_costs(tg, device_flops, server_flops, bandwidth, rtt, alpha, downlink)
+    costs = split_costs(tg, device_flops, server_flops, bandwidth, rtt, alpha, downlink, wire)
     local = costs.pop(tg.n_layers - 1)
     return local, min(costs.values(), default=float("inf"))
 
 
 def plan_split(tg: TileGraph, device_flops: float, server_flops: float, bandwidth: float,
                rtt: float, alpha: float = 1.0, layer: int | None = None,
-               downlink: float | None = None) -> Plan:
+               downlink: float | None = None, wire=None) -> Plan:
     """Cut at ``layer`` (a valid cut) or at the cut with the lowest predicted latency."""
     for name, v in (("device_flops", device_flops), ("server_flops", server_flops),
                     ("bandwidth", bandwidth)):
         if not (v and v > 0):
             raise PolicyError(f"split needs a positive {name}, got {v!r}")
     cuts = valid_cuts(tg)
-    costs = split_costs(tg, device_flops, server_flops, bandwidth, rtt, alpha, downlink)
+    costs = split_costs(tg, device_flops, server_flops, bandwidth, rtt, alpha, downlink, wire)
     last = tg.n_layers - 1
     if layer is None:
         layer = min(costs, key=lambda c: (costs[c], -c))  # ties: compute more here
@@ -343,16 +373,17 @@ def plan_fl(tg: TileGraph, device_flops: float, server_flops: float, alpha: floa
 def make_plan(policy: str, tg: TileGraph, *, device_flops: float | None = None,
               server_flops: float = 1.0, bandwidth: float = 1.0, rtt: float = 0.0,
               alpha: float = 1.0, split_layer: int | None = None, fl_layer: int | None = None,
-              device_share: float | None = None, downlink: float | None = None) -> Plan:
+              device_share: float | None = None, downlink: float | None = None,
+              wire=None) -> Plan:
     if policy == "local":
         return plan_local(tg)
     if policy == "cloud":
         return plan_cloud(tg)
     if policy == "dynamic":
-        return plan_dynamic(tg, device_flops, server_flops, bandwidth, rtt, alpha, downlink)
+        return plan_dynamic(tg, device_flops, server_flops, bandwidth, rtt, alpha, downlink, wire)
     if policy == "split":
         return plan_split(tg, device_flops, server_flops, bandwidth, rtt, alpha, split_layer,
-                          downlink)
+                          downlink, wire)
     if policy == "fl":
         return plan_fl(tg, device_flops, server_flops, alpha, fl_layer, device_share)
     raise PolicyError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")

@@ -325,7 +325,8 @@ class Server:
             "t": P.HELLO_OK, "v": P.PROTOCOL_VERSION, "server_flops": self._flops.value,
             "threads": self.threads, "max_model_bytes": self.max_model_bytes,
             "heartbeat_s": self.heartbeat_timeout / 3, "heartbeat_timeout": self.heartbeat_timeout,
-            "server": f"coacto {__version__}", "trace": True})
+            "server": f"coacto {__version__}", "trace": True,
+            "transfer": [m for m in P.TRANSFER_MODES if m != "raw"]})
 
     def _model_ready(self, entry) -> dict:
         return {"t": P.MODEL_READY, "graph_id": entry.tg.graph_id, "tiles": entry.tg.n_tiles,

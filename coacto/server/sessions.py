@@ -67,7 +67,7 @@ class ServedInference:
 
     __slots__ = ("inf_id", "tag", "native", "entry", "session", "sent", "n_sent", "inputs_seen",
                  "n_inputs_seen", "t_begin", "t_inputs", "contended", "tiles_in", "bytes_in",
-                 "duplicates", "computing", "trace")
+                 "duplicates", "computing", "trace", "result_enc")
 
     def __init__(self, inf_id, tag: int, native: NativeInference, entry: GraphEntry, session,
                  t: float):
@@ -88,6 +88,7 @@ class ServedInference:
         self.bytes_in = 0
         self.duplicates = 0
         self.computing = False
+        self.result_enc: str | None = None      # RESULT data encoded so (BEGIN result_enc)
         self.trace: TraceLog | None = None     # when BEGIN asked for the server's side
 
     def note_inputs(self, ids: np.ndarray) -> bool:

@@ -130,6 +130,13 @@ class Tenants:
             native.close()
             raise
         si = ServedInference(inf_id, tag, native, entry, session, now())
+        result_enc = h.get("result_enc")
+        if result_enc is not None:
+            if result_enc not in P.TRANSFER_MODES or result_enc in P.LOSSY_TRANSFERS:
+                native.close()
+                raise Reject(P.E_BAD_MESSAGE, f"BEGIN 'result_enc' must be one of raw, lossless; "
+                                              f"got {str(result_enc)[:40]!r}", inf=inf_id)
+            si.result_enc = None if result_enc == "raw" else result_enc
         if traced:
             si.trace = TraceLog(entry.tg.n_tiles)
         session.inferences[inf_id] = si
@@ -146,29 +153,47 @@ class Tenants:
                 "was not begun (or expired)"
             raise Reject(P.E_UNKNOWN_INFERENCE, f"inference {inf_id!r} {why}", inf=inf_id,
                          batch=batch)
-        if len(frames) != 2:
+        enc = h.get("enc")
+        if enc is not None and (not isinstance(enc, str) or enc not in P.TRANSFER_MODES):
+            raise Reject(P.E_BAD_TILES, f"TILES 'enc' must be one of "
+                                        f"{', '.join(P.TRANSFER_MODES)}; got {str(enc)[:40]!r}",
+                         inf=inf_id, batch=batch)
+        n_frames = 2 if enc is None else 3
+        if len(frames) != n_frames:
             raise Reject(P.E_BAD_TILES, "TILES carries two frames after the header: tile ids "
-                                        "(int32) and tile data (float32)", inf=inf_id, batch=batch)
-        n_id_bytes, n_data_bytes = len(frames[0]), len(frames[1])
-        if n_id_bytes == 0 or n_id_bytes % 4 or n_data_bytes % 4:
-            raise Reject(P.E_BAD_TILES, f"frame sizes {n_id_bytes} and {n_data_bytes} are not "
-                                        f"non-empty multiples of 4 bytes", inf=inf_id, batch=batch)
+                                        "(int32) and tile data (float32); three with 'enc': ids, "
+                                        "encoded lengths (int32) and the encoded data",
+                         inf=inf_id, batch=batch)
+        sizes = [len(f) for f in frames]
+        if sizes[0] == 0 or sizes[0] % 4 or (enc is None and sizes[1] % 4) or \
+                (enc is not None and sizes[1] != sizes[0]):
+            raise Reject(P.E_BAD_TILES, f"frame sizes {sizes} do not fit: ids are a non-empty "
+                                        f"multiple of 4 bytes" + (", float data too" if enc is None
+                                                                  else ", one length per id"),
+                         inf=inf_id, batch=batch)
+        n_id_bytes, n_data_bytes = sizes[0], sum(sizes[1:])
         info = si.entry.info
         ids = np.frombuffer(frames[0].buffer, dtype="<i4").astype(np.int32)
         n_tiles = si.entry.tg.n_tiles
         if int(ids.min()) < 0 or int(ids.max()) >= n_tiles:
             raise Reject(P.E_BAD_TILES, f"tile ids must be from 0 to {n_tiles - 1}", inf=inf_id,
                          batch=batch)
-        need = int(info.sizes[ids].sum())
-        if need * 4 != n_data_bytes:
-            raise Reject(P.E_BAD_TILES, f"the data frame holds {n_data_bytes // 4} floats; these "
-                                        f"{ids.size} tiles take {need}", inf=inf_id, batch=batch)
-        data = np.frombuffer(frames[1].buffer, dtype="<f4")
-        if data.ctypes.data % 4:
-            data = data.copy()  # the runtime reads aligned floats
+        if enc is None:
+            need = int(info.sizes[ids].sum())
+            if need * 4 != n_data_bytes:
+                raise Reject(P.E_BAD_TILES, f"the data frame holds {n_data_bytes // 4} floats; "
+                                            f"these {ids.size} tiles take {need}", inf=inf_id,
+                             batch=batch)
+            data = np.frombuffer(frames[1].buffer, dtype="<f4")
+            if data.ctypes.data % 4:
+                data = data.copy()  # the runtime reads aligned floats
         t_in = now()
         try:
-            accepted, dup = si.native.put_tiles(ids, data)
+            if enc is None:
+                accepted, dup = si.native.put_tiles(ids, data)
+            else:  # lengths and bitmaps are checked in C before anything is applied
+                lens = np.frombuffer(frames[1].buffer, dtype="<i4").astype(np.int32)
+                accepted, dup = si.native.put_tiles_encoded(enc, ids, lens, frames[2].buffer)
         except CoactoError as e:
             raise Reject(P.E_BAD_TILES, str(e), inf=inf_id, batch=batch) from None
         if si.trace is not None:
@@ -264,7 +289,11 @@ class Tenants:
         if ids.size:
             t_out = now()
             try:
-                data = si.native.get_tiles(ids)
+                if si.result_enc is None:
+                    payload = (ids.astype("<i4"), si.native.get_tiles(ids).astype("<f4", copy=False))
+                else:
+                    lens, data = si.native.get_tiles_encoded(si.result_enc, ids)
+                    payload = (ids.astype("<i4"), lens, data)
             except CoactoError as e:
                 log.warning("inference %r of device %s: reading output tiles failed: %s",
                             si.inf_id, si.session.name, e)
@@ -272,8 +301,10 @@ class Tenants:
             si.sent[ids] = True
             si.n_sent += int(ids.size)
             self.counts["results"] += 1
-            self.send(si.session.identity, {"t": P.RESULT, "inf": si.inf_id, "ts": t_out},
-                      ids.astype("<i4"), data.astype("<f4", copy=False))
+            header = {"t": P.RESULT, "inf": si.inf_id, "ts": t_out}
+            if si.result_enc is not None:
+                header["enc"] = si.result_enc
+            self.send(si.session.identity, header, *payload)
             if si.trace is not None:
                 si.trace.add(ids, t_out, now(), P.TRACE_RETURNED)
         if si.n_sent == info.n_outputs:

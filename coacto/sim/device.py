@@ -88,7 +88,7 @@ class DeviceNative:
         if mode == SEND_NEVER:
             return
         g = self.device.g
-        nbytes = g.nbytes_list[tile]
+        nbytes = self.device.nbytes_list[tile]
         if mode == SEND_DECIDE:
             sent, off, srv = rule.decide(self.params, t, self.queued, nbytes, g.work[tile])
             self.decisions.append((tile, sent, t, off, srv))
@@ -104,7 +104,7 @@ class DeviceNative:
     def take(self, max_tiles: int, max_bytes: int) -> list[int]:
         """coacto_inference_take_sends: shallowest first, stop at the first tile that does not
         fit."""
-        ids, used, nb = [], 0, self.device.g.nbytes_list
+        ids, used, nb = [], 0, self.device.nbytes_list
         for q in self.queue:
             while q and len(ids) < max_tiles:
                 t = q[0]
@@ -133,12 +133,19 @@ class SimDevice:
                  downlink_trace, rtt: float, bandwidth0: float, device_flops: float,
                  server_flops: float, timeout: float, heartbeat_s: float, cpu=None,
                  costs=None, device_flops_fixed: bool = False, probe: bool = False,
-                 burst_bytes: float = 0.0):
+                 burst_bytes: float = 0.0, wire=None):
         self.sim = sim
         self.loop = sim.loop
         self.index = index
         self.tg = sim.tg
         self.g: SimGraph = sim.g
+        # the transfer encoding's bytes per raw byte, per layer (None: raw floats): each tile
+        # takes its layer's share on the wire, and the planners price cuts with it
+        self.wire = None if wire is None else np.asarray(wire, dtype=np.float64)
+        self.nbytes = self.g.nbytes if self.wire is None else np.maximum(
+            1, np.round(self.g.nbytes * self.wire[self.tg.plan.tile_layer])).astype(np.int64)
+        self.nbytes_list = self.nbytes.tolist()
+        self.lens_bytes = 0 if self.wire is None else 4  # the encoded lengths' frame, per tile
         self.cpu = cpu
         self.costs = costs  # coacto.sim.profiles.DeviceCosts, or None: the engine is free
         self.cores = Cores(self.loop, threads, durations, name=f"device {index}", cpu=cpu)
@@ -230,10 +237,10 @@ class SimDevice:
         if plan.uses_server:
             send = np.asarray(plan.send)
             job.inputs_to_send = int((send[g.is_input] == SEND_ALWAYS).sum())
-            job.input_bytes = int(g.nbytes[g.is_input & (send == SEND_ALWAYS)].sum())
+            job.input_bytes = int(self.nbytes[g.is_input & (send == SEND_ALWAYS)].sum())
             job.decides = bool((send == SEND_DECIDE).any())
             if plan.info.get("send_whole"):
-                job.whole_bytes = int(g.nbytes[send == SEND_ALWAYS].sum())
+                job.whole_bytes = int(self.nbytes[send == SEND_ALWAYS].sum())
         job.t_start = t
         if plan.info.get("local_after_inputs"):
             Engine._park_local(self, job)
@@ -400,8 +407,8 @@ class SimDevice:
                 return None
         job.batches += 1
         batch = job.batches
-        data = int(sum(self.g.nbytes_list[i] for i in ids))
-        nbytes = tiles_header_bytes(job.id, batch) + 4 * len(ids) + data
+        data = int(sum(self.nbytes_list[i] for i in ids))
+        nbytes = tiles_header_bytes(job.id, batch) + (4 + self.lens_bytes) * len(ids) + data
         self.est.goodput.sent((job.id, batch), nbytes, t)
         job.inflight[batch] = nbytes
         job.unacked += nbytes
@@ -443,6 +450,10 @@ class SimDevice:
 
     def _arrive_at_server(self, msg: Msg) -> None:
         self.sim.server.receive(self, msg, self.loop.now)
+
+    def _wire(self):
+        """Engine._wire: the per-layer wire ratios the planners price with."""
+        return self.wire
 
     def _clock(self) -> float:
         return self.loop.now

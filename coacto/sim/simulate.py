@@ -14,9 +14,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .. import protocol as P
 from ..errors import CoactoError
+from ..inference import wire_ratios
 from ..mobile import policies
-from ..mobile.estimates import DEFAULT_RTT
+from ..mobile.estimates import DEFAULT_RTT, WIRE_PRIOR
 from ..tilegraph import TileGraph
 from .cores import Cores, Durations, TileState
 from .cpu import Cpu
@@ -257,7 +259,8 @@ def simulate(model_or_tg, policy: str = "dynamic", *, device="raspberry-pi-4",
              device_costs_scale: float = 1.0, server_costs_scale: float = 1.0,
              initial_goodput_mbps: float | None = None, probe: bool = False,
              calibrate_runs: int = 4, burst_bytes: float = 0.0,
-             quota_slowdown: float | None = None) -> SimResult:
+             quota_slowdown: float | None = None, transfer: str = "lossless",
+             wire=None) -> SimResult:
     """Simulates ``inferences`` back-to-back inferences on each of ``devices`` devices running
     ``policy`` against one server (see docs/SIMULATOR.md).
 
@@ -300,8 +303,13 @@ def simulate(model_or_tg, policy: str = "dynamic", *, device="raspberry-pi-4",
     ``quota_slowdown``: inside the quota the device computes this much slower than the quota
     alone says (cold caches every period); default: what `coacto profile --quota` measured for
     this quota and period (the model's own, else the median), 1 when not measured.
+    ``transfer``: the clients' tile encoding (coacto.Client's ``transfer``); each tile takes its
+    layer's share of bytes on the wire, ``wire`` (per layer; default: measured by one local
+    inference of the graph's example inputs, coacto.inference.wire_ratios).
     """
     t_wall = time.perf_counter()
+    if transfer not in P.TRANSFER_MODES:
+        raise SimError(f"transfer must be one of {', '.join(P.TRANSFER_MODES)}, got {transfer!r}")
     options0 = {}
     keys = {"split": ("split_layer",), "fl": ("fl_layer", "device_share")}
     if isinstance(policy, str):
@@ -329,6 +337,17 @@ def simulate(model_or_tg, policy: str = "dynamic", *, device="raspberry-pi-4",
                        f"{quota!r}")
     tg = resolve_graph(model_or_tg, tiles_per_layer)
     g = sim_graph(tg)
+    if transfer == "raw":
+        wire = None
+    elif wire is None:
+        try:
+            wire = wire_ratios(tg, transfer)
+        except (CoactoError, KeyError, ValueError) as e:  # a synthetic graph the runtime cannot run
+            log.info("simulating %s transfers at dense tile sizes: the graph does not run "
+                     "here (%s)", transfer, e)
+            wire = np.full(tg.n_layers, WIRE_PRIOR[transfer])
+    elif len(wire) != tg.n_layers:
+        raise SimError(f"wire needs one ratio per layer ({tg.n_layers}), got {len(wire)}")
     dev_prof: MachineProfile = load_profile(device)
     srv_prof: MachineProfile = load_profile(server)
     k = dev_prof.cores if device_threads is None else int(device_threads)
@@ -405,7 +424,8 @@ def simulate(model_or_tg, policy: str = "dynamic", *, device="raspberry-pi-4",
                         downlink_trace=traces[d], rtt=rtt, bandwidth0=b0,
                         device_flops=est_device, server_flops=est_server, timeout=timeout,
                         heartbeat_s=hb, cpu=make_dev_cpu(loop), costs=dev_costs,
-                        device_flops_fixed=fixed, probe=probe, burst_bytes=burst_bytes)
+                        device_flops_fixed=fixed, probe=probe, burst_bytes=burst_bytes,
+                        wire=wire)
         sim.devices.append(dev)
         t0 = float(rng.uniform(0.0, start_jitter_s)) if start_jitter_s > 0 else 0.0
         dev.start(sequence, t0)
@@ -458,6 +478,7 @@ def simulate(model_or_tg, policy: str = "dynamic", *, device="raspberry-pi-4",
         "device_engine_busy_s": sum(dv.cpu.engine_busy_s for dv in sim.devices if dv.cpu),
         "server_io_busy_s": sim.server.cpu.engine_busy_s if sim.server.cpu else 0.0,
         "initial_goodput_mbps": initial_goodput_mbps, "probe": probe, "burst_bytes": burst_bytes,
+        "transfer": transfer,
     }
     return SimResult(results, settings, measured, wall_s=time.perf_counter() - t_wall,
                      events=loop.events)

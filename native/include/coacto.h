@@ -118,7 +118,8 @@ typedef struct coacto_inference_stats {
     double seconds;          /* start to last completion */
     int64_t peak_bytes;      /* activation memory high-water mark */
     int64_t tiles_sent;      /* queued for sending by the offloading plan */
-    int64_t bytes_sent;
+    int64_t bytes_sent;      /* their bytes as queued (encoded) */
+    int64_t bytes_sent_raw;  /* the same tiles as float32 */
 } coacto_inference_stats;
 
 typedef struct coacto_runtime coacto_runtime;
@@ -242,6 +243,45 @@ coacto_status coacto_inference_compute_all(coacto_inference *inf);
 int32_t coacto_inference_take_sends(coacto_inference *inf, int32_t *ids, int32_t max_ids,
                                     float *data, int64_t max_floats, int64_t *n_floats);
 int64_t coacto_inference_queued_bytes(const coacto_inference *inf);
+/* Transfer encodings of tile data (PROTOCOL.md §2): RAW sends the floats as they are; the others
+ * send each tile dense or as a bitmap of its non-zero values (by bit pattern) plus those values,
+ * whichever is smaller, as float32 (LOSSLESS: bit-exact), float16 (F16: round to nearest even,
+ * beyond 65504 infinite) or int8 with a float32 per-tile scale max|x| / 127 first (INT8: NaN
+ * becomes 0, infinities the largest finite magnitude). */
+enum { COACTO_TRANSFER_RAW = 0, COACTO_TRANSFER_LOSSLESS = 1, COACTO_TRANSFER_F16 = 2,
+       COACTO_TRANSFER_INT8 = 3 };
+/* Bytes n floats take in `mode` (0: bad arguments). */
+int64_t coacto_wire_size(int32_t mode, const float *x, int64_t n);
+/* Encodes n floats into out (which holds coacto_wire_size bytes); returns the bytes written. */
+int64_t coacto_wire_encode(int32_t mode, const float *x, int64_t n, uint8_t *out);
+/* Decodes one tile of n floats from len bytes; COACTO_ERR_INVALID_ARGUMENT when len, the bitmap
+ * (its count of ones, bits past the n-th) or an int8 scale does not describe n floats. */
+coacto_status coacto_wire_decode(int32_t mode, const uint8_t *in, int64_t len, float *out,
+                                 int64_t n);
+/* Tiles sent by this inference are queued encoded in `mode` and the send rule prices each at its
+ * encoded size (default RAW; before the first input is set). measure != 0 also sums, per layer,
+ * the raw and encoded bytes of every tile completed here (coacto_inference_wire_bytes). */
+coacto_status coacto_inference_set_transfer(coacto_inference *inf, int32_t mode, int32_t measure);
+/* Per layer: raw and encoded bytes of the tiles completed here so far (n_layers entries each). */
+coacto_status coacto_inference_wire_bytes(const coacto_inference *inf, int64_t *raw,
+                                          int64_t *encoded, int32_t n_layers);
+/* take_sends for the inference's transfer mode: queued tiles (shallowest first), each tile's
+ * encoded length in lens, the bytes concatenated in data, until max_ids or max_bytes would be
+ * exceeded (at least one tile if any is queued and fits). Returns the count. */
+int32_t coacto_inference_take_sends_encoded(coacto_inference *inf, int32_t *ids, int32_t *lens,
+                                            int32_t max_ids, uint8_t *data, int64_t max_bytes,
+                                            int64_t *n_bytes);
+/* put_tiles from encoded data: lens[i] bytes of tile ids[i], concatenated. Every id, length and
+ * bitmap is checked before any tile is applied. */
+coacto_status coacto_inference_put_tiles_encoded(coacto_inference *inf, int32_t mode,
+                                                 const int32_t *ids, const int32_t *lens, int32_t n,
+                                                 const uint8_t *data, int64_t n_bytes,
+                                                 int32_t *accepted, int32_t *duplicates);
+/* get_tiles, encoded: lens[i] receives tile ids[i]'s encoded length; COACTO_ERR_INVALID_ARGUMENT
+ * if they would not fit in max_bytes (4 bytes per float plus 4 per tile always suffice). */
+coacto_status coacto_inference_get_tiles_encoded(coacto_inference *inf, int32_t mode,
+                                                 const int32_t *ids, int32_t n, int32_t *lens,
+                                                 uint8_t *out, int64_t max_bytes, int64_t *n_bytes);
 /* Copies a completed tile's data (column by column). COACTO_ERR_STATE if not completed or its
  * buffer is gone (only KEEP layers are guaranteed to stay). */
 coacto_status coacto_inference_get_tile(coacto_inference *inf, int32_t tile, float *out,

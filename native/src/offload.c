@@ -186,34 +186,88 @@ static int send_decided(coacto_inference *inf, int32_t tile, int64_t bytes) {
     return send;
 }
 
+coacto_status coacto_inference_set_transfer(coacto_inference *inf, int32_t mode,
+                                            int32_t measure) {
+    if (!inf || mode < COACTO_TRANSFER_RAW || mode > COACTO_TRANSFER_INT8)
+        return COACTO_ERR_INVALID_ARGUMENT;
+    if (atomic_load(&inf->started)) return COACTO_ERR_STATE;
+    inf->transfer = mode;
+    if (measure && !inf->wire_raw) {
+        size_t nl = (size_t)inf->g->n_layers;
+        inf->wire_raw = calloc(nl ? nl : 1, sizeof(atomic_long));
+        inf->wire_encoded = calloc(nl ? nl : 1, sizeof(atomic_long));
+        if (!inf->wire_raw || !inf->wire_encoded) {
+            free(inf->wire_raw), free(inf->wire_encoded);
+            inf->wire_raw = inf->wire_encoded = NULL;
+            return COACTO_ERR_OUT_OF_MEMORY;
+        }
+    }
+    return COACTO_OK;
+}
+
+coacto_status coacto_inference_wire_bytes(const coacto_inference *inf, int64_t *raw,
+                                          int64_t *encoded, int32_t n_layers) {
+    if (!inf || !raw || !encoded || n_layers != inf->g->n_layers) return COACTO_ERR_INVALID_ARGUMENT;
+    if (!inf->wire_raw) return COACTO_ERR_STATE;
+    for (int32_t li = 0; li < n_layers; li++) {
+        raw[li] = atomic_load(&inf->wire_raw[li]);
+        encoded[li] = atomic_load(&inf->wire_encoded[li]);
+    }
+    return COACTO_OK;
+}
+
 void offload_on_local_completion(coacto_inference *inf, int32_t tile, const float *layer_buf) {
-    if (!inf->plan_send || inf->plan_send[tile] == COACTO_SEND_NEVER || !layer_buf) return;
+    if (!layer_buf) return;
     const coacto_graph *g = inf->g;
-    int64_t n = tile_floats(g, tile);
-    if (!send_decided(inf, tile, n * (int64_t)sizeof(float))) return;
-    float *copy = malloc(sizeof(float) * (size_t)n);
-    if (!copy) return; /* not sent: the server computes it itself */
-    tile_copy_out(g, tile, layer_buf, copy);
+    const int mode = inf->transfer;
+    int64_t n = tile_floats(g, tile), wire = -1;
+    if (inf->wire_raw) {
+        int32_t li = g->tile_layer[tile];
+        wire = wire_size_from_nnz(mode, n, mode == COACTO_TRANSFER_RAW
+                                               ? n : wire_tile_nnz(g, tile, layer_buf));
+        atomic_fetch_add_explicit(&inf->wire_raw[li], (long)(n * 4), memory_order_relaxed);
+        atomic_fetch_add_explicit(&inf->wire_encoded[li], (long)wire, memory_order_relaxed);
+    }
+    if (!inf->plan_send || inf->plan_send[tile] == COACTO_SEND_NEVER) return;
+    if (wire < 0)  /* the send rule prices the bytes the tile will take on the wire */
+        wire = wire_size_from_nnz(mode, n, (mode == COACTO_TRANSFER_RAW || inf->plan_send[tile] ==
+                                            COACTO_SEND_ALWAYS) ? n : wire_tile_nnz(g, tile, layer_buf));
+    if (!send_decided(inf, tile, wire)) return;
+    float *plain = malloc(sizeof(float) * (size_t)n);
+    if (!plain) return; /* not sent: the server computes it itself */
+    tile_copy_out(g, tile, layer_buf, plain);
+    uint8_t *bytes = (uint8_t *)plain;
+    int64_t n_bytes = n * (int64_t)sizeof(float);
+    if (mode != COACTO_TRANSFER_RAW) {
+        n_bytes = coacto_wire_size(mode, plain, n);
+        bytes = malloc((size_t)n_bytes);
+        if (!bytes) {
+            free(plain);
+            return;
+        }
+        coacto_wire_encode(mode, plain, n, bytes);
+        free(plain);
+    }
     send_fifo *q = &inf->sendq[g->tile_bucket[tile]];
     pthread_mutex_lock(&inf->send_mu);
     if (!ring_reserve((void **)&q->items, &q->cap, &q->head, q->count, sizeof(send_item), 64)) {
         pthread_mutex_unlock(&inf->send_mu);
-        free(copy);
+        free(bytes);
         return;
     }
-    q->items[(q->head + q->count) % q->cap] = (send_item){tile, n, copy};
+    q->items[(q->head + q->count) % q->cap] = (send_item){tile, n_bytes, bytes};
     q->count++;
-    long before = atomic_fetch_add(&inf->send_bytes, (long)(n * (int64_t)sizeof(float)));
+    long before = atomic_fetch_add(&inf->send_bytes, (long)n_bytes);
     pthread_mutex_unlock(&inf->send_mu);
     atomic_fetch_add(&inf->tiles_sent, 1);
-    atomic_fetch_add(&inf->bytes_sent, (long)(n * (int64_t)sizeof(float)));
+    atomic_fetch_add(&inf->bytes_sent, (long)n_bytes);
+    atomic_fetch_add(&inf->bytes_sent_raw, (long)(n * (int64_t)sizeof(float)));
     if (before == 0) report_push(inf->rt, inf->tag, COACTO_REPORT_SEND, tile);
 }
 
-int32_t coacto_inference_take_sends(coacto_inference *inf, int32_t *ids, int32_t max_ids,
-                                    float *data, int64_t max_floats, int64_t *n_floats) {
-    if (n_floats) *n_floats = 0;
-    if (!inf || !ids || !data || max_ids <= 0 || max_floats <= 0) return 0;
+/* Moves queued items into the caller's buffers, shallowest first; lens may be NULL. */
+static int32_t take_items(coacto_inference *inf, int32_t *ids, int32_t *lens, int32_t max_ids,
+                          uint8_t *data, int64_t max_bytes, int64_t *n_bytes) {
     int32_t n = 0;
     int64_t used = 0;
     pthread_mutex_lock(&inf->send_mu);
@@ -221,19 +275,43 @@ int32_t coacto_inference_take_sends(coacto_inference *inf, int32_t *ids, int32_t
         send_fifo *q = &inf->sendq[bkt];
         while (q->count && n < max_ids) {
             send_item it = q->items[q->head];
-            if (used + it.n_floats > max_floats) goto full;
-            memcpy(data + used, it.data, sizeof(float) * (size_t)it.n_floats);
+            if (used + it.n_bytes > max_bytes || it.n_bytes > INT32_MAX) goto full;
+            memcpy(data + used, it.data, (size_t)it.n_bytes);
             free(it.data);
+            if (lens) lens[n] = (int32_t)it.n_bytes;
             ids[n++] = it.tile;
-            used += it.n_floats;
+            used += it.n_bytes;
             q->head = (q->head + 1) % q->cap;
             q->count--;
-            atomic_fetch_sub(&inf->send_bytes, (long)(it.n_floats * (int64_t)sizeof(float)));
+            atomic_fetch_sub(&inf->send_bytes, (long)it.n_bytes);
         }
     }
 full:
     pthread_mutex_unlock(&inf->send_mu);
-    if (n_floats) *n_floats = used;
+    *n_bytes = used;
+    return n;
+}
+
+int32_t coacto_inference_take_sends(coacto_inference *inf, int32_t *ids, int32_t max_ids,
+                                    float *data, int64_t max_floats, int64_t *n_floats) {
+    if (n_floats) *n_floats = 0;
+    if (!inf || !ids || !data || max_ids <= 0 || max_floats <= 0) return 0;
+    if (inf->transfer != COACTO_TRANSFER_RAW) return 0; /* encoded: take_sends_encoded */
+    int64_t used = 0;
+    int32_t n = take_items(inf, ids, NULL, max_ids, (uint8_t *)data,
+                           max_floats * (int64_t)sizeof(float), &used);
+    if (n_floats) *n_floats = used / (int64_t)sizeof(float);
+    return n;
+}
+
+int32_t coacto_inference_take_sends_encoded(coacto_inference *inf, int32_t *ids, int32_t *lens,
+                                            int32_t max_ids, uint8_t *data, int64_t max_bytes,
+                                            int64_t *n_bytes) {
+    if (n_bytes) *n_bytes = 0;
+    if (!inf || !ids || !lens || !data || max_ids <= 0 || max_bytes <= 0) return 0;
+    int64_t used = 0;
+    int32_t n = take_items(inf, ids, lens, max_ids, data, max_bytes, &used);
+    if (n_bytes) *n_bytes = used;
     return n;
 }
 
@@ -254,6 +332,8 @@ void offload_release(coacto_inference *inf) {
     free(inf->trace_t1);
     free(inf->trace_worker);
     free(inf->decisions);
+    free(inf->wire_raw);
+    free(inf->wire_encoded);
     pthread_mutex_destroy(&inf->params_mu);
     pthread_mutex_destroy(&inf->send_mu);
 }

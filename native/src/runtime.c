@@ -226,7 +226,7 @@ static void inference_finished(coacto_inference *inf) {
 static void complete_tile(coacto_inference *inf, int32_t tile, int32_t *next, int local) {
     const coacto_graph *g = inf->g;
     int32_t li = g->tile_layer[tile];
-    if (local && inf->plan_send) /* before the layer's use below: its buffer is alive */
+    if (local && (inf->plan_send || inf->wire_raw)) /* before the layer's use below: its buffer is alive */
         offload_on_local_completion(inf, tile, atomic_load(&inf->buffers[li]));
     atomic_store_explicit(&inf->state[tile], COACTO_TILE_COMPLETED, memory_order_release);
     if (inf->plan_report && inf->plan_report[tile])
@@ -776,6 +776,7 @@ coacto_status coacto_inference_get_stats(const coacto_inference *inf, coacto_inf
     out->peak_bytes = atomic_load(&inf->bytes_peak);
     out->tiles_sent = atomic_load(&inf->tiles_sent);
     out->bytes_sent = atomic_load(&inf->bytes_sent);
+    out->bytes_sent_raw = atomic_load(&inf->bytes_sent_raw);
     return COACTO_OK;
 }
 

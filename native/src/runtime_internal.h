@@ -94,8 +94,8 @@ typedef struct report_queue {
 
 typedef struct send_item {
     int32_t tile;
-    int64_t n_floats;
-    float *data;
+    int64_t n_bytes; /* encoded in the inference's transfer mode */
+    uint8_t *data;
 } send_item;
 
 typedef struct send_fifo {
@@ -148,7 +148,9 @@ struct coacto_inference {
     pthread_mutex_t send_mu;
     send_fifo sendq[POOL_DEPTH_BUCKETS];
     atomic_long send_bytes;          /* bytes queued */
-    atomic_long tiles_sent, bytes_sent, tiles_parked;
+    atomic_long tiles_sent, bytes_sent, bytes_sent_raw, tiles_parked;
+    int32_t transfer;                /* COACTO_TRANSFER_* of the send queue */
+    atomic_long *wire_raw, *wire_encoded; /* [n_layers] when measuring, else NULL */
     /* Trace (coacto_inference_enable_trace; NULL when off): per tile start, end, worker, and
      * the send decisions in the order made (each tile is decided at most once). */
     double *trace_t0, *trace_t1;
@@ -168,6 +170,10 @@ void report_push(coacto_runtime *rt, uint64_t tag, int32_t kind, int32_t tile);
 int tile_is_local(const coacto_inference *inf, int32_t tile);
 void offload_on_local_completion(coacto_inference *inf, int32_t tile, const float *layer_buf);
 void offload_release(coacto_inference *inf);
+
+/* wire.c */
+int64_t wire_size_from_nnz(int32_t mode, int64_t n, int64_t nnz);
+int64_t wire_tile_nnz(const coacto_graph *g, int32_t tile, const float *layer_buf);
 
 /* graph.c */
 /* A tile's data outside the layer buffer is column by column: (col1 - col0) * (row1 - row0)
