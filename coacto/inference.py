@@ -56,6 +56,9 @@ def tile_work(tg: TileGraph) -> np.ndarray:
     return work
 
 
+_MODE_NAMES = {v: k for k, v in P.TRANSFER_MODES.items()}
+
+
 def wire_ratios(tg: TileGraph, mode: str, feeds: dict | None = None) -> np.ndarray:
     """Per layer: the bytes its tiles take encoded in ``mode`` per raw byte, from one local
     inference on ``feeds`` (default: the graph's example inputs; cached per mode then). What a
@@ -221,6 +224,11 @@ class NativeInference:
                              f"{', '.join(P.TRANSFER_MODES)}")
         check(lib.coacto_inference_set_transfer(self.handle, code, int(bool(measure))),
               "setting the transfer mode")
+        if mode in P.LOSSY_TRANSFERS:  # integer inputs (token ids, masks) travel exact
+            for li in self.tg.graph.inputs.values():
+                if self.tg.graph.layers[li].attrs.get("dtype") is not None:
+                    check(lib.coacto_inference_set_layer_transfer(
+                        self.handle, li, P.TRANSFER_MODES["lossless"]), "setting a layer's mode")
         self.transfer = mode
 
     def wire_bytes(self) -> tuple[np.ndarray, np.ndarray]:
@@ -233,18 +241,20 @@ class NativeInference:
         return raw, enc
 
     def take_sends_encoded(self, max_bytes: int, max_tiles: int = 4096):
-        """Queued tiles to send, encoded in the transfer mode: (ids int32, lens int32, data
-        uint8), up to max_bytes of data (one tile alone if it is larger)."""
+        """Queued tiles to send, encoded: (mode name, ids int32, lens int32, data uint8), up to
+        max_bytes of data (one tile alone if it is larger), all of one mode (integer inputs go
+        lossless under a lossy mode)."""
         ids = np.empty(max_tiles, dtype=np.int32)
         lens = np.empty(max_tiles, dtype=np.int32)
         data = np.empty(max(1, max_bytes), dtype=np.uint8)
         used = ffi.new("int64_t *")
+        mode = ffi.new("int32_t *")
         take = lib.coacto_inference_take_sends_encoded
         n = take(self.handle, ffi.from_buffer("int32_t[]", ids), ffi.from_buffer("int32_t[]", lens),
-                 max_tiles, ffi.from_buffer("uint8_t[]", data), data.size, used)
+                 max_tiles, ffi.from_buffer("uint8_t[]", data), data.size, used, mode)
         if n == 0 and self.queued_bytes() > max_bytes:  # the next tile alone is larger
             return self.take_sends_encoded(self.queued_bytes(), 1)
-        return ids[:n], lens[:n], data[:used[0]]
+        return _MODE_NAMES[mode[0]], ids[:n], lens[:n], data[:used[0]]
 
     def put_tiles_encoded(self, mode: str, ids: np.ndarray, lens: np.ndarray, data) -> tuple[int, int]:
         """put_tiles from tiles encoded in `mode`; bad ids, lengths or bitmaps raise InputError

@@ -338,6 +338,28 @@ def test_tiles_travel_encoded_and_stay_exact(server, squeezenet):
         Client(server.address, tg, transfer="zstd")
 
 
+def test_integer_inputs_travel_exact_under_lossy_transfers(server):
+    """Token ids quantised to int8 would index other embeddings: integer inputs go lossless
+    (in messages of their own), the float activations of a later cut go lossy."""
+    m = zoo.build("bert", layers=2, hidden=64, heads=4, seq_len=16, vocab=1000)
+    feeds, ref = _reference(m)
+    tg = coacto.compile(m)
+    from coacto.mobile.policies import valid_cuts
+
+    cut = valid_cuts(tg)[len(valid_cuts(tg)) // 2]
+    for transfer, rel in (("f16", 1e-2), ("int8", 0.1)):
+        with Client(server.address, tg, threads=1, policy="split", split_layer=cut, timeout=10,
+                    model_bytes=m, transfer=transfer) as client:
+            client.connect(10)
+            assert_close(client.infer(feeds, policy="cloud"), ref, rel=1e-4)  # integers alone
+            s = client.last_stats
+            assert s["tile_bytes_raw"] > 0 and s["tile_bytes_wire"] <= s["tile_bytes_raw"]
+            assert_close(client.infer(feeds), ref, rel=rel)
+            s = client.last_stats
+            assert s["tiles_from_server"] > 0
+            assert s["tile_bytes_wire"] < 0.6 * s["tile_bytes_raw"]
+
+
 def test_a_server_that_reads_no_encodings_gets_raw_floats(server, squeezenet):
     model, feeds, ref = squeezenet
     with Client(server.address, model, threads=1, policy="cloud", tiles_per_layer=TILES,

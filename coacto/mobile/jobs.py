@@ -91,10 +91,11 @@ class Job:
         self.queued_since = None
         header = {"t": P.TILES, "inf": self.id, "batch": self.batches + 1, "t_send": 0.0}
         if native.transfer != "raw":
-            ids, lens, data = native.take_sends_encoded(min(queued, max_bytes), MAX_BATCH_TILES)
+            enc, ids, lens, data = native.take_sends_encoded(min(queued, max_bytes),
+                                                             MAX_BATCH_TILES)
             if ids.size == 0:
                 return None
-            header["enc"] = native.transfer
+            header["enc"] = enc
             payload = (ids, lens, data)
         else:
             ids, data = self._take_raw(queued, max_bytes)

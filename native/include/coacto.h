@@ -262,15 +262,20 @@ coacto_status coacto_wire_decode(int32_t mode, const uint8_t *in, int64_t len, f
  * encoded size (default RAW; before the first input is set). measure != 0 also sums, per layer,
  * the raw and encoded bytes of every tile completed here (coacto_inference_wire_bytes). */
 coacto_status coacto_inference_set_transfer(coacto_inference *inf, int32_t mode, int32_t measure);
+/* One layer's tiles in another mode than the inference's (e.g. lossless for integer inputs such as
+ * token ids, which a lossy mode would corrupt); after set_transfer, before the first input. */
+coacto_status coacto_inference_set_layer_transfer(coacto_inference *inf, int32_t layer,
+                                                  int32_t mode);
 /* Per layer: raw and encoded bytes of the tiles completed here so far (n_layers entries each). */
 coacto_status coacto_inference_wire_bytes(const coacto_inference *inf, int64_t *raw,
                                           int64_t *encoded, int32_t n_layers);
-/* take_sends for the inference's transfer mode: queued tiles (shallowest first), each tile's
- * encoded length in lens, the bytes concatenated in data, until max_ids or max_bytes would be
- * exceeded (at least one tile if any is queued and fits). Returns the count. */
+/* take_sends, encoded: queued tiles (shallowest first) of one transfer mode (written to *mode:
+ * the first queued tile's; a tile of another mode ends the batch), each tile's encoded length in
+ * lens, the bytes concatenated in data, until max_ids or max_bytes would be exceeded (at least
+ * one tile if any is queued and fits). Returns the count. */
 int32_t coacto_inference_take_sends_encoded(coacto_inference *inf, int32_t *ids, int32_t *lens,
                                             int32_t max_ids, uint8_t *data, int64_t max_bytes,
-                                            int64_t *n_bytes);
+                                            int64_t *n_bytes, int32_t *mode);
 /* put_tiles from encoded data: lens[i] bytes of tile ids[i], concatenated. Every id, length and
  * bitmap is checked before any tile is applied. */
 coacto_status coacto_inference_put_tiles_encoded(coacto_inference *inf, int32_t mode,

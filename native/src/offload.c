@@ -205,6 +205,21 @@ coacto_status coacto_inference_set_transfer(coacto_inference *inf, int32_t mode,
     return COACTO_OK;
 }
 
+coacto_status coacto_inference_set_layer_transfer(coacto_inference *inf, int32_t layer,
+                                                  int32_t mode) {
+    if (!inf || layer < 0 || layer >= inf->g->n_layers || mode < COACTO_TRANSFER_RAW ||
+        mode > COACTO_TRANSFER_INT8)
+        return COACTO_ERR_INVALID_ARGUMENT;
+    if (atomic_load(&inf->started)) return COACTO_ERR_STATE;
+    if (!inf->layer_transfer) {
+        inf->layer_transfer = malloc((size_t)inf->g->n_layers);
+        if (!inf->layer_transfer) return COACTO_ERR_OUT_OF_MEMORY;
+        memset(inf->layer_transfer, -1, (size_t)inf->g->n_layers);
+    }
+    inf->layer_transfer[layer] = (int8_t)mode;
+    return COACTO_OK;
+}
+
 coacto_status coacto_inference_wire_bytes(const coacto_inference *inf, int64_t *raw,
                                           int64_t *encoded, int32_t n_layers) {
     if (!inf || !raw || !encoded || n_layers != inf->g->n_layers) return COACTO_ERR_INVALID_ARGUMENT;
@@ -219,10 +234,11 @@ coacto_status coacto_inference_wire_bytes(const coacto_inference *inf, int64_t *
 void offload_on_local_completion(coacto_inference *inf, int32_t tile, const float *layer_buf) {
     if (!layer_buf) return;
     const coacto_graph *g = inf->g;
-    const int mode = inf->transfer;
+    const int32_t li = g->tile_layer[tile];
+    const int mode = inf->layer_transfer && inf->layer_transfer[li] >= 0 ? inf->layer_transfer[li]
+                                                                         : inf->transfer;
     int64_t n = tile_floats(g, tile), wire = -1;
     if (inf->wire_raw) {
-        int32_t li = g->tile_layer[tile];
         wire = wire_size_from_nnz(mode, n, mode == COACTO_TRANSFER_RAW
                                                ? n : wire_tile_nnz(g, tile, layer_buf));
         atomic_fetch_add_explicit(&inf->wire_raw[li], (long)(n * 4), memory_order_relaxed);
@@ -255,7 +271,7 @@ void offload_on_local_completion(coacto_inference *inf, int32_t tile, const floa
         free(bytes);
         return;
     }
-    q->items[(q->head + q->count) % q->cap] = (send_item){tile, n_bytes, bytes};
+    q->items[(q->head + q->count) % q->cap] = (send_item){tile, mode, n_bytes, bytes};
     q->count++;
     long before = atomic_fetch_add(&inf->send_bytes, (long)n_bytes);
     pthread_mutex_unlock(&inf->send_mu);
@@ -267,8 +283,9 @@ void offload_on_local_completion(coacto_inference *inf, int32_t tile, const floa
 
 /* Moves queued items into the caller's buffers, shallowest first; lens may be NULL. */
 static int32_t take_items(coacto_inference *inf, int32_t *ids, int32_t *lens, int32_t max_ids,
-                          uint8_t *data, int64_t max_bytes, int64_t *n_bytes) {
+                          uint8_t *data, int64_t max_bytes, int64_t *n_bytes, int32_t *mode) {
     int32_t n = 0;
+    *mode = -1;
     int64_t used = 0;
     pthread_mutex_lock(&inf->send_mu);
     for (int bkt = 0; bkt < POOL_DEPTH_BUCKETS && n < max_ids; bkt++) {
@@ -276,6 +293,8 @@ static int32_t take_items(coacto_inference *inf, int32_t *ids, int32_t *lens, in
         while (q->count && n < max_ids) {
             send_item it = q->items[q->head];
             if (used + it.n_bytes > max_bytes || it.n_bytes > INT32_MAX) goto full;
+            if (*mode >= 0 && it.mode != *mode) goto full; /* one mode per message */
+            *mode = it.mode;
             memcpy(data + used, it.data, (size_t)it.n_bytes);
             free(it.data);
             if (lens) lens[n] = (int32_t)it.n_bytes;
@@ -296,22 +315,27 @@ int32_t coacto_inference_take_sends(coacto_inference *inf, int32_t *ids, int32_t
                                     float *data, int64_t max_floats, int64_t *n_floats) {
     if (n_floats) *n_floats = 0;
     if (!inf || !ids || !data || max_ids <= 0 || max_floats <= 0) return 0;
-    if (inf->transfer != COACTO_TRANSFER_RAW) return 0; /* encoded: take_sends_encoded */
+    if (inf->transfer != COACTO_TRANSFER_RAW || inf->layer_transfer)
+        return 0; /* encoded: take_sends_encoded */
     int64_t used = 0;
+    int32_t mode;
     int32_t n = take_items(inf, ids, NULL, max_ids, (uint8_t *)data,
-                           max_floats * (int64_t)sizeof(float), &used);
+                           max_floats * (int64_t)sizeof(float), &used, &mode);
     if (n_floats) *n_floats = used / (int64_t)sizeof(float);
     return n;
 }
 
 int32_t coacto_inference_take_sends_encoded(coacto_inference *inf, int32_t *ids, int32_t *lens,
                                             int32_t max_ids, uint8_t *data, int64_t max_bytes,
-                                            int64_t *n_bytes) {
+                                            int64_t *n_bytes, int32_t *mode) {
     if (n_bytes) *n_bytes = 0;
+    if (mode) *mode = inf ? inf->transfer : 0;
     if (!inf || !ids || !lens || !data || max_ids <= 0 || max_bytes <= 0) return 0;
     int64_t used = 0;
-    int32_t n = take_items(inf, ids, lens, max_ids, data, max_bytes, &used);
+    int32_t m;
+    int32_t n = take_items(inf, ids, lens, max_ids, data, max_bytes, &used, &m);
     if (n_bytes) *n_bytes = used;
+    if (mode && n) *mode = m;
     return n;
 }
 
@@ -334,6 +358,7 @@ void offload_release(coacto_inference *inf) {
     free(inf->decisions);
     free(inf->wire_raw);
     free(inf->wire_encoded);
+    free(inf->layer_transfer);
     pthread_mutex_destroy(&inf->params_mu);
     pthread_mutex_destroy(&inf->send_mu);
 }

@@ -94,7 +94,8 @@ typedef struct report_queue {
 
 typedef struct send_item {
     int32_t tile;
-    int64_t n_bytes; /* encoded in the inference's transfer mode */
+    int32_t mode;    /* COACTO_TRANSFER_* it is encoded in */
+    int64_t n_bytes;
     uint8_t *data;
 } send_item;
 
@@ -150,6 +151,7 @@ struct coacto_inference {
     atomic_long send_bytes;          /* bytes queued */
     atomic_long tiles_sent, bytes_sent, bytes_sent_raw, tiles_parked;
     int32_t transfer;                /* COACTO_TRANSFER_* of the send queue */
+    int8_t *layer_transfer;          /* [n_layers] per-layer modes, NULL: all `transfer` */
     atomic_long *wire_raw, *wire_encoded; /* [n_layers] when measuring, else NULL */
     /* Trace (coacto_inference_enable_trace; NULL when off): per tile start, end, worker, and
      * the send decisions in the order made (each tile is decided at most once). */
