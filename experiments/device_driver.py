@@ -15,6 +15,9 @@ one JSON line on stdout:
                                                                offloaded and the goodput measured
     {"cmd": "client", "bandwidth": "20mbit" | null}        -> a fresh Client (new estimates, new
                                                                connection) for what follows
+    {"cmd": "set_bandwidth", "bandwidth": "100mbit"}       -> the client's own link changes now
+    "run" may carry "change": {"after_s": 0.05, "bandwidth": "5mbit"}: the client's own link
+    changes that far into each inference (shaper mode), and back before the next.
 
 Every command may carry "rtt_ms": a round-trip delay the Client adds to its link (the kernel here
 has no netem).
@@ -32,6 +35,7 @@ import argparse
 import json
 import logging
 import sys
+import threading
 import time
 import traceback
 
@@ -57,6 +61,7 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--tiles", type=int, default=None, help="tiles per layer (default: coacto's)")
     ap.add_argument("--timeout", type=float, default=5.0)
+    ap.add_argument("--transfer", default="lossless", help="the Client's tile encoding")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
 
@@ -76,7 +81,8 @@ def main() -> int:
             client.close()
         client = coacto.Client(args.server, tg, threads=args.threads, bandwidth=bandwidth,
                                timeout=args.timeout, model_bytes=model_bytes,
-                               device_flops=device_flops, rtt_ms=rtt_ms)
+                               device_flops=device_flops, rtt_ms=rtt_ms,
+                               transfer=args.transfer)
         client.connect(timeout=30)
         client_link = (bandwidth, rtt_ms)
 
@@ -104,6 +110,9 @@ def main() -> int:
                     if client.last_stats.get("offloaded") and client.estimates["goodput_samples"] > 0:
                         break
                 reply = {"inferences": n, "estimates": client.estimates}
+            elif cmd["cmd"] == "set_bandwidth":
+                client.set_bandwidth(cmd["bandwidth"])
+                reply = {"ok": True}
             elif cmd["cmd"] == "client":
                 make_client(cmd.get("bandwidth"), cmd.get("rtt_ms", 0.0))
                 reply = {"ok": True}
@@ -113,12 +122,26 @@ def main() -> int:
                     make_client(*link)
                 lat, stats, err = [], [], 0.0
                 total = cmd.get("warmup", 0) + cmd["repeat"]
+                # "change": {"after_s": S, "bandwidth": RATE}: the client's own link changes to
+                # RATE S seconds into each inference (shaper mode; under kernel shaping the
+                # experiment changes the qdisc itself), and back before the next
+                change = cmd.get("change")
                 for i in range(total):
                     # the last inference writes the merged trace when one is asked for
                     trace = cmd.get("trace") if i == total - 1 else None
+                    timer = None
+                    if change:
+                        if link[0]:
+                            client.set_bandwidth(link[0])
+                        timer = threading.Timer(float(change["after_s"]), client.set_bandwidth,
+                                                [change["bandwidth"]])
                     t0 = time.perf_counter()
+                    if timer is not None:
+                        timer.start()
                     out = client.infer(feeds, policy=cmd["policy"], trace=trace)
                     wall = time.perf_counter() - t0
+                    if timer is not None:
+                        timer.cancel()
                     err = max(err, rel_error(out, ref))
                     if i >= cmd.get("warmup", 0):
                         lat.append(client.last_stats.get("latency_s", wall))

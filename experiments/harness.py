@@ -202,6 +202,10 @@ class Server:
         self._logf.close()
 
 
+#: The devices' tile encoding (--transfer; resolve_common sets it for the whole experiment).
+TRANSFER = "lossless"
+
+
 class Device:
     """experiments/device_driver.py for one model, in the device namespace and CPU quota."""
 
@@ -213,7 +217,7 @@ class Device:
         argv = [sys.executable, str(HERE / "device_driver.py"), "--server", address,
                 "--model", str(case.path), "--inputs", str(case.inputs),
                 "--reference", str(case.reference), "--threads", str(threads),
-                "--timeout", str(timeout)]
+                "--timeout", str(timeout), "--transfer", TRANSFER]
         if tiles:
             argv += ["--tiles", str(tiles)]
         self.argv = argv
@@ -254,14 +258,22 @@ class Device:
     def fresh_client(self, bandwidth=None) -> None:
         self.command({"cmd": "client", "bandwidth": bandwidth})
 
+    def set_bandwidth(self, bandwidth: str) -> None:
+        """The client's own link (shaper mode) changes to ``bandwidth`` now, for good."""
+        self.command({"cmd": "set_bandwidth", "bandwidth": bandwidth})
+
     def learn(self, bandwidth=None, max_inferences: int = 10) -> dict:
         """Dynamic inferences until the link's goodput was measured (see device_driver.py)."""
         return self.command({"cmd": "learn", "max": max_inferences, "bandwidth": bandwidth})
 
-    def run(self, policy: str, repeat: int, warmup: int = 1, bandwidth=None, trace=None) -> dict:
-        r = self.command({"cmd": "run", "policy": policy, "repeat": repeat, "warmup": warmup,
-                          "bandwidth": bandwidth, "trace": trace})
-        if r["max_rel_error"] > 1e-4:
+    def run(self, policy: str, repeat: int, warmup: int = 1, bandwidth=None, trace=None,
+            change: dict | None = None) -> dict:
+        cmd = {"cmd": "run", "policy": policy, "repeat": repeat, "warmup": warmup,
+               "bandwidth": bandwidth, "trace": trace}
+        if change:
+            cmd["change"] = change
+        r = self.command(cmd)
+        if r["max_rel_error"] > 1e-4 and TRANSFER in ("lossless", "raw"):
             raise ExperimentError(f"{self.case.name} {policy}: outputs differ from onnxruntime's "
                                   f"(max relative error {r['max_rel_error']:.2e})")
         return r
@@ -283,6 +295,7 @@ def testbed_settings(tb, shaping: str | None = None) -> dict:
     d = tb.describe()
     for k in ("nominal_mbps", "measured_link"):
         d.pop(k, None)
+    d["transfer"] = TRANSFER
     d["shaping"] = shaping or ("tc tbf on both veth ends at each row's nominal_mbps"
                                if tb.mode == "netns" else
                                "coacto-client's token bucket at each row's nominal_mbps (loopback)")
@@ -411,6 +424,9 @@ def add_common_args(ap, models=FIGURE_MODELS, quick_models=None) -> None:
     ap.add_argument("--image-size", type=int, default=None, metavar="PX",
                     help="build the zoo's image models at this size (default: their own, 224): "
                          "for a fast look or a test, not for figures to compare with the papers'")
+    ap.add_argument("--transfer", default="lossless", choices=("lossless", "f16", "int8", "raw"),
+                    help="the devices' tile encoding (default: %(default)s, coacto's own default; "
+                         "raw: float32, as before encodings existed)")
     ap.add_argument("--verbose", "-v", action="store_true")
 
 
@@ -430,6 +446,8 @@ def resolve_common(args) -> None:
     if args.rounds is None:
         args.rounds = 1 if args.quick else 2
     args.out = Path(args.out)
+    global TRANSFER
+    TRANSFER = getattr(args, "transfer", TRANSFER)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(message)s", stream=sys.stderr)
     from coacto import zoo
@@ -480,6 +498,9 @@ def run_policies(dev: Device, policies, repeat: int, rnd: int, bw_arg, base: dic
             "tiles_sent": statistics.median(s["tiles_sent"] for s in st),
             "tiles_from_server": statistics.median(s["tiles_from_server"] for s in st),
             "bytes_sent": statistics.median(s["bytes_sent"] for s in st),
+            "transfer": TRANSFER,
+            "tile_bytes_raw": statistics.median(s.get("tile_bytes_raw", 0) for s in st),
+            "tile_bytes_wire": statistics.median(s.get("tile_bytes_wire", 0) for s in st),
             "fallbacks": sum(bool(s["fallback"]) for s in st),
             "offloaded": sum(bool(s.get("offloaded")) for s in st),
             "server_skipped": next((s["server_skipped"] for s in st if s.get("server_skipped")), ""),

@@ -65,6 +65,8 @@ def testbed_kwargs(settings: dict, nominal_mbps: float | None, profile: str = PR
         # probes; the client's own shaper: it starts from the cap it was given
         "initial_goodput_mbps": CLIENT_DEFAULT_MBPS if kernel else nominal_mbps,
         "probe": kernel, "burst_bytes": burst,
+        # the devices' tile encoding (results from before encodings existed sent raw floats)
+        "transfer": tb.get("transfer", "raw"),
     }
 
 

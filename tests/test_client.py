@@ -94,6 +94,33 @@ def test_token_bucket_paces_at_the_rate():
     assert bucket.reserve(1000, 1000.0) == 1000.0
 
 
+def test_bandwidth_schedules_and_rate_changes():
+    from coacto.mobile.link import Link
+    from coacto.mobile.shaper import parse_schedule
+
+    assert parse_schedule("20mbit") == [(0.0, 2.5e6)]
+    assert parse_schedule("100mbit,5mbit@2.5,100mbit@6s") == [(0.0, 12.5e6), (2.5, 625e3),
+                                                                (6.0, 12.5e6)]
+    for bad, why in (("100mbit,5mbit", "needs @SECONDS"), ("100mbit@1,5mbit@2", "from 0 s"),
+                     ("100mbit,5mbit@2,1mbit@1", "must increase"), ("1mbit,2mbit@x", "not a time"),
+                     ("1mbit,2furlong@3", "unit")):
+        with pytest.raises(RateError, match=why):
+            parse_schedule(bad)
+    # a rate change re-books what the link holds: the part of a frame not yet across takes the
+    # new rate, frames behind it all of their bytes
+    link = Link(zmq.Context.instance(), zmq.Poller(), 5.0, TokenBucket(1e6, burst=1),
+                TokenBucket(1e6, burst=1))
+    link.sock = object()  # pump() only needs one; nothing is released before t = 0.2
+    items = [(P.TILES, [np.zeros(25_000, np.float32)], None) for _ in range(2)]  # 100 kB each
+    link.pump(0.0, lambda: items.pop() if items else None, lambda *a: True)
+    assert [round(e[0], 4) for e in link.held] == [0.1, 0.2]
+    link.set_rate(1e5, 0.05)  # half of the first is across: the rest at a tenth of the rate
+    assert [round(e[0], 4) for e in link.held] == [0.55, 1.55]
+    link.set_rate(1e6, 1.05)  # during the second frame
+    assert [round(e[0], 4) for e in link.held] == [0.55, 1.1]
+    link.sock = None
+
+
 def test_goodput_from_backlogged_acks_ignores_pipelining():
     rate, rtt = 2e6, 0.050  # 16 Mbit/s, 50 ms: 8 batches of 25 kB in flight at once
     g = Goodput(initial=1e5)
@@ -430,6 +457,39 @@ def test_bandwidth_cap_slows_transfers_and_is_measured(server, big_input):
     assert min(runs) >= 0.9 * floor, (runs, floor)
     assert min(runs) > 3 * unlimited, (runs, unlimited)
     assert 2.5 <= est <= 10, est
+
+
+def test_a_link_that_drops_mid_inference_slows_what_it_still_carries(server, big_input):
+    """Client.set_bandwidth mid-inference: cloud's input, half across, takes the new rate for
+    the rest; dynamic, whose device computes meanwhile, is not held by the link (its input is
+    196 kB: 8 s at 200 kbit/s)."""
+    model, feeds, ref = big_input
+    tg = coacto.compile(model, tiles_per_layer=TILES)
+    input_bytes = sum(x.nbytes for x in feeds.values())
+    with Client(server.address, tg, threads=1, policy="cloud", model_bytes=model,
+                bandwidth="20mbit", timeout=30) as client:
+        client.connect(30)
+        t0 = time.monotonic()
+        fut = client.infer_async(feeds)
+        time.sleep(0.5 * input_bytes / 2.5e6)  # half the input across at 20 Mbit/s
+        client.set_bandwidth("2mbit")
+        assert_close(fut.result(timeout=30), ref, rel=1e-4)
+        took = time.monotonic() - t0
+        # the other half at 2 Mbit/s: about 0.39 s, where all of it at 20 would take 0.08
+        assert took >= 0.8 * (0.5 * input_bytes / 2.5e5), took
+        assert client.bandwidth == 2.5e5
+        client.set_bandwidth("20mbit")
+        client.infer(feeds)
+        local = min(client.infer(feeds, policy="local") and client.last_stats["latency_s"]
+                    for _ in range(2))
+        fut = client.infer_async(feeds, policy="dynamic")
+        time.sleep(0.01)
+        client.set_bandwidth("200kbit")
+        assert_close(fut.result(timeout=30), ref, rel=1e-4)
+        # finished by the device, about when it alone would (far below the 8 s of the input)
+        assert fut.stats["latency_s"] < local + 2.0, (fut.stats["latency_s"], local)
+    with pytest.raises(RateError):
+        Client(server.address, tg, bandwidth="20mbit,5mbit", model_bytes=model)
 
 
 def test_returned_tiles_measure_the_downlink(server):

@@ -69,7 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"one of {', '.join(POLICIES)} (default: dynamic)")
     p.add_argument("--threads", type=int, default=None, metavar="N",
                    help="computing threads on this device (default: all CPUs)")
-    p.add_argument("--bandwidth", metavar="RATE", help="cap this client's link, e.g. 20mbit")
+    p.add_argument("--bandwidth", metavar="RATE",
+                   help="cap this client's link, e.g. 20mbit; a schedule changes it over time: "
+                        "100mbit,5mbit@2.5 (5 Mbit/s from 2.5 s after start)")
     p.add_argument("--rtt-ms", type=float, default=0.0, metavar="MS",
                    help="add this round-trip delay to the link, half each way (emulates a "
                         "distant server; with or without --bandwidth)")

@@ -32,7 +32,7 @@ from .engine import Engine
 from .estimates import Estimates
 from .jobs import Job
 from .trace import TraceRecord
-from .shaper import UNCAPPED, TokenBucket, parse_rate
+from .shaper import UNCAPPED, TokenBucket, parse_rate, parse_schedule
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +126,9 @@ class Client:
     CPUs this process may use). ``policy``: local, cloud, split, fl or dynamic (see
     coacto.mobile.policies). ``bandwidth``: cap this client's link, tc-style (``"20mbit"``; a
     number is bits/s; inference traffic only, not the one-time model upload); it is also the
-    goodput assumed until one is measured (else 10 Mbit/s, see estimates.py). ``rtt_ms``: add
+    goodput assumed until one is measured (else 10 Mbit/s, see estimates.py). A schedule
+    (``"100mbit,5mbit@2.5"``: 5 Mbit/s from 2.5 s after the client is made) changes the cap over
+    time, as does ``set_bandwidth`` (the estimates are not told: they measure it). ``rtt_ms``: add
     this round-trip delay to the link (half each way, after the cap; the experiments' stand-in
     for a kernel without `netem`). ``timeout``: seconds
     of silence after which the device stops waiting for the server. ``device_flops``: this device's
@@ -156,7 +158,8 @@ class Client:
         if not (isinstance(timeout, (int, float)) and timeout > 0):
             raise CoactoError(f"timeout must be a positive number of seconds, got {timeout!r}")
         self.timeout = float(timeout)
-        rate = parse_rate(bandwidth) if bandwidth is not None else None
+        steps = parse_schedule(bandwidth) if bandwidth is not None else []
+        rate = steps[0][1] if steps else None
         self.bandwidth = rate
         if not (isinstance(rtt_ms, (int, float)) and 0 <= rtt_ms < 60_000):
             raise CoactoError(f"rtt_ms must be a number of milliseconds from 0 to 60000, got "
@@ -197,9 +200,21 @@ class Client:
             runtime=self._runtime._rt, estimates=self._estimates, timeout=self.timeout,
             uplink=self._emulated_link(rate), downlink=self._emulated_link(rate),
             on_finish=_recorder(weakref.ref(self)), name=name, transfer=transfer)
+        t0 = now()
+        self._engine.schedule_rates([(t0 + t, r) for t, r in steps[1:]])
         self._engine.start(connect=self.policy != "local")
         # a Client dropped without close() still stops its thread and releases its runtime
         self._finalizer = weakref.finalize(self, _release, self._engine, self._runtime)
+
+    def set_bandwidth(self, bandwidth) -> None:
+        """Changes this client's emulated link to ``bandwidth`` now (a tc-style rate; what
+        ``tc change`` does to a real link): the part of each frame not yet across takes the new
+        rate. Without an emulated link so far, one is made (the link was uncapped)."""
+        rate = parse_rate(bandwidth)
+        if self._closed:
+            raise CoactoError("this Client is closed; create a new one")
+        self.bandwidth = rate
+        self._engine.set_link_rate(rate)
 
     def _emulated_link(self, rate):
         """The cap and the added propagation delay (half the added round trip each way), or None

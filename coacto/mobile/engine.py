@@ -22,6 +22,7 @@ with ERROR, does the same; results that still come from the server are taken (ex
 """
 from __future__ import annotations
 
+import collections
 import logging
 import math
 import os
@@ -111,6 +112,10 @@ class Engine:
         self._n_computable = tg.n_tiles - int(self._is_input.sum())
         self._gated = 0
         self._last_probe: float | None = None
+        # the emulated link's rate changes: (time on now()'s clock, bytes/s), in order; and
+        # changes asked for from other threads (Client.set_bandwidth)
+        self._rate_steps: collections.deque = collections.deque()
+        self._rate_requests: queue.SimpleQueue = queue.SimpleQueue()
 
     # ------------------------------------------------------------------ other threads
 
@@ -127,6 +132,29 @@ class Engine:
             raise RuntimeError("closed")
         self._submissions.put(job)
         self._wake()
+
+    def schedule_rates(self, steps) -> None:
+        """Before start: the emulated link changes to each (time, bytes/s) at its time."""
+        self._rate_steps.extend(sorted(steps))
+
+    def set_link_rate(self, rate: float) -> None:
+        """From any thread: the emulated link changes to ``rate`` bytes/s now."""
+        self._rate_requests.put(float(rate))
+        self._wake()
+
+    def _rates(self, t: float) -> None:
+        while True:
+            try:
+                rate = self._rate_requests.get_nowait()
+            except queue.Empty:
+                break
+            self._set_rate(rate, t)
+        while self._rate_steps and self._rate_steps[0][0] <= t:
+            self._set_rate(self._rate_steps.popleft()[1], t)
+
+    def _set_rate(self, rate: float, t: float) -> None:
+        log.info("the emulated link changes to %.3g Mbit/s", rate * 8 / 1e6)
+        self.link.set_rate(rate, t)
 
     def wait_ready(self, timeout: float | None) -> bool:
         with self._ready_cv:
@@ -169,12 +197,14 @@ class Engine:
         try:
             while not self._closing:
                 self._intake()
+                self._rates(now())
                 self._timers(now())
                 link.deliver(now(), self._handle)
                 link.pump(now(), self._next_batch, self._on_sent)
                 t = now()
                 wait = min([t + MAX_POLL_S, *link.wakeups(), *session.wakeups(),
-                            *self._job_wakeups(t)]) - t
+                            *self._job_wakeups(t),
+                            *(step[0] for step in list(self._rate_steps)[:1])]) - t
                 # zmq polls in whole milliseconds (a fraction is truncated: round up, no spin)
                 events = dict(poller.poll(math.ceil(max(0.0, wait) * 1000.0)))
                 if self._wake_r in events:

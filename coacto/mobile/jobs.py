@@ -190,6 +190,17 @@ def job_stats(job: Job, native: dict, t: float, engine) -> dict:
     if job.policy in ("split", "fl"):
         stats.update({k: (float(v) if isinstance(v, (float, np.floating)) else v)
                       for k, v in plan.info.items()})
+    if job.policy == "dynamic":
+        # which plan dynamic chose (docs/SCHEDULER.md) and what it predicted
+        if job.skipped or not plan.uses_server:
+            frontier = "device"
+        elif plan.split_layer is not None:
+            frontier = f"cut {plan.info.get('cut_name', plan.split_layer)}"
+        else:
+            frontier = "inputs"
+        stats["frontier"] = frontier
+        stats["predicted_s"] = float(plan.info["predicted_s"]) if "predicted_s" in plan.info \
+            else None
     if job.server_report:
         stats["server"] = job.server_report
     return stats

@@ -196,6 +196,38 @@ class Link:
         self.held = keep
         return [frames for _t, frames, kind, *_ in dropped if kind == P.TILES]
 
+    def set_rate(self, rate: float, t: float) -> None:
+        """The emulated link changes to ``rate`` bytes/s at ``t``, both ways. What the uplink
+        still holds is booked again: the part of each frame not yet across takes the new rate
+        (a frame half across a link that drops to a twentieth takes ten times its whole old time
+        for the rest). Frames already on the downlink keep their times."""
+        from .shaper import TokenBucket
+
+        if self.down is None:
+            self.down = TokenBucket(rate)
+        else:
+            self.down.set_rate(rate, t)
+        if self.up is None:
+            self.up = TokenBucket(rate)
+            return
+        up = self.up
+        pending = [e for e in self.held if e[0] - up.delay > t and e[2] != P.MODEL_UPLOAD]
+        up.set_rate(rate, t)
+        if not pending:
+            return
+        up.rewind(t)  # the link is busy with them from t on, with no credit
+        rebooked = collections.deque()
+        for e in self.held:
+            release, frames, kind, nbytes, job, start = e
+            end = release - up.delay
+            if end <= t or kind == P.MODEL_UPLOAD:
+                rebooked.append(e)
+                continue
+            left = nbytes if start >= t or end <= start else nbytes * (end - t) / (end - start)
+            new_start, new_release = up.book(max(1, int(round(left))), t)
+            rebooked.append((new_release, frames, kind, nbytes, job, new_start))
+        self.held = rebooked
+
     def _arm(self, kind: str, t: float) -> None:
         if kind == P.MODEL_UPLOAD:
             self.awaiting_since, self.await_limit = t, max(UPLOAD_TIMEOUT_MIN_S, self.timeout)

@@ -22,7 +22,7 @@ import re
 
 from ..errors import CoactoError
 
-__all__ = ["RateError", "parse_rate", "format_rate", "TokenBucket", "UNCAPPED"]
+__all__ = ["RateError", "parse_rate", "parse_schedule", "format_rate", "TokenBucket", "UNCAPPED"]
 
 #: Multipliers to bytes per second, tc's units (``man tc``: bit = bits/s, bps = bytes/s).
 _UNITS = {
@@ -70,6 +70,45 @@ def parse_rate(rate) -> float:
     return bps
 
 
+def parse_schedule(spec) -> list[tuple[float, float]]:
+    """A rate, or a rate that changes over time -> [(seconds, bytes per second), ...] from 0.
+
+    ``"20mbit"``: one rate. ``"100mbit,5mbit@2.5,100mbit@6"``: 100 Mbit/s from the start, 5 from
+    2.5 s, 100 again from 6 s (times since the client was created, increasing; an ``s`` after
+    the number is allowed). Numbers are bits/s, as in parse_rate.
+    """
+    if not isinstance(spec, str) or "," not in spec and "@" not in spec:
+        return [(0.0, parse_rate(spec))]
+    steps: list[tuple[float, float]] = []
+    for i, part in enumerate(spec.split(",")):
+        rate, at, when = part.partition("@")
+        if i == 0 and at:
+            when_s = _seconds(when, spec)
+            if when_s != 0:
+                raise RateError(f"bandwidth schedule {spec!r}: the first rate holds from 0 s; "
+                                "write e.g. '100mbit,5mbit@2.5'")
+        elif i > 0 and not at:
+            raise RateError(f"bandwidth schedule {spec!r}: every rate after the first needs "
+                            f"@SECONDS (e.g. '5mbit@2.5'), {part!r} has none")
+        t = _seconds(when, spec) if at else 0.0
+        if steps and not t > steps[-1][0]:
+            raise RateError(f"bandwidth schedule {spec!r}: times must increase ({t:g} s after "
+                            f"{steps[-1][0]:g} s)")
+        steps.append((t, parse_rate(rate)))
+    return steps
+
+
+def _seconds(text: str, spec: str) -> float:
+    text = text.strip().lower().removesuffix("s")
+    try:
+        t = float(text)
+    except ValueError:
+        raise RateError(f"bandwidth schedule {spec!r}: {text!r} is not a time in seconds") from None
+    if not (0.0 <= t < 1e6):
+        raise RateError(f"bandwidth schedule {spec!r}: times must lie in [0, 1e6) s, got {t!r}")
+    return t
+
+
 def format_rate(bytes_per_s: float) -> str:
     """Bytes per second -> a short human string in bits (``"20 Mbit/s"``)."""
     bits = bytes_per_s * 8
@@ -103,6 +142,7 @@ class TokenBucket:
         self.rate = float(rate)
         # Two milliseconds of credit (at least one Ethernet frame): a cap close to the nominal
         # rate even for the first frame after an idle period, like `tc tbf` with a small burst.
+        self._burst_given = burst is not None
         self.burst = float(burst) if burst is not None else max(1500.0, self.rate * 0.002)
         self._tokens = self.burst
         self._t = None  # time up to which tokens are accounted (may lie in the future: booked)
@@ -133,6 +173,19 @@ class TokenBucket:
         self._t += need / self.rate
         self._tokens = 0.0
         return self._t + self.delay
+
+    def set_rate(self, rate: float, now: float) -> None:
+        """The link's rate changes at ``now`` (``tc change``). Frames booked before keep their
+        release times: the Link re-books what it still holds (Link.set_rate)."""
+        if not (rate > 0):
+            raise RateError(f"a token bucket needs a positive rate, got {rate!r}")
+        if self._t is not None and now > self._t:  # credit earned at the old rate until now
+            self._tokens = min(self.burst, self._tokens + (now - self._t) * self.rate)
+            self._t = now
+        self.rate = float(rate)
+        if not self._burst_given:
+            self.burst = max(1500.0, self.rate * 0.002)
+            self._tokens = min(self._tokens, self.burst)
 
     def free_at(self, now: float) -> float:
         return now if self._t is None else max(now, self._t)
