@@ -506,6 +506,7 @@ def run_policies(dev: Device, policies, repeat: int, rnd: int, bw_arg, base: dic
             "server_skipped": next((s["server_skipped"] for s in st if s.get("server_skipped")), ""),
             "goodput_samples": r["estimates"].get("goodput_samples"),
             "finished_by": ",".join(sorted({s["finished_by"] for s in st})),
+            "frontier": ",".join(sorted({str(s.get("frontier")) for s in st if s.get("frontier")})),
             # the cut each split / fl inference was planned with (what sim_vs_real replays)
             "cuts": " ".join(str(s.get("split_layer")) for s in st)
             if policy in ("split", "fl") else "",

@@ -56,6 +56,9 @@ BATCH_SECONDS = 0.004
 #: The send window (bytes handed to the link, not yet acknowledged) covers at least this much
 #: link time, and twice the RTT: enough to keep the link busy while the engine is descheduled.
 WINDOW_S = 0.05
+#: A parked inference's inputs more than this much of the link's time (beyond two batches)
+#: behind the goodput estimate mean the link has slowed: the device computes at once.
+STALL_S = 0.005
 #: A dynamic inference skips the server when the device is predicted to finish before any split
 #: point could (policies.split_costs with the current estimates): then not even the inputs are
 #: worth their link time and CPU. Every EXPLORE_EVERY-th such inference offloads anyway, so the
@@ -271,6 +274,18 @@ class Engine:
             job.resume_on_release = True
             job.resume_at = job.t_start + 2 * job.input_bytes / e.bandwidth + 0.05
 
+    def _link_stalled(self, job: Job, t: float) -> bool:
+        """The inputs of a parked inference are well behind what the goodput estimate says the
+        link carries by now (a link that dropped mid-transfer): the device's work stops being
+        insurance. Behind by two batches and STALL_S of data, so that ACKs that come a batch at
+        a time, and a burst's head start, are not taken for a stall."""
+        if job.t_first_batch is None or job.inputs_at_server is not None:
+            return False
+        b = self.est.bandwidth
+        expected = min(job.bytes_handed, b * max(0.0, t - job.t_first_batch - self.est.rtt.value))
+        batch = min(MAX_BATCH_BYTES, max(MIN_BATCH_BYTES, b * BATCH_SECONDS))
+        return expected - job.bytes_acked > 2 * batch + b * STALL_S
+
     def _resume_local(self, job: Job) -> None:
         job.local_parked = False
         if job.native is not None and not job.done:
@@ -281,6 +296,9 @@ class Engine:
         for job in self._jobs.values():
             if job.local_parked and job.resume_at is not None:
                 times.append(job.resume_at)
+            if job.local_parked and job.t_first_batch is not None and \
+                    job.inputs_at_server is None:
+                times.append(t + STALL_S)  # watch the inputs' progress (_link_stalled)
             if job.deadline is not None and not job.fallback:
                 times.append(job.deadline)
             if job.attached and not job.fallback:
@@ -299,6 +317,10 @@ class Engine:
         self.est.goodput.expire(t - max(30.0, 4 * self.timeout))
         for job in list(self._jobs.values()):
             if job.local_parked and job.resume_at is not None and t >= job.resume_at:
+                self._resume_local(job)
+            elif job.local_parked and self._link_stalled(job, t):
+                log.info("inference %d: the link carries less than its estimate; the device "
+                         "computes now", job.id)
                 self._resume_local(job)
             if job.fallback or job.native is None and not job.waiting:
                 continue
@@ -698,7 +720,9 @@ class Engine:
             traced.trace.acked(batch, t, t_server)
         if job is None:
             return
-        job.unacked -= job.inflight.pop(batch, 0)
+        acked = job.inflight.pop(batch, 0)
+        job.unacked -= acked
+        job.bytes_acked += acked
         if batch == job.input_batch and job.inputs_at_server is None:
             # when the server took in the last input: its own stamp on our clock if the offset
             # is known (immune to how late we read the ACK), else the ACK's arrival - RTT / 2

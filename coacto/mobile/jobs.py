@@ -62,6 +62,9 @@ class Job:
         self.inflight: dict[int, int] = {}
         self.queued_since: float | None = None  # tiles wait for company (engine.COALESCE_S)
         self.unacked = 0
+        self.t_first_batch: float | None = None  # the first TILES batch handed to the link
+        self.bytes_handed = 0            # TILES bytes handed to the link, and acknowledged
+        self.bytes_acked = 0
         self.bytes_sent = 0
         self.bytes_received = 0
         self.tiles_sent = 0
@@ -113,6 +116,9 @@ class Job:
             self.trace.handed(batch, ids, nbytes, t)
         self.inflight[batch] = nbytes
         self.unacked += nbytes
+        if self.t_first_batch is None:
+            self.t_first_batch = t
+        self.bytes_handed += nbytes
         if self.inputs_to_send:
             self.inputs_to_send -= int(is_input[ids].sum())
             if self.inputs_to_send <= 0:
