@@ -217,8 +217,11 @@ def test_signal_cleans_up(netns_name, sig):
         print("ready", flush=True)
         time.sleep(30)
     """)
+    # a shell that started this run in the background may have left SIGINT ignored, which the
+    # child would inherit (and the testbed rightly leaves alone): undo that for the child
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         assert proc.stdout.readline().strip() == "ready", proc.stderr.read()
         assert leftovers(netns_name)
