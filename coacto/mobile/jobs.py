@@ -70,6 +70,7 @@ class Job:
         self.tiles_sent = 0
         self.tiles_from_server = 0
         self.trace = trace               # a trace.TraceRecord when this inference is traced
+        self.measures_wire = False       # the runtime sums its tiles' encoded bytes per layer
 
     def take_batch(self, max_bytes: int, is_input: np.ndarray, goodput):
         """The frames of the next TILES message (up to ``max_bytes`` of queued tiles, shallowest
