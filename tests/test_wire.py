@@ -170,6 +170,16 @@ def test_a_batch_with_one_bad_tile_applies_none(squeeze_tg):
         assert all(dst.tile_state(int(t)) != src.tile_state(int(t)) for t in ids)
         assert dst.put_tiles_encoded("lossless", ids, lens, data) == (ids.size, 0)
         assert np.array_equal(dst.get_tiles(ids), src.get_tiles(ids))
+        # the same tile three times, as a bitmap of zeros (32x smaller than its floats: decoded
+        # one tile at a time, never the whole batch at once): one applied, two duplicates
+        with NativeInference(rt, tg) as fresh:
+            t0 = int(ids[0])
+            zeros = encode("lossless", np.zeros(int(tg.plan.tile_bytes[t0]) // 4, np.float32))
+            three = np.full(3, t0, np.int32)
+            got = fresh.put_tiles_encoded("lossless", three, np.full(3, zeros.size, np.int32),
+                                          np.concatenate([zeros] * 3))
+            assert got == (1, 2)
+            assert not fresh.get_tiles([t0]).any()
         # a tile id out of range, a negative length, an unknown encoding
         with pytest.raises(InputError):
             dst.put_tiles_encoded("lossless", np.array([tg.n_tiles], np.int32), lens[:1],

@@ -173,10 +173,11 @@ int64_t coacto_wire_encode(int32_t mode, const float *x, int64_t n, uint8_t *out
 
 static int popcount8(uint8_t b) { return __builtin_popcount(b); }
 
-coacto_status coacto_wire_decode(int32_t mode, const uint8_t *in, int64_t len, float *out,
-                                 int64_t n) {
+/* Checks one encoded tile and, when out is not NULL, decodes it. */
+static coacto_status wire_parse(int32_t mode, const uint8_t *in, int64_t len, float *out,
+                                int64_t n) {
     int64_t vb = value_bytes(mode), hdr = header_bytes(mode);
-    if (!in || !out || n < 1 || !vb || len < hdr) return COACTO_ERR_INVALID_ARGUMENT;
+    if (!in || n < 1 || !vb || len < hdr) return COACTO_ERR_INVALID_ARGUMENT;
     float scale = 0.0f;
     if (mode == COACTO_TRANSFER_INT8) {
         memcpy(&scale, in, 4);
@@ -184,6 +185,7 @@ coacto_status coacto_wire_decode(int32_t mode, const uint8_t *in, int64_t len, f
     }
     const uint8_t *p = in + hdr;
     if (len == hdr + vb * n) {
+        if (!out) return COACTO_OK;
         if (vb == 4) {
             memcpy(out, p, (size_t)n * 4);
         } else {
@@ -199,6 +201,7 @@ coacto_status coacto_wire_decode(int32_t mode, const uint8_t *in, int64_t len, f
     /* bits past the n-th must be clear: a bitmap says exactly which values follow */
     if ((n & 7) && (p[nb - 1] >> (n & 7))) return COACTO_ERR_INVALID_ARGUMENT;
     if (ones != k) return COACTO_ERR_INVALID_ARGUMENT;
+    if (!out) return COACTO_OK;
     const uint8_t *v = p + nb;
     for (int64_t i = 0; i < n; i++) {
         if (p[i >> 3] & (1u << (i & 7))) {
@@ -209,6 +212,12 @@ coacto_status coacto_wire_decode(int32_t mode, const uint8_t *in, int64_t len, f
         }
     }
     return COACTO_OK;
+}
+
+coacto_status coacto_wire_decode(int32_t mode, const uint8_t *in, int64_t len, float *out,
+                                 int64_t n) {
+    if (!out) return COACTO_ERR_INVALID_ARGUMENT;
+    return wire_parse(mode, in, len, out, n);
 }
 
 /* ------------------------------------------------------------- batches of one inference's tiles */
@@ -223,29 +232,40 @@ coacto_status coacto_inference_put_tiles_encoded(coacto_inference *inf, int32_t 
         return COACTO_ERR_INVALID_ARGUMENT;
     if (n == 0) return n_bytes == 0 ? COACTO_OK : COACTO_ERR_INVALID_ARGUMENT;
     /* Every id and length is checked before anything is allocated or applied. */
-    int64_t floats = 0, bytes = 0;
+    int64_t bytes = 0;
     for (int32_t i = 0; i < n; i++) {
         if (ids[i] < 0 || ids[i] >= inf->g->n_tiles || lens[i] < 0) return COACTO_ERR_INVALID_ARGUMENT;
         int64_t size = tile_floats(inf->g, ids[i]);
         if (lens[i] > header_bytes(mode) + value_bytes(mode) * size) return COACTO_ERR_INVALID_ARGUMENT;
-        floats += size;
         bytes += lens[i];
     }
     if (bytes != n_bytes) return COACTO_ERR_INVALID_ARGUMENT;
-    float *plain = malloc(sizeof(float) * (size_t)(floats ? floats : 1));
-    if (!plain) return COACTO_ERR_OUT_OF_MEMORY;
-    int64_t pos = 0, at = 0;
+    /* Every tile's encoding is checked before any is applied; then each is decoded into one
+     * buffer of the largest tile's size and put in turn. A bitmap of zeros is 32 times smaller
+     * than its floats: decoding the whole batch at once would let a small frame demand a large
+     * allocation. */
+    int64_t at = 0, largest = 0;
     for (int32_t i = 0; i < n; i++) {
         int64_t size = tile_floats(inf->g, ids[i]);
-        coacto_status st = coacto_wire_decode(mode, data + at, lens[i], plain + pos, size);
-        if (st != COACTO_OK) {
-            free(plain);
-            return st;
-        }
-        pos += size;
+        coacto_status st = wire_parse(mode, data + at, lens[i], NULL, size);
+        if (st != COACTO_OK) return st;
+        if (size > largest) largest = size;
         at += lens[i];
     }
-    coacto_status st = coacto_inference_put_tiles(inf, ids, n, plain, floats, accepted, duplicates);
+    float *plain = malloc(sizeof(float) * (size_t)(largest ? largest : 1));
+    if (!plain) return COACTO_ERR_OUT_OF_MEMORY;
+    at = 0;
+    coacto_status st = COACTO_OK;
+    for (int32_t i = 0; i < n && st == COACTO_OK; i++) {
+        int64_t size = tile_floats(inf->g, ids[i]);
+        wire_parse(mode, data + at, lens[i], plain, size);
+        at += lens[i];
+        int32_t one_accepted = 0, one_duplicate = 0;
+        st = coacto_inference_put_tiles(inf, &ids[i], 1, plain, size, &one_accepted,
+                                        &one_duplicate);
+        if (accepted) *accepted += one_accepted;
+        if (duplicates) *duplicates += one_duplicate;
+    }
     free(plain);
     return st;
 }
