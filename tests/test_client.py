@@ -749,6 +749,14 @@ def test_cli_json_and_output(server, squeezenet, tmp_path):
     assert lines[-1]["tiles_from_server"] > 0 and not lines[-1]["fallback"]
     got = dict(np.load(tmp_path / "out.npz"))
     assert_close(got, ref, rel=1e-4)
+    # a link that changes on a schedule, and a lossy encoding: half the input's bytes
+    r = _client_cli("--server", server.address, "--model", tmp_path / "sq.onnx", "--input",
+                    f"{name}={tmp_path / 'x.npy'}", "--policy", "cloud", "--threads", 1,
+                    "--json", "--tiles", TILES, "--timeout", 10, "--transfer", "f16",
+                    "--bandwidth", "100mbit,50mbit@0.5")
+    assert r.returncode == 0, r.stderr
+    (stats,) = [json.loads(line) for line in r.stdout.splitlines()]
+    assert stats["transfer"] == "f16" and stats["tile_bytes_wire"] * 2 == stats["tile_bytes_raw"]
 
 
 def test_cli_help_and_bad_input(tmp_path):
@@ -758,6 +766,7 @@ def test_cli_help_and_bad_input(tmp_path):
     onnx.save(model, tmp_path / "sq.onnx")
     base = ["--server", "tcp://127.0.0.1:1", "--model", tmp_path / "sq.onnx", "--random"]
     for extra, needle in ((["--bandwidth", "fast"], "bandwidth"),
+                          (["--bandwidth", "100mbit,5mbit"], "needs @SECONDS"),
                           (["--policy", "nearest"], "unknown policy"),
                           (["--input", "x=absent.npy"], "does not exist")):
         r = _client_cli(*base, *extra)

@@ -121,12 +121,12 @@ def join_cgroup(folder: Path, tids: list[int]) -> None:
 def run(args) -> int:
     from ..cli import load_inputs, resolve_model
     from .client import Client, ServerUnavailable
-    from .shaper import parse_rate
+    from .shaper import parse_schedule
 
     if args.policy not in POLICIES:
         raise InputError(f"unknown policy {args.policy!r}; choose one of {', '.join(POLICIES)}")
     if args.bandwidth is not None:
-        parse_rate(args.bandwidth)  # a bad rate fails before any model is loaded
+        parse_schedule(args.bandwidth)  # a bad rate fails before any model is loaded
     if args.repeat < 1:
         raise InputError("--repeat must be at least 1")
     if not (0 <= args.rtt_ms < 60_000):
