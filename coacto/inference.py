@@ -298,9 +298,9 @@ class NativeInference:
         used = ffi.new("int64_t *")
         n = lib.coacto_inference_take_sends(self.handle, ffi.from_buffer("int32_t[]", ids), max_tiles,
                                             ffi.from_buffer("float[]", data), data.size, used)
-        if n == 0 and self.queued_bytes() > max_bytes:  # one tile larger than max_bytes
-            return self.take_sends(self.queued_bytes(), max_tiles)
-        return ids[:n].copy(), data[:used[0]].copy()
+        if n == 0 and self.queued_bytes() > max_bytes:  # the next tile alone is larger
+            return self.take_sends(self.queued_bytes(), 1)
+        return ids[:n], data[:used[0]]
 
     def queued_bytes(self) -> int:
         return int(lib.coacto_inference_queued_bytes(self.handle))

@@ -166,21 +166,27 @@ def _exported_encoder(layers=2, s=16, d=32, h=2, seed=0):
     return model
 
 
+def _exported_encoder_case(seed: int, tokens: int):
+    """The exported encoder compiled at 4 tiles per layer, inputs with ``tokens`` of 16 unpadded,
+    and onnxruntime's outputs for them."""
+    import onnxruntime as ort
+
+    m = _exported_encoder()
+    tg = coacto.compile(m, tiles_per_layer=4)
+    rng = np.random.default_rng(seed)
+    feeds = {"x": rng.standard_normal((1, 16, 32)).astype(np.float32),
+             "mask": np.array([[1] * tokens + [0] * (16 - tokens)], np.int64)}
+    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    return m, tg, feeds, dict(zip(names, sess.run(names, feeds)))
+
+
 def test_an_exported_encoder_cut_anywhere_matches_onnxruntime():
     """Not a zoo model: two attention blocks written as torch.onnx.export writes them (MatMul +
     Add projections, Reshape / Transpose heads, the padding mask turned into an additive bias
     that both blocks read, residual Adds). Every cut -- each sends the mask's bias and the block
     state live there -- gives onnxruntime's output through an in-process exchange."""
-    import onnxruntime as ort
-
-    m = _exported_encoder()
-    tg = coacto.compile(m, tiles_per_layer=4)
-    rng = np.random.default_rng(1)
-    feeds = {"x": rng.standard_normal((1, 16, 32)).astype(np.float32),
-             "mask": np.array([[1] * 11 + [0] * 5], np.int64)}
-    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
-    names = [o.name for o in sess.get_outputs()]
-    ref = dict(zip(names, sess.run(names, feeds)))
+    m, tg, feeds, ref = _exported_encoder_case(seed=1, tokens=11)
     cuts = P.valid_cuts(tg)
     assert len(cuts) > 10 and P.single_tensor_cuts(tg) == [cuts[-1]]
     for c in cuts:
@@ -194,19 +200,10 @@ def test_an_exported_encoder_cut_anywhere_matches_onnxruntime():
 def test_an_exported_encoder_offloads_over_zeromq(policy):
     """The same encoder through a real server: split at a cut inside the second block (the mask's
     bias and three tensors of the block go up), and dynamic on a fast loopback link."""
-    import onnxruntime as ort
-
     from coacto.mobile import Client
     from coacto.server import Server
 
-    m = _exported_encoder()
-    tg = coacto.compile(m, tiles_per_layer=4)
-    rng = np.random.default_rng(2)
-    feeds = {"x": rng.standard_normal((1, 16, 32)).astype(np.float32),
-             "mask": np.array([[1] * 9 + [0] * 7], np.int64)}
-    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
-    names = [o.name for o in sess.get_outputs()]
-    ref = dict(zip(names, sess.run(names, feeds)))
+    m, tg, feeds, ref = _exported_encoder_case(seed=2, tokens=9)
     cut = max(P.valid_cuts(tg), key=lambda c: len(P.cut_layers(tg, c)))
     options = {"split_layer": cut} if policy == "split" else {}
     with Server("tcp://127.0.0.1:0", threads=1, server_flops=20e9) as srv, \

@@ -285,10 +285,8 @@ class Estimates:
         #: Per layer: bytes its tiles take on the wire per raw byte in the transfer encoding
         #: (set_transfer), learnt from every inference's tiles; None before set_transfer.
         self.wire: np.ndarray | None = None
-        self.transfer = "raw"
 
     def set_transfer(self, mode: str, n_layers: int) -> None:
-        self.transfer = mode
         self.wire = np.full(n_layers, WIRE_PRIOR[mode])
         self._wire_seen = np.zeros(n_layers, bool)
 

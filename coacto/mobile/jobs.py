@@ -8,7 +8,6 @@ import numpy as np
 
 from .. import protocol as P
 from ..inference import now
-from ..runtime import ffi, lib
 
 MAX_BATCH_TILES = 4096
 #: Tiles queued after the inputs wait up to this long for company before they are sent (unless a
@@ -55,7 +54,7 @@ class Job:
         self.local_parked = False        # local work waits for the inputs to leave (dynamic)
         self.resume_at: float | None = None
         self.resume_on_release = True    # unpark when the last input batch leaves
-        self.whole_bytes = 0             # send nothing before this many bytes are queued
+        self.whole_bytes = 0             # send nothing before this many raw bytes were queued
         self.inputs_at_server: float | None = None
         # counters
         self.batches = 0
@@ -102,7 +101,7 @@ class Job:
             header["enc"] = enc
             payload = (ids, lens, data)
         else:
-            ids, data = self._take_raw(queued, max_bytes)
+            ids, data = native.take_sends(min(queued, max_bytes), MAX_BATCH_TILES)
             if ids.size == 0:
                 return None
             payload = (ids, data)
@@ -125,20 +124,6 @@ class Job:
             if self.inputs_to_send <= 0:
                 self.input_batch = batch
         return frames
-
-    def _take_raw(self, queued: int, max_bytes: int):
-        native = self.native
-        ids = np.empty(MAX_BATCH_TILES, dtype=np.int32)
-        data = np.empty(max(1, min(queued, max_bytes) // 4), dtype=np.float32)
-        used = ffi.new("int64_t *")
-        take = lib.coacto_inference_take_sends
-        n = take(native.handle, ffi.from_buffer("int32_t[]", ids), MAX_BATCH_TILES,
-                 ffi.from_buffer("float[]", data), data.size, used)
-        if n == 0:  # the next tile alone is larger than a batch: it goes alone
-            data = np.empty(max(1, queued // 4), dtype=np.float32)
-            n = take(native.handle, ffi.from_buffer("int32_t[]", ids), 1,
-                     ffi.from_buffer("float[]", data), data.size, used)
-        return ids[:n], data[:used[0]]
 
     def complete(self, outputs: dict, stats: dict) -> None:
         self.future.stats = stats

@@ -211,9 +211,8 @@ class Link:
             self.up = TokenBucket(rate)
             return
         up = self.up
-        pending = [e for e in self.held if e[0] - up.delay > t and e[2] != P.MODEL_UPLOAD]
         up.set_rate(rate, t)
-        if not pending:
+        if not any(e[0] - up.delay > t and e[2] != P.MODEL_UPLOAD for e in self.held):
             return
         up.rewind(t)  # the link is busy with them from t on, with no credit
         rebooked = collections.deque()
