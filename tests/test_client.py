@@ -254,6 +254,32 @@ def test_offloaded_inferences_correct_the_predictions_they_came_from():
     assert e.offload_outcomes == 36 and e.snapshot()["offload_error_ms"] < 0
 
 
+def test_each_kind_of_plan_learns_its_own_error():
+    from coacto.mobile.estimates import ERROR_LINK_FACTOR, Estimates
+
+    e = Estimates(bandwidth=1e6)
+    assert e.unseen_kinds() == ("inputs", "cut", "share")
+    for _ in range(20):  # the inputs plan streams the network behind them: 10 ms early
+        e.on_offloaded(0.066, 0.056, "inputs")
+    assert e.offloaded_s(0.066, "inputs") == pytest.approx(0.056)
+    # a kind not yet run is taken as predicted (and explored: policies.choose_dynamic)
+    assert e.offloaded_s(0.060, "share") == pytest.approx(0.060)
+    for _ in range(20):
+        e.on_offloaded(0.060, 0.062, "share")
+    assert e.offloaded_s(0.060, "share") == pytest.approx(0.062)
+    assert e.offloaded_s(0.066, "inputs") == pytest.approx(0.056)
+    assert e.unseen_kinds() == ("cut",)
+    assert e.snapshot()["offload_errors_ms"]["share"] == pytest.approx(2.0)
+    # errors learnt on a link three times slower say nothing about today's
+    e.goodput.value = 1e6 * ERROR_LINK_FACTOR * 1.5
+    assert e.unseen_kinds() == ("inputs", "cut", "share")
+    assert e.offloaded_s(0.066, "inputs") == pytest.approx(0.066)
+    e.on_offloaded(0.030, 0.040, "inputs")  # learnt afresh on this link
+    assert e.offloaded_s(0.030, "inputs") == pytest.approx(0.040)
+    e.goodput.value = 1e6
+    assert e.offloaded_s(0.030, "inputs") == pytest.approx(0.030)  # (that was learnt at 3x)
+
+
 def test_rtt_is_min_filtered():
     r = RoundTrip()
     for s in (0.010, 0.050, 0.011, 0.200, 0.012, 0.010):
@@ -314,6 +340,26 @@ def test_dynamic_skips_the_server_when_the_device_is_faster(server, squeezenet):
         assert_close(client.infer(feeds), ref, rel=1e-4)
         s = client.last_stats
         assert not s["server_skipped"] and s["tiles_sent"] > 0, s
+
+
+def test_a_device_share_over_zeromq_matches_onnxruntime(server, squeezenet, monkeypatch):
+    """Dynamic in a device share (forced: on loopback the inputs plan is predicted best): the
+    device computes only its part of the fused stack, the server the rest, over real ZeroMQ."""
+    model, feeds, ref = squeezenet
+    monkeypatch.setattr(policies, "choose_dynamic",
+                        lambda *a, **k: "share")
+    with Client(server.address, model, threads=1, tiles_per_layer=TILES, device_flops=1e6,
+                timeout=10) as client:
+        client.connect(10)
+        tg = client.graph
+        computable = tg.n_tiles - len(policies.input_tiles(tg))
+        for _ in range(2):
+            assert_close(client.infer(feeds), ref, rel=1e-4)
+            s = client.last_stats
+            assert s["frontier"].startswith("share ") and not s["fallback"], s
+            assert 0 < s["tiles_local"] < computable and s["tiles_from_server"] > 0, s
+            assert s["predicted_s"] > 0
+        assert client.estimates["offload_errors_ms"].keys() == {"share"}
 
 
 def test_split_and_fl_offload_when_told_where(server, squeezenet):

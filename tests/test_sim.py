@@ -187,17 +187,21 @@ class Spy:
         return getattr(self.real, name)
 
 
-def _dynamic_with_decisions():
-    # The input is the best start (2 ms on the link + 1 ms RTT + 0.5 ms at the server + 0.4 ms
-    # back vs 5 ms here): local work waits for the input to leave, then the device computes and
+def _dynamic_with_decisions(monkeypatch):
+    # CoActo's plan (the input first: 2 ms on the link + 1 ms RTT + 0.5 ms at the server + 0.4
+    # ms back vs 5 ms here; a device share is predicted faster still, and a cut is explored, so
+    # the kind is fixed): local work waits for the input to leave, then the device computes and
     # decides.
+    from coacto.mobile import policies
+
+    monkeypatch.setattr(policies, "choose_dynamic", lambda *a, **k: "inputs")
     return sim(chain(), "dynamic", device_threads=1, server_cores=1, inferences=2, rtt_ms=1.0)
 
 
 def test_send_decisions_go_through_the_runtimes_rule(monkeypatch):
     spy = Spy(sim_rule.lib)
     monkeypatch.setattr(sim_rule, "lib", spy)
-    r = _dynamic_with_decisions()
+    r = _dynamic_with_decisions(monkeypatch)
     decisions = sum(i.decisions for i in r.inferences)
     assert decisions > 0 and len(spy.calls) == decisions
     assert sum(i.decided_sent for i in r.inferences) == sum(c[4] for c in spy.calls)
@@ -206,7 +210,7 @@ def test_send_decisions_go_through_the_runtimes_rule(monkeypatch):
     # the simulator acts on the callee's answer, whatever it is
     always = Spy(spy.real, answer=1)
     monkeypatch.setattr(sim_rule, "lib", always)
-    r = _dynamic_with_decisions()
+    r = _dynamic_with_decisions(monkeypatch)
     assert sum(i.decided_sent for i in r.inferences) == sum(i.decisions for i in r.inferences) > 0
 
 
@@ -647,3 +651,36 @@ def test_engine_costs_are_measured_with_the_real_client_and_server():
     # what the simulator reads back
     assert DeviceCosts.from_dict(dev).send(1000) > 0
     assert ServerCosts.from_dict(srv).recv(P.TILES, 1000) > 0
+
+
+def test_a_share_plan_runs_and_its_insurance_starts_when_the_server_is_late(squeezenet_tg,
+                                                                           monkeypatch):
+    """Dynamic forced to a device share (policies.choose_dynamic): the device computes its part
+    and streams it while the server computes the other; told a server a thousand times faster
+    than it is, the device starts on the rest at 1.5x the (tiny) predicted time and finishes
+    alone, long before the client's timeout."""
+    from coacto.mobile import policies
+    from coacto.mobile.engine import Engine
+
+    monkeypatch.setattr(policies, "choose_dynamic",
+                        lambda *a, **k: "share")
+    kw = dict(device="raspberry-pi-4", server="threadripper-3990x", server_cores=8,
+              bandwidth_mbps=50.0, inferences=2, device_flops=1e8)
+    r = simulate(squeezenet_tg, "dynamic", **kw)
+    computable = squeezenet_tg.n_tiles - len(policies.input_tiles(squeezenet_tg))
+    for inf in r.inferences:
+        assert inf.frontier.startswith("share ") and not inf.fallback
+        assert 0 < inf.tiles_local < computable and inf.tiles_server > 0
+        assert inf.finished_by == "server"
+    # told a server a thousand times faster than it is, over a fast link, the plan predicts
+    # a millisecond; the server (one Raspberry Pi core) is late and the device (four) takes over
+    monkeypatch.setattr(Engine, "_local_is_faster", lambda self, job: False)
+    late = simulate(squeezenet_tg, "dynamic", device="raspberry-pi-4", server="raspberry-pi-4",
+                    device_threads=4, server_cores=1, bandwidth_mbps=1000.0, rtt_ms=0.1,
+                    initial_goodput_mbps=1000.0, inferences=2, device_flops=1e13,
+                    server_flops=1e15, timeout=5.0)
+    for inf in late.inferences:
+        assert inf.frontier.startswith("share ") and not inf.fallback
+        assert inf.finished_by in ("device", "both") and inf.tiles_local == computable
+        assert inf.latency_s < 1.0
+        assert inf.predicted_s < 0.2 * inf.latency_s

@@ -278,6 +278,14 @@ class Engine:
             job.resume_on_release = True
             job.resume_at = job.t_start + 2 * job.input_bytes / e.bandwidth + 0.05
 
+    def _park_rest(self, job: Job) -> None:
+        """A device share: what the device does not compute is insurance, which starts when
+        the server is late by half the plan's predicted time (or the link stalls, or the
+        server is lost)."""
+        job.local_parked = True
+        job.resume_on_release = False
+        job.resume_at = job.t_start + INSURANCE_MARGIN * job.plan.info["predicted_s"]
+
     def _link_stalled(self, job: Job, t: float) -> bool:
         """The inputs of a parked inference are well behind what the goodput estimate says the
         link carries by now (a link that dropped mid-transfer): the device's work stops being
@@ -396,15 +404,18 @@ class Engine:
         e = self.est
         if e.device_flops is None:
             return False
-        local, offloaded = policies.local_and_best_offload(
+        options = policies.dynamic_options(
             self.tg, e.device_flops, e.server_flops, e.bandwidth, e.rtt.value, e.alpha,
             e.downlink, self._wire())
-        offloaded = e.offloaded_s(offloaded)
+        local = options.pop("local")[0]
+        offloaded = min((e.offloaded_s(v, k) for k, (v, _w) in options.items()),
+                        default=float("inf"))
         if offloaded < local * (1.0 - OFFLOAD_MIN_GAIN):
             self._gated = 0
             return False
         self._gated += 1
         if self._gated % EXPLORE_EVERY == 0:
+            job.explores = True
             return False
         self._probe_if_stale()
         job.skipped = (f"the device is predicted to finish first ({local * 1e3:.1f} ms vs "
@@ -431,14 +442,18 @@ class Engine:
         plan = job.plan
         if job.policy == "dynamic" and plan.uses_server and not job.fallback \
                 and job.t_start is not None and "predicted_s" in plan.info:
-            self.est.on_offloaded(plan.info["predicted_s"], t - job.t_start)
+            self.est.on_offloaded(plan.info["predicted_s"], t - job.t_start,
+                                  plan.info.get("kind", "inputs"))
 
     def _plan(self, job: Job) -> policies.Plan:
         e = self.est
         return policies.make_plan(job.policy, self.tg, device_flops=e.device_flops,
                                   server_flops=e.server_flops, bandwidth=e.bandwidth,
                                   rtt=e.rtt.value, alpha=e.alpha, downlink=e.downlink,
-                                  wire=self._wire(), **job.options)
+                                  wire=self._wire(), correct=e.offloaded_s,
+                                  unseen=e.unseen_kinds(),
+                                  explore=e.stalest_kinds() if job.explores else None,
+                                  **job.options)
 
     def _transfer_now(self) -> str:
         """The encoding this device's tiles take: the one asked for, unless the server (when
@@ -503,6 +518,11 @@ class Engine:
         if plan.info.get("local_after_inputs"):
             if self.session.ready and not job.fallback:
                 self._park_local(job)
+            else:
+                native.compute_all()
+        elif "share_layer" in plan.info:
+            if self.session.ready and not job.fallback:
+                self._park_rest(job)
             else:
                 native.compute_all()
         if plan.uses_server and self.session.ready and not job.fallback:

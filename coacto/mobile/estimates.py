@@ -50,6 +50,9 @@ DEVICE_GAIN = 0.3
 GOODPUT_STALE_S = 2.0
 #: EWMA weight of a new offloaded inference's prediction error.
 OFFLOAD_ERROR_GAIN = 0.3
+#: A kind of plan's prediction error applies on links within this factor of the goodput it was
+#: learnt at (Estimates.offload_errors).
+ERROR_LINK_FACTOR = 2.0
 #: Bytes on the wire per raw byte of a layer not measured yet, per transfer encoding: dense
 #: tiles (a tile is never sent larger than that).
 WIRE_PRIOR = {"raw": 1.0, "lossless": 1.0, "f16": 0.5, "int8": 0.25}
@@ -282,6 +285,14 @@ class Estimates:
         #: (streaming overlaps what it adds up).
         self.offload_error = 0.0
         self.offload_outcomes = 0
+        #: The same per kind of plan (policies.dynamic_options: inputs, cut, share), with the
+        #: uplink goodput it was last learnt at: what the model overstates differs by kind (the
+        #: inputs plan streams the whole network behind its inputs, a share mostly waits for
+        #: both parts), and comparing kinds at their raw predictions chose the slower one. An
+        #: error learnt on a link more than ERROR_LINK_FACTOR faster or slower than today's is
+        #: not used (a plan that waited on a 0.8 Mbit/s link says nothing about it at 8).
+        self.offload_errors: dict[str, tuple[float, float]] = {}
+        self._learnt_at: dict[str, int] = {}
         #: Per layer: bytes its tiles take on the wire per raw byte in the transfer encoding
         #: (set_transfer), learnt from every inference's tiles; None before set_transfer.
         self.wire: np.ndarray | None = None
@@ -331,19 +342,43 @@ class Estimates:
             self.server_flops = float(flops)
             self.server_flops_known = True
 
-    def on_offloaded(self, predicted_s: float, actual_s: float) -> None:
-        """A dynamic inference planned to take ``predicted_s`` offloaded took ``actual_s``."""
+    def on_offloaded(self, predicted_s: float, actual_s: float, kind: str = "inputs") -> None:
+        """A dynamic inference planned (a ``kind`` of plan) to take ``predicted_s`` offloaded
+        took ``actual_s``."""
         if not (predicted_s > 0 and actual_s > 0):
             return
         err = actual_s - predicted_s
         self.offload_error = _ewma(self.offload_error if self.offload_outcomes else None, err,
                                    OFFLOAD_ERROR_GAIN)
         self.offload_outcomes += 1
+        known = self._error(kind)
+        self.offload_errors[kind] = (_ewma(known, err, OFFLOAD_ERROR_GAIN), self.bandwidth)
+        self._learnt_at[kind] = self.offload_outcomes
 
-    def offloaded_s(self, predicted_s: float) -> float:
-        """``predicted_s`` corrected by the offloaded inferences' error so far (a negative error
-        takes off at most half)."""
-        return predicted_s + max(self.offload_error, -0.5 * predicted_s)
+    def _error(self, kind: str) -> float | None:
+        """The error learnt for ``kind`` when it was learnt on a link like today's, else None."""
+        if kind not in self.offload_errors:
+            return None
+        err, bw = self.offload_errors[kind]
+        return err if bw / ERROR_LINK_FACTOR <= self.bandwidth <= bw * ERROR_LINK_FACTOR \
+            else None
+
+    def offloaded_s(self, predicted_s: float, kind: str | None = None) -> float:
+        """``predicted_s`` corrected by the error of the offloaded inferences so far (of this
+        kind of plan when given: as predicted when that kind has not run on a link like
+        today's). A negative error takes off at most half."""
+        err = self.offload_error if kind is None else (self._error(kind) or 0.0)
+        return predicted_s + max(err, -0.5 * predicted_s)
+
+    def unseen_kinds(self) -> tuple[str, ...]:
+        """The kinds of offloaded plan with no error learnt on a link like today's
+        (policies.dynamic_options)."""
+        return tuple(k for k in ("inputs", "cut", "share") if self._error(k) is None)
+
+    def stalest_kinds(self) -> tuple[str, ...]:
+        """The kinds of offloaded plan, the one whose error was learnt longest ago (or never)
+        first: what an exploring inference runs (policies.choose_dynamic)."""
+        return tuple(sorted(("inputs", "cut", "share"), key=lambda k: self._learnt_at.get(k, -1)))
 
     def on_local_run(self, flops: float, seconds: float) -> None:
         """A whole inference ran here: flops / seconds is the device's rate on this model."""
@@ -363,5 +398,6 @@ class Estimates:
             "device_flops": self.device_flops,
             "goodput_samples": self.goodput.samples,
             "offload_error_ms": self.offload_error * 1e3,
+            "offload_errors_ms": {k: v * 1e3 for k, (v, _bw) in self.offload_errors.items()},
             "rtt_samples": self.rtt.samples,
         }

@@ -8,6 +8,7 @@ import numpy as np
 
 from .. import protocol as P
 from ..inference import now
+from . import policies
 
 MAX_BATCH_TILES = 4096
 #: Tiles queued after the inputs wait up to this long for company before they are sent (unless a
@@ -42,6 +43,7 @@ class Job:
         self.fallback_reason: str | None = None
         self.server_done = False
         self.skipped: str | None = None  # why a dynamic inference did not use the server
+        self.explores = False  # offloads although the gate predicted the device faster
         self.done = False
         self.begin_released = False     # BEGIN left for the server (CANCEL it if we win)
         self.server_report: dict | None = None
@@ -184,13 +186,7 @@ def job_stats(job: Job, native: dict, t: float, engine) -> dict:
                       for k, v in plan.info.items()})
     if job.policy == "dynamic":
         # which plan dynamic chose (docs/SCHEDULER.md) and what it predicted
-        if job.skipped or not plan.uses_server:
-            frontier = "device"
-        elif plan.split_layer is not None:
-            frontier = f"cut {plan.info.get('cut_name', plan.split_layer)}"
-        else:
-            frontier = "inputs"
-        stats["frontier"] = frontier
+        stats["frontier"] = "device" if job.skipped else policies.frontier(plan)
         stats["predicted_s"] = float(plan.info["predicted_s"]) if "predicted_s" in plan.info \
             else None
     if job.server_report:

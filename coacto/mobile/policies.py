@@ -39,6 +39,9 @@ FL_STACK_FLOPS_SHARE = 1 / 3
 #: transfers make near-free to send) is no reason to change plan: it cost BERT 10-15% at
 #: 100 Mbit/s.
 CUT_MIN_GAIN = 0.05
+#: Dynamic runs a kind of plan it has not run yet (its prediction error unknown) once when the
+#: model puts it within this factor of the best kind's corrected prediction.
+EXPLORE_WITHIN = 1.25
 
 
 class PolicyError(CoactoError, ValueError):
@@ -148,23 +151,27 @@ def wire_bytes(tg: TileGraph, tiles, wire=None) -> float:
     return float((tb * np.asarray(wire)[tg.plan.tile_layer[tiles]]).sum())
 
 
-def cut_bytes(tg: TileGraph, wire=None) -> dict[int, float]:
-    """{valid cut: the bytes sent there}, raw or at the per-layer wire ratios ``wire`` (the
-    cuts' layers are found once per graph: plans are made per inference)."""
+def _cut_byte_array(tg: TileGraph, wire=None) -> np.ndarray:
+    """Bytes sent at each valid cut (valid_cuts' order), raw or at the per-layer wire ratios
+    (the cuts' layers are found once per graph: plans are made per inference)."""
     cached = getattr(tg, "_cut_members", None)
     if cached is None:
         cuts = valid_cuts(tg)
         members = [cut_layers(tg, c) for c in cuts]
         starts = np.cumsum([0] + [len(m) for m in members[:-1]])
-        cached = (cuts, np.concatenate(members).astype(np.int64) if members else
+        cached = (np.concatenate(members).astype(np.int64) if members else
                   np.zeros(0, np.int64), starts.astype(np.int64))
         tg._cut_members = cached
-    cuts, layers, starts = cached
-    if not cuts:
-        return {}
+    layers, starts = cached
+    if not len(layers):
+        return np.zeros(0)
     per_layer = layer_bytes(tg) if wire is None else layer_bytes(tg) * np.asarray(wire)
-    sums = np.add.reduceat(per_layer[layers], starts)
-    return dict(zip(cuts, sums.tolist()))
+    return np.add.reduceat(per_layer[layers], starts)
+
+
+def cut_bytes(tg: TileGraph, wire=None) -> dict[int, float]:
+    """{valid cut: the bytes sent there}, raw or at the per-layer wire ratios ``wire``."""
+    return dict(zip(valid_cuts(tg), _cut_byte_array(tg, wire).tolist()))
 
 
 def cut_tiles(tg: TileGraph, c: int) -> np.ndarray:
@@ -205,49 +212,273 @@ def plan_cloud(tg: TileGraph) -> Plan:
                 info={"send_whole": True})
 
 
+def dynamic_options(tg: TileGraph, device_flops: float, server_flops: float, bandwidth: float,
+                    rtt: float, alpha: float = 1.0, downlink: float | None = None,
+                    wire=None) -> dict[str, tuple[float, object]]:
+    """What dynamic may do, each with its predicted latency (s) and where it cuts:
+    ``local`` (None), ``inputs`` (the input layer: CoActo's plan), ``cut`` (the best later cut,
+    streamed; absent when the graph has none) and ``share`` ((layer, device blocks): the best
+    device share of a fused stack; absent when the graph has none)."""
+    cuts, costs = split_cost_array(tg, device_flops, server_flops, bandwidth, rtt, alpha,
+                                   downlink, wire)
+    last = tg.n_layers - 1
+    total = _cut_arrays(tg)[3]
+    out: dict[str, tuple[float, object]] = {"local": (total / device_flops, None)}
+    inputs = tg.graph.inputs.values()
+    at_inputs = max(inputs)
+    if len(cuts) and cuts[0] == at_inputs:
+        out["inputs"] = (float(costs[0]), at_inputs)
+    later = (cuts != last) & (cuts > at_inputs)  # (valid cuts start at the last input)
+    if later.any():
+        # the cheapest; among equals the latest (more computed here)
+        i = int(np.flatnonzero(later)[np.lexsort((-cuts[later], costs[later]))[0]])
+        out["cut"] = (float(costs[i]), int(cuts[i]))
+    share = best_share(tg, device_flops, server_flops, bandwidth, rtt, alpha, downlink, wire)
+    if share is not None:
+        out["share"] = (share[2], share[:2])
+    return out
+
+
+def choose_dynamic(options: dict[str, tuple[float, object]], correct=None,
+                   unseen=(), explore=None) -> str:
+    """The kind of offloaded plan dynamic takes from ``options`` (dynamic_options; ``local``
+    is the engine's gate's business, decided before): the lowest predicted latency after
+    ``correct(predicted_s, kind)`` (what each kind of plan has been off by on this device and
+    link; None: as predicted), where a later cut or a share must beat the inputs by
+    CUT_MIN_GAIN. A kind in ``unseen`` (never run, so its error is not known) predicted within
+    EXPLORE_WITHIN of the best is taken instead, once: the model's errors differ by kind by
+    15% and more, and only running a kind measures its own. ``explore`` (kinds, the stalest
+    first: an inference the gate would have kept on the device offloads to refresh what the
+    device knows): the first of them predicted, as the model stands, within EXPLORE_WITHIN of
+    the best, so that an error learnt once under other conditions (a link busy with a probe)
+    does not keep its kind from ever running again."""
+    pred = {k: (v if correct is None else correct(v, k))
+            for k, (v, _w) in options.items() if k != "local"}
+    if not pred:
+        return "local"
+    if explore:
+        raw = min(options[k][0] for k in pred)
+        for k in explore:
+            if k in pred and options[k][0] <= EXPLORE_WITHIN * raw:
+                return k
+    best = min(pred, key=lambda k: (pred[k], k != "inputs"))
+    if best in ("cut", "share") and "inputs" in pred and \
+            pred[best] > (1.0 - CUT_MIN_GAIN) * pred["inputs"]:
+        best = "inputs"
+    near = [k for k in unseen if k in pred and k != best
+            and options[k][0] <= EXPLORE_WITHIN * pred[best]]
+    if near:
+        best = min(near, key=lambda k: options[k][0])
+    return best
+
+
 def plan_dynamic(tg: TileGraph, device_flops: float | None = None, server_flops: float = 1.0,
                  bandwidth: float = 1.0, rtt: float = 0.0, alpha: float = 1.0,
-                 downlink: float | None = None, wire=None) -> Plan:
-    """Tile-level collaboration. Where the cost model (the one split uses) says sending the input
-    is the best start — or before the device's speed is known — it is CoActo's rule: the input
-    tiles go first and every other tile is sent when the ECT rule says the server gets it sooner
-    that way. Where a later cut is predicted to be better (the input costs more to send than the
-    device takes to shrink it), that cut's tiles are streamed as each completes — transmission
-    overlaps the rest of the device's work and the server starts on the first tiles that arrive,
-    instead of split's layer-by-layer hand-over — and the device keeps computing everything; the
-    first complete set of exit tiles wins either way."""
+                 downlink: float | None = None, wire=None, correct=None,
+                 unseen=(), explore=None) -> Plan:
+    """Tile-level collaboration, in the kind of plan predicted fastest (choose_dynamic; before
+    the device's speed is known, the inputs). ``inputs``: CoActo's rule — the input tiles go
+    first and every other tile is sent when the ECT rule says the server gets it sooner that
+    way. ``cut``: a later cut's tiles are streamed as each completes — transmission overlaps the
+    rest of the device's work and the server starts on the first tiles that arrive, instead of
+    split's layer-by-layer hand-over — and the device keeps computing everything; the first
+    complete set of exit tiles wins either way. ``share``: disjoint parts of a fused stack
+    (plan_share): fl's plan, its stack and share chosen by the cost model instead of fixed.
+    The engine's gate has decided before that the inference offloads (or explores: it then
+    runs the plan it would use, so that what it measures is that plan's latency)."""
     inputs = input_tiles(tg)
     send = np.full(tg.n_tiles, SEND_DECIDE, dtype=np.uint8)
     send[inputs] = SEND_ALWAYS
     outputs = np.concatenate([np.arange(tg.plan.layer_first_tile[li], tg.plan.layer_first_tile[li + 1])
                               for li in set(tg.graph.outputs.values())])
     send[outputs] = SEND_NEVER  # the device has its own exit tiles: sending them back helps no one
-    info: dict = {}
-    cut = None
-    if device_flops and device_flops > 0 and bandwidth > 0 and server_flops > 0:
-        costs = split_costs(tg, device_flops, server_flops, bandwidth, rtt, alpha, downlink, wire)
-        cut = min(costs, key=lambda c: (costs[c], -c))
-        at_inputs = max(tg.graph.inputs.values())
-        if cut not in (at_inputs, tg.n_layers - 1) and at_inputs in costs and \
-                costs[cut] > (1.0 - CUT_MIN_GAIN) * costs[at_inputs]:
-            cut = at_inputs
-        info = {"predicted_s": costs[cut], "cut_name": tg.graph.layers[cut].name}
-        first_input = min(tg.graph.inputs.values())
-        if cut not in tg.graph.inputs.values() and cut != tg.n_layers - 1 and cut > first_input:
-            send[:] = SEND_NEVER
-            send[cut_tiles(tg, cut)] = SEND_ALWAYS
-        elif cut != tg.n_layers - 1:
-            # The input is the best start: it gets the device's CPU first (on a device whose
-            # CPU is the bottleneck, computing would slow its own transmission); the engine
-            # unparks local work as soon as the last input tile is on the wire.
-            cut = None
-            local = np.zeros(tg.n_tiles, dtype=np.uint8)
-            local[inputs] = 1
-            info["local_after_inputs"] = True
-            return Plan("dynamic", local, send, uses_server=True, split_layer=None, info=info)
-        else:
-            cut = None
-    return Plan("dynamic", None, send, uses_server=True, split_layer=cut, info=info)
+    if not (device_flops and device_flops > 0 and bandwidth > 0 and server_flops > 0):
+        return Plan("dynamic", None, send, uses_server=True, split_layer=None,
+                    info={"kind": "inputs"})
+    options = dynamic_options(tg, device_flops, server_flops, bandwidth, rtt, alpha, downlink,
+                              wire)
+    kind = choose_dynamic(options, correct, unseen, explore)
+    predicted, where = options[kind]
+    info: dict = {"predicted_s": predicted, "kind": kind}
+    if kind == "share":
+        return plan_share(tg, where[0], where[1], info)
+    if kind == "cut":
+        info["cut_name"] = tg.graph.layers[where].name
+        send[:] = SEND_NEVER
+        send[cut_tiles(tg, where)] = SEND_ALWAYS
+        return Plan("dynamic", None, send, uses_server=True, split_layer=where, info=info)
+    if kind == "inputs":
+        # The input is the best start: it gets the device's CPU first (on a device whose CPU
+        # is the bottleneck, computing would slow its own transmission); the engine unparks
+        # local work as soon as the last input tile is on the wire.
+        info["cut_name"] = tg.graph.layers[where].name
+        local = np.zeros(tg.n_tiles, dtype=np.uint8)
+        local[inputs] = 1
+        info["local_after_inputs"] = True
+        return Plan("dynamic", local, send, uses_server=True, split_layer=None, info=info)
+    # a graph with no cut at all (an output before the last input): CoActo's rule
+    return Plan("dynamic", None, send, uses_server=True, split_layer=None, info=info)
+
+
+# ------------------------------------------------------------------------------ device shares
+
+#: A share plan splits the fused stack's last layer into at most this many column blocks (the
+#: blocks each tile serves are the bits of a 64-bit word).
+SHARE_MAX_BLOCKS = 64
+
+
+@dataclass
+class ShareTable:
+    """Every device share of every fused stack a graph offers, with what each costs: candidate
+    i gives the device the last ``blocks[i]`` column blocks of layer ``layer[i]`` (of
+    ``n_blocks[i]``) and the ancestors of those tiles, the server the rest of that layer from
+    the inputs its own blocks need, and everything after it."""
+
+    layer: np.ndarray          # the stack's last layer (a single-tensor cut)
+    blocks: np.ndarray         # column blocks the device takes (the last ones)
+    n_blocks: np.ndarray
+    device_flops: np.ndarray   # FLOPs of the device's part of the stack (its halo included)
+    server_flops: np.ndarray   # FLOPs of the server's part of the stack (its halo included)
+    rest_flops: np.ndarray     # FLOPs after the stack (the server's alone)
+    server_inputs: np.ndarray  # [candidate, input layer]: raw bytes of the inputs the server needs
+    input_layers: np.ndarray   # the input layers, in server_inputs' column order
+    device_out: np.ndarray     # raw bytes of the device's blocks of the stack's last layer
+    serves: dict               # layer -> per tile, the bits of the column blocks it serves
+
+    def __len__(self) -> int:
+        return len(self.layer)
+
+
+def _serves(tg: TileGraph, k: int) -> np.ndarray:
+    """Per tile, bit b set when it is (an ancestor of) a tile in column block b of layer k."""
+    plan = tg.plan
+    first = plan.layer_first_tile
+    bits = np.zeros(tg.n_tiles, dtype=np.uint64)
+    n_rows = len(plan.row_bounds[k]) - 1
+    tiles = np.arange(first[k], first[k + 1])
+    bits[tiles] = np.left_shift(np.uint64(1), ((tiles - first[k]) // n_rows).astype(np.uint64))
+    off, par = plan.parent_offsets, plan.parents
+    counts = np.diff(off)
+    for li in range(k, -1, -1):
+        lo, hi = int(first[li]), int(first[li + 1])
+        a, b = int(off[lo]), int(off[hi])
+        if a == b or not bits[lo:hi].any():
+            continue
+        child = np.repeat(np.arange(lo, hi), counts[lo:hi])
+        np.bitwise_or.at(bits, par[a:b], bits[child])
+    return bits
+
+
+def share_table(tg: TileGraph) -> ShareTable:
+    """The graph's ShareTable (built once per graph: a few milliseconds per stack)."""
+    cached = getattr(tg, "_share_table", None)
+    if cached is not None:
+        return cached
+    plan = tg.plan
+    first = plan.layer_first_tile
+    flops = plan.tile_flops.astype(np.float64)
+    raw = plan.tile_bytes.astype(np.float64)
+    lf = layer_flops(tg)
+    cum = np.cumsum(lf)
+    total = float(cum[-1])
+    in_layers = np.asarray(sorted(tg.graph.inputs.values()), dtype=np.int64)
+    layer_of = plan.tile_layer
+    rows: list[tuple] = []
+    serves = {}
+    for k in single_tensor_cuts(tg):
+        n = len(plan.col_bounds[k]) - 1
+        if k in tg.graph.inputs.values() or k >= tg.n_layers - 1 or not 2 <= n <= SHARE_MAX_BLOCKS:
+            continue
+        bits = _serves(tg, k)
+        serves[k] = bits
+        n_rows = len(plan.row_bounds[k]) - 1
+        k_raw = raw[first[k]:first[k + 1]].reshape(n, n_rows).sum(axis=1)
+        stack = np.arange(int(first[k + 1]))
+        for m in range(1, n):
+            dev_bits = np.uint64(((1 << n) - 1) ^ ((1 << (n - m)) - 1))
+            srv_bits = np.uint64((1 << (n - m)) - 1)
+            dev = (bits[stack] & dev_bits) != 0
+            srv = (bits[stack] & srv_bits) != 0
+            srv_in = [float(raw[stack[srv & (layer_of[stack] == li)]].sum()) for li in in_layers]
+            rows.append((k, m, n, float(flops[stack[dev]].sum()), float(flops[stack[srv]].sum()),
+                         total - float(cum[k]), srv_in, float(k_raw[n - m:].sum())))
+    cols = list(zip(*rows)) if rows else [[]] * 8
+    table = ShareTable(
+        layer=np.asarray(cols[0], dtype=np.int64), blocks=np.asarray(cols[1], dtype=np.int64),
+        n_blocks=np.asarray(cols[2], dtype=np.int64), device_flops=np.asarray(cols[3], float),
+        server_flops=np.asarray(cols[4], float), rest_flops=np.asarray(cols[5], float),
+        server_inputs=np.asarray(cols[6], float).reshape(len(rows), len(in_layers)),
+        input_layers=in_layers, device_out=np.asarray(cols[7], float), serves=serves)
+    tg._share_table = table
+    return table
+
+
+def share_costs(tg: TileGraph, device_flops: float, server_flops: float, bandwidth: float,
+                rtt: float, alpha: float = 1.0, downlink: float | None = None,
+                wire=None) -> tuple[ShareTable, np.ndarray]:
+    """Predicted latency (s) of every device share (share_table), by the model split_costs
+    uses: the server's inputs go first and it computes its part of the stack once they are
+    there; the device computes its part meanwhile and its blocks of the stack's last layer
+    follow the inputs on the link; the server computes the rest once it holds both parts, and
+    returns the exit tiles. With no share (the device takes no block) this is split_costs at
+    the inputs, with all of them, at the last layer."""
+    table = share_table(tg)
+    if not len(table):
+        return table, np.zeros(0)
+    w = np.ones(tg.n_layers) if wire is None else np.asarray(wire, dtype=np.float64)
+    srv_in = table.server_inputs @ w[table.input_layers] / bandwidth
+    dev_out = table.device_out * w[table.layer] / bandwidth
+    server_part = srv_in + 0.5 * rtt + alpha * table.server_flops / server_flops
+    device_part = np.maximum(table.device_flops / device_flops, srv_in) + dev_out + 0.5 * rtt
+    back = output_bytes(tg) / (downlink or bandwidth)
+    costs = (np.maximum(server_part, device_part) + alpha * table.rest_flops / server_flops
+             + back + 0.5 * rtt)
+    return table, costs
+
+
+def plan_share(tg: TileGraph, layer: int, blocks: int, info: dict | None = None) -> Plan:
+    """The device computes the last ``blocks`` column blocks of ``layer`` (a single-tensor cut)
+    and their ancestors and streams those blocks; the server receives the inputs the other
+    blocks need, computes them and everything after ``layer``. The two parts of the stack are
+    disjoint but for halos, so the two sides' work adds up. Whatever the device does not compute
+    waits (local 0) for compute_all: the engine's insurance if the server is late."""
+    table = share_table(tg)
+    if layer not in table.serves:
+        raise PolicyError(f"layer {layer} cannot end a device share (valid: "
+                          f"{sorted(table.serves)[:20]})")
+    plan_ = tg.plan
+    n = len(plan_.col_bounds[layer]) - 1
+    if not 1 <= blocks < n:
+        raise PolicyError(f"a device share of layer {layer} takes 1 to {n - 1} blocks, "
+                          f"got {blocks}")
+    bits = table.serves[layer]
+    dev = (bits & np.uint64(((1 << n) - 1) ^ ((1 << (n - blocks)) - 1))) != 0
+    srv = (bits & np.uint64((1 << (n - blocks)) - 1)) != 0
+    inp = input_tiles(tg)
+    local = dev.astype(np.uint8)
+    local[inp] = 1
+    send = np.zeros(tg.n_tiles, dtype=np.uint8)
+    send[inp[srv[inp]]] = SEND_ALWAYS
+    first = plan_.layer_first_tile
+    n_rows = len(plan_.row_bounds[layer]) - 1
+    send[first[layer] + (n - blocks) * n_rows:first[layer + 1]] = SEND_ALWAYS
+    info = dict(info or {})
+    info.update({"share_layer": layer, "share_name": tg.graph.layers[layer].name,
+                 "device_blocks": blocks, "blocks": n})
+    return Plan("dynamic", local, send, uses_server=True, split_layer=None, info=info)
+
+
+def best_share(tg: TileGraph, device_flops: float, server_flops: float, bandwidth: float,
+               rtt: float, alpha: float = 1.0, downlink: float | None = None,
+               wire=None) -> tuple[int, int, float] | None:
+    """(layer, device blocks, predicted s) of the best device share, None if the graph has
+    none."""
+    table, costs = share_costs(tg, device_flops, server_flops, bandwidth, rtt, alpha, downlink,
+                               wire)
+    if not len(costs):
+        return None
+    i = int(np.argmin(costs))
+    return int(table.layer[i]), int(table.blocks[i]), float(costs[i])
 
 
 def output_bytes(tg: TileGraph) -> float:
@@ -260,6 +491,33 @@ def output_bytes(tg: TileGraph) -> float:
     return cached
 
 
+def _cut_arrays(tg: TileGraph):
+    """(cuts, device FLOPs up to each, server FLOPs after each, total) as arrays, once per
+    graph: the cost model runs at every inference, inside a device's CPU quota."""
+    cached = getattr(tg, "_cut_arrays", None)
+    if cached is None:
+        cuts = np.asarray(valid_cuts(tg), dtype=np.int64)
+        cum = np.cumsum(layer_flops(tg))
+        total = float(cum[-1])
+        cached = (cuts, cum[cuts], total - cum[cuts], total)
+        tg._cut_arrays = cached
+    return cached
+
+
+def split_cost_array(tg: TileGraph, device_flops: float, server_flops: float,
+                     bandwidth: float, rtt: float, alpha: float = 1.0,
+                     downlink: float | None = None, wire=None) -> tuple[np.ndarray, np.ndarray]:
+    """(valid cuts, predicted latency of each): split_costs as arrays (the last layer, when a
+    valid cut, is the device alone)."""
+    cuts, before, after, total = _cut_arrays(tg)
+    sent = _cut_byte_array(tg, wire)
+    back = output_bytes(tg) / (downlink or bandwidth)
+    costs = before / device_flops + sent / bandwidth + rtt + alpha * after / server_flops + back
+    if len(cuts) and cuts[-1] == tg.n_layers - 1:
+        costs[-1] = total / device_flops
+    return cuts, costs
+
+
 def split_costs(tg: TileGraph, device_flops: float, server_flops: float, bandwidth: float,
                 rtt: float, alpha: float = 1.0, downlink: float | None = None,
                 wire=None) -> dict[int, float]:
@@ -267,30 +525,11 @@ def split_costs(tg: TileGraph, device_flops: float, server_flops: float, bandwid
     An offloaded cut pays its tensors up at ``bandwidth`` (at the per-layer wire ratios
     ``wire``: what the transfer encoding makes of them) and the exit tiles back at ``downlink``
     (default: the same)."""
-    back = output_bytes(tg) / (downlink or bandwidth)
-    lf = layer_flops(tg)
-    cum = np.cumsum(lf)
-    total = float(cum[-1])
-    last = tg.n_layers - 1
-    costs = {}
-    sent = cut_bytes(tg, wire)
-    for c in valid_cuts(tg):
-        if c == last:
-            costs[c] = total / device_flops
-            continue
-        costs[c] = (float(cum[c]) / device_flops + sent[c] / bandwidth + rtt
-                    + alpha * (total - float(cum[c])) / server_flops + back)
-    costs.setdefault(last, total / device_flops)
+    cuts, arr = split_cost_array(tg, device_flops, server_flops, bandwidth, rtt, alpha,
+                                 downlink, wire)
+    costs = dict(zip(cuts.tolist(), arr.tolist()))
+    costs.setdefault(tg.n_layers - 1, _cut_arrays(tg)[3] / device_flops)
     return costs
-
-
-def local_and_best_offload(tg: TileGraph, device_flops: float, server_flops: float,
-                           bandwidth: float, rtt: float, alpha: float = 1.0,
-                           downlink: float | None = None, wire=None) -> tuple[float, float]:
-    """Predicted latency on the device alone, and with the best split point (inf if none)."""
-    costs = split_costs(tg, device_flops, server_flops, bandwidth, rtt, alpha, downlink, wire)
-    local = costs.pop(tg.n_layers - 1)
-    return local, min(costs.values(), default=float("inf"))
 
 
 def plan_split(tg: TileGraph, device_flops: float, server_flops: float, bandwidth: float,
@@ -381,17 +620,30 @@ def plan_fl(tg: TileGraph, device_flops: float, server_flops: float, alpha: floa
     return Plan("fl", local, send, uses_server=True, split_layer=layer, info=info)
 
 
+def frontier(plan: Plan) -> str:
+    """Which dynamic plan this is, in words (stats' ``frontier``): ``device``, ``inputs``,
+    ``cut LAYER`` or ``share LAYER M/N`` (the device's M of N column blocks of LAYER)."""
+    if not plan.uses_server:
+        return "device"
+    if "share_layer" in plan.info:
+        return f"share {plan.info['share_name']} {plan.info['device_blocks']}/{plan.info['blocks']}"
+    if plan.split_layer is not None:
+        return f"cut {plan.info.get('cut_name', plan.split_layer)}"
+    return "inputs"
+
+
 def make_plan(policy: str, tg: TileGraph, *, device_flops: float | None = None,
               server_flops: float = 1.0, bandwidth: float = 1.0, rtt: float = 0.0,
               alpha: float = 1.0, split_layer: int | None = None, fl_layer: int | None = None,
               device_share: float | None = None, downlink: float | None = None,
-              wire=None) -> Plan:
+              wire=None, correct=None, unseen=(), explore=None) -> Plan:
     if policy == "local":
         return plan_local(tg)
     if policy == "cloud":
         return plan_cloud(tg)
     if policy == "dynamic":
-        return plan_dynamic(tg, device_flops, server_flops, bandwidth, rtt, alpha, downlink, wire)
+        return plan_dynamic(tg, device_flops, server_flops, bandwidth, rtt, alpha, downlink, wire,
+                            correct, unseen, explore)
     if policy == "split":
         return plan_split(tg, device_flops, server_flops, bandwidth, rtt, alpha, split_layer,
                           downlink, wire)

@@ -242,8 +242,11 @@ class SimDevice:
             if plan.info.get("send_whole"):
                 job.whole_bytes = int(self.nbytes[send == SEND_ALWAYS].sum())
         job.t_start = t
-        if plan.info.get("local_after_inputs"):
-            Engine._park_local(self, job)
+        if plan.info.get("local_after_inputs") or "share_layer" in plan.info:
+            if "share_layer" in plan.info:
+                Engine._park_rest(self, job)
+            else:
+                Engine._park_local(self, job)
             if job.resume_at is not None:
                 self.loop.at(job.resume_at, self._resume_timer, job)
         if plan.uses_server:
@@ -320,6 +323,8 @@ class SimDevice:
             "server_skipped": job.skipped, "finished_by": finished_by,
             "offloaded": plan.uses_server,
             "split_layer": plan.split_layer if job.policy in ("split", "fl") else None,
+            "frontier": "device" if job.skipped else policies.frontier(plan),
+            "predicted_s": plan.info.get("predicted_s"),
             "estimates": self.est.snapshot(),
             "_trace": (ts.t0, ts.t1, ts.worker),
             "_job": job,
