@@ -164,6 +164,33 @@ def test_an_isolated_transfer_bounds_the_goodput_only_beyond_a_burst():
     assert g2.value == 1e5 and g2.samples == 0
 
 
+def test_a_transfer_faster_than_the_measured_rate_teaches_the_burst():
+    """A 200 Mbit/s tbf link with a 100 kB burst: backlogged batches measured 25 MB/s; a 64 kB
+    probe then crossed in 0.4 ms. It shows a burst of about 54 kB, not a 1.3 Gbit/s link; a
+    larger transfer bounds the goodput beyond that burst."""
+    from coacto.mobile.estimates import BURST_BYTES
+
+    rate = 25e6
+    g = Goodput(initial=1e6)
+    for k in range(4):  # 4 x 256 kB backlogged, the server stamping each 10.5 ms apart
+        g.sent(("b", k), 256 << 10, 0.0)
+    for k in range(4):
+        g.acked(("b", k), 0.011 * (k + 1), 0.0003, t_server=100.0 + (k + 1) * (256 << 10) / rate)
+    assert g.samples >= 1 and g.value == pytest.approx(rate, rel=0.01)
+    assert g.burst == BURST_BYTES
+    g.sent("probe", 64 << 10, 1.0)
+    g.acked("probe", 1.0004, 0.0003)
+    assert g.value == pytest.approx(rate, rel=0.01)  # not (64 kB - 16 kB) / 0.4 ms = 123 MB/s
+    assert g.burst == pytest.approx((64 << 10) - rate * 0.0004)
+    g.sent("big", 400_000, 2.0)  # 400 kB in 14 ms: beyond the burst, 25 MB/s
+    g.acked("big", 2.014, 0.0003)
+    assert g.value == pytest.approx(rate, rel=0.01)
+    fresh = Goodput(initial=1e6)  # nothing measured yet: the bound stands, as before
+    fresh.sent("probe", 64 << 10, 0.0)
+    fresh.acked("probe", 0.0004, 0.0003)
+    assert fresh.value == pytest.approx(((64 << 10) - BURST_BYTES) / 0.0004)
+
+
 def test_a_probe_train_measures_the_rate_behind_the_burst():
     """Three 24 kB probes handed over at once on a 50 Mbit/s tbf link (16 kB burst) whose
     device reads the answers 3 ms late (its CPU quota): the first bounds the goodput, the
@@ -278,6 +305,20 @@ def test_each_kind_of_plan_learns_its_own_error():
     assert e.offloaded_s(0.030, "inputs") == pytest.approx(0.040)
     e.goodput.value = 1e6
     assert e.offloaded_s(0.030, "inputs") == pytest.approx(0.030)  # (that was learnt at 3x)
+
+
+def test_one_offloaded_inference_in_eight_may_explore_a_kind_not_yet_run():
+    from types import SimpleNamespace
+
+    from coacto.mobile.engine import EXPLORE_EVERY, Engine
+    from coacto.mobile.estimates import Estimates
+
+    eng = SimpleNamespace(est=Estimates(bandwidth=1e6), _planned=0)
+    dyn, split = SimpleNamespace(policy="dynamic"), SimpleNamespace(policy="split")
+    got = [Engine._unseen(eng, dyn) for _ in range(2 * EXPLORE_EVERY)]
+    assert [i for i, u in enumerate(got) if u] == [EXPLORE_EVERY - 1, 2 * EXPLORE_EVERY - 1]
+    assert got[EXPLORE_EVERY - 1] == ("inputs", "cut", "share")
+    assert Engine._unseen(eng, split) == () and eng._planned == 2 * EXPLORE_EVERY
 
 
 def test_rtt_is_min_filtered():

@@ -117,6 +117,7 @@ class Engine:
         self._is_input[policies.input_tiles(tg)] = True
         self._n_computable = tg.n_tiles - int(self._is_input.sum())
         self._gated = 0
+        self._planned = 0  # dynamic inferences planned to offload (EXPLORE_EVERY)
         self._last_probe: float | None = None
         self._wire_runs = 0
         # the emulated link's rate changes: (time on now()'s clock, bytes/s), in order; and
@@ -451,9 +452,19 @@ class Engine:
                                   server_flops=e.server_flops, bandwidth=e.bandwidth,
                                   rtt=e.rtt.value, alpha=e.alpha, downlink=e.downlink,
                                   wire=self._wire(), correct=e.offloaded_s,
-                                  unseen=e.unseen_kinds(),
+                                  unseen=self._unseen(job),
                                   explore=e.stalest_kinds() if job.explores else None,
                                   **job.options)
+
+    def _unseen(self, job: Job) -> tuple[str, ...]:
+        """The kinds of plan a dynamic inference may explore: one offloaded inference in
+        EXPLORE_EVERY may run a kind never run on a link like today's, no more. A short session
+        (an app's few inferences, an experiment's fresh client) runs the kind predicted best;
+        a long one learns every kind's error within a few dozen."""
+        if job.policy != "dynamic":
+            return ()
+        self._planned += 1
+        return self.est.unseen_kinds() if self._planned % EXPLORE_EVERY == 0 else ()
 
     def _transfer_now(self) -> str:
         """The encoding this device's tiles take: the one asked for, unless the server (when

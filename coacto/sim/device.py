@@ -167,6 +167,7 @@ class SimDevice:
         self.downlink = Link(self.loop, downlink_trace, rtt / 2, on_arrive=self._receive,
                              burst_bytes=burst_bytes)
         self._gated = 0
+        self._planned = 0
         self._last_probe: float | None = None
         self._probes: set = set()  # keys of the probe train in flight
         self._trains = 0
@@ -465,6 +466,9 @@ class SimDevice:
 
     def _probe_if_stale(self) -> None:
         Engine._probe_if_stale(self)
+
+    def _unseen(self, job: Job) -> tuple[str, ...]:
+        return Engine._unseen(self, job)
 
     def _send_probe(self) -> None:
         """Session._make_probe: a train of HEARTBEATs padded to 20 ms of the assumed goodput each
