@@ -623,6 +623,32 @@ def test_the_sessions_probe_train_measures_the_link_before_any_inference(server,
             time.sleep(0.05)
         est = client.estimates
     assert est["goodput_samples"] >= 1 and 17 <= est["bandwidth_est_mbps"] <= 23, est
+    assert client._engine.session._trains == 1  # 24 kB probes 10 ms apart: one train
+
+
+def test_a_probe_train_that_crossed_in_one_burst_is_followed_by_larger_probes(server, squeezenet):
+    """Unshaped loopback: three 24 kB probes cross within microseconds of each other (what a
+    link's burst does), so a train of larger ones follows, once: at 256 kB they are as large
+    as probes get."""
+    from coacto.mobile.session import PROBE_MAX_BYTES, PROBE_TRAIN, probe_again
+
+    assert probe_again(24 << 10, [1.0, 1.0001, 1.0002])
+    assert not probe_again(24 << 10, [1.0, 1.01, 1.02])       # 10 ms apart: a measurement
+    assert not probe_again(PROBE_MAX_BYTES, [1.0, 1.0, 1.0])  # as large as they get
+    assert not probe_again(24 << 10, [1.0, 1.0])              # not all answered
+    model, _feeds, _ref = squeezenet
+    tg = coacto.compile(model, tiles_per_layer=TILES)
+    with Client(server.address, tg, threads=1, policy="local", timeout=10,
+                model_bytes=model) as client:
+        client._estimates.goodput.value = 1e6
+        client.connect(30)
+        session = client._engine.session
+        deadline = time.monotonic() + 5
+        while (session._trains < 2 or session._probes) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.2)
+        assert session._trains == 2 and not session._probes and PROBE_TRAIN == 3
+        assert client.estimates["bandwidth_est_mbps"] > 200
 
 
 def test_token_bucket_adds_the_propagation_delay_after_the_cap():

@@ -684,3 +684,15 @@ def test_a_share_plan_runs_and_its_insurance_starts_when_the_server_is_late(sque
         assert inf.finished_by in ("device", "both") and inf.tiles_local == computable
         assert inf.latency_s < 1.0
         assert inf.predicted_s < 0.2 * inf.latency_s
+
+
+def test_a_burst_larger_than_the_probes_is_probed_past(squeezenet_tg):
+    """A 200 Mbit/s token-bucket link with the testbed's 100 kB burst, the client starting from
+    10 Mbit/s: its first train (3 x 24 kB) crosses whole in the burst; the larger train that
+    follows (Session.probe_again) and the tiles measure the rate, and isolated transfers that
+    beat it teach the burst (Goodput.burst) instead of raising the estimate."""
+    r = simulate(squeezenet_tg, "cloud", device="raspberry-pi-4", server="threadripper-3990x",
+                 bandwidth_mbps=200.0, burst_bytes=100_000, probe=True, initial_goodput_mbps=10.0,
+                 inferences=6, rtt_ms=1.0)
+    est = r.inferences[-1].estimates
+    assert 150 <= est["bandwidth_est_mbps"] <= 245, est  # 263 before either
