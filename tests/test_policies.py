@@ -279,17 +279,23 @@ def test_cloud_and_dynamic_masks(model):
 
 def test_dynamic_streams_a_cut_when_the_input_is_expensive(model):
     """A slow link and a device fast enough to shrink the input first: the tiles of the cut the
-    cost model prefers are streamed, the device keeps computing everything. (The device alone
-    is faster still: that is the engine's gate's decision, taken before; the plan is the best
-    way to offload.)"""
-    tg, _, _ = model
+    cost model prefers are streamed as the device computes them; what comes after the cut
+    waits, as insurance (the engine's _park_rest). (The device alone is faster still: that is
+    the engine's gate's decision, taken before; the plan is the best way to offload.)"""
+    tg, feeds, ref = model
     costs = P.split_costs(tg, 1e10, 1e11, 2e5, 0.001)
     later = {c: v for c, v in costs.items() if c not in tg.graph.inputs.values()
              and c != tg.n_layers - 1}
     best = min(later, key=lambda c: (later[c], -c))
     assert later[best] < 0.5 * costs[max(tg.graph.inputs.values())]
     dyn = P.plan_dynamic(tg, device_flops=1e10, server_flops=1e11, bandwidth=2e5, rtt=0.001)
-    assert dyn.local is None and dyn.info["kind"] == "cut"
+    assert dyn.info["kind"] == "cut" and dyn.info["park_rest"]
+    needed = P.ancestors(tg, np.isin(np.arange(tg.n_tiles), P.cut_tiles(tg, best)))
+    needed[P.input_tiles(tg)] = True
+    assert (dyn.local.astype(bool) == needed).all() and P.check_plan(tg, dyn) == []
+    out, stats = exchange(tg, feeds, dyn)  # the server computes everything after the cut
+    assert_close(out, ref, rel=1e-4)
+    assert stats["tiles_computed"] <= int(needed.sum())
     assert dyn.split_layer == best and dyn.info["predicted_s"] == pytest.approx(later[best])
     sent = np.nonzero(dyn.send)[0]
     assert set(sent.tolist()) == set(P.cut_tiles(tg, best).tolist())

@@ -280,9 +280,9 @@ class Engine:
             job.resume_at = job.t_start + 2 * job.input_bytes / e.bandwidth + 0.05
 
     def _park_rest(self, job: Job) -> None:
-        """A device share: what the device does not compute is insurance, which starts when
-        the server is late by half the plan's predicted time (or the link stalls, or the
-        server is lost)."""
+        """A device share or a streamed cut: what the device does not compute is insurance,
+        which starts when the server is late by half the plan's predicted time (or the link
+        stalls, or the server is lost)."""
         job.local_parked = True
         job.resume_on_release = False
         job.resume_at = job.t_start + INSURANCE_MARGIN * job.plan.info["predicted_s"]
@@ -531,7 +531,7 @@ class Engine:
                 self._park_local(job)
             else:
                 native.compute_all()
-        elif "share_layer" in plan.info:
+        elif plan.info.get("park_rest"):
             if self.session.ready and not job.fallback:
                 self._park_rest(job)
             else:

@@ -245,8 +245,8 @@ class SimDevice:
             if plan.info.get("send_whole"):
                 job.whole_bytes = int(self.nbytes[send == SEND_ALWAYS].sum())
         job.t_start = t
-        if plan.info.get("local_after_inputs") or "share_layer" in plan.info:
-            if "share_layer" in plan.info:
+        if plan.info.get("local_after_inputs") or plan.info.get("park_rest"):
+            if plan.info.get("park_rest"):
                 Engine._park_rest(self, job)
             else:
                 Engine._park_local(self, job)
