@@ -191,6 +191,23 @@ def test_a_transfer_faster_than_the_measured_rate_teaches_the_burst():
     assert fresh.value == pytest.approx(((64 << 10) - BURST_BYTES) / 0.0004)
 
 
+def test_a_train_that_crossed_in_one_burst_is_no_sample():
+    """Three 24 kB probes through a 100 kB burst, stamped 0.1 ms apart by the server: that is
+    the burst, not the link's rate (it read 11 Gbit/s, and blended into the next sample)."""
+    g = Goodput(initial=1.25e6)
+    for k in range(3):
+        g.sent(("p", k), 24 << 10, 0.0)
+    for k in range(3):
+        g.acked(("p", k), 0.001 + 1e-4 * k, 0.0003, t_server=50.0 + 1e-4 * k)
+    assert g.samples == 0
+    rate = 25e6  # the train after it, 256 kB probes, measures the rate, unblended
+    for k in range(3):
+        g.sent(("q", k), 256 << 10, 1.0)
+    for k in range(3):
+        g.acked(("q", k), 1.02 + 0.0105 * k, 0.0003, t_server=60.0 + k * (256 << 10) / rate)
+    assert g.samples == 1 and g.value == pytest.approx(rate, rel=0.01)
+
+
 def test_a_probe_train_measures_the_rate_behind_the_burst():
     """Three 24 kB probes handed over at once on a 50 Mbit/s tbf link (16 kB burst) whose
     device reads the answers 3 ms late (its CPU quota): the first bounds the goodput, the
