@@ -327,15 +327,53 @@ def test_each_kind_of_plan_learns_its_own_error():
 def test_one_offloaded_inference_in_eight_may_explore_a_kind_not_yet_run():
     from types import SimpleNamespace
 
-    from coacto.mobile.engine import EXPLORE_EVERY, Engine
+    from coacto.mobile.engine import KIND_EXPLORE_EVERY as EVERY
+    from coacto.mobile.engine import Engine
     from coacto.mobile.estimates import Estimates
 
     eng = SimpleNamespace(est=Estimates(bandwidth=1e6), _planned=0)
     dyn, split = SimpleNamespace(policy="dynamic"), SimpleNamespace(policy="split")
-    got = [Engine._unseen(eng, dyn) for _ in range(2 * EXPLORE_EVERY)]
-    assert [i for i, u in enumerate(got) if u] == [EXPLORE_EVERY - 1, 2 * EXPLORE_EVERY - 1]
-    assert got[EXPLORE_EVERY - 1] == ("inputs", "cut", "share")
-    assert Engine._unseen(eng, split) == () and eng._planned == 2 * EXPLORE_EVERY
+    got = [Engine._unseen(eng, dyn) for _ in range(2 * EVERY)]
+    assert [i for i, u in enumerate(got) if u] == [EVERY - 1, 2 * EVERY - 1]
+    assert got[EVERY - 1] == ("inputs", "cut", "share")
+    assert Engine._unseen(eng, split) == () and eng._planned == 2 * EVERY
+
+
+def test_the_gate_reuses_its_verdict_while_the_estimates_hold(monkeypatch):
+    """The gate's cost model, per inference, cost 150-290 us of the engine's CPU (four times
+    that in a 25% quota): it is recomputed only when a rate moves by GATE_STEP or the wire
+    ratios or the errors change."""
+    from types import SimpleNamespace
+
+    from coacto.mobile.engine import Engine
+    from coacto.mobile.estimates import GATE_STEP, Estimates
+
+    calls = []
+
+    def options(*a, **k):
+        calls.append(a)
+        return {"local": (0.010, None), "inputs": (0.030, 0)}
+
+    monkeypatch.setattr(policies, "dynamic_options", options)
+    est = Estimates(bandwidth=1e6, device_flops=5e9)
+    eng = SimpleNamespace(est=est, tg=None, _wire=lambda: None, _gated=0, _gate_key=None,
+                          _gate_verdict=None, _probe_if_stale=lambda: None)
+    job = SimpleNamespace(skipped=None, explores=False)
+    for _ in range(5):
+        assert Engine._local_is_faster(eng, job) and "10.0 ms vs 30.0 ms" in job.skipped
+    assert len(calls) == 1
+    est.device_flops *= 1 + GATE_STEP / 2  # within the step: the same verdict
+    Engine._local_is_faster(eng, job)
+    assert len(calls) == 1
+    est.device_flops *= 1 + GATE_STEP / 2  # beyond it from the verdict's: recomputed
+    Engine._local_is_faster(eng, job)
+    assert len(calls) == 2
+    est.rtt.value += 2e-4  # an RTT within 0.5 ms
+    Engine._local_is_faster(eng, job)
+    assert len(calls) == 2
+    est.on_offloaded(0.03, 0.05, "inputs")  # an error learnt: recomputed
+    Engine._local_is_faster(eng, job)
+    assert len(calls) == 3
 
 
 def test_rtt_is_min_filtered():

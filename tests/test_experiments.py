@@ -74,6 +74,21 @@ def test_summarize_and_medians():
     assert H.medians_by(rows, "k", p="a") == {1: 4.0}
 
 
+def test_multitenant_compares_each_devices_pooled_p95():
+    import fig_multitenant
+
+    def row(dev, policy, rnd, lat):
+        return {"devices": 4, "device": dev, "model": f"m{dev}", "policy": policy,
+                "round": rnd, "latencies_ms": " ".join(str(x) for x in lat)}
+
+    rows = [row(0, "local", 0, range(10, 30)), row(0, "local", 1, [100]),
+            row(0, "dynamic", 0, range(5, 25)), row(0, "dynamic", 1, [50]),
+            row(1, "local", 0, [10, 10]), row(1, "dynamic", 0, [12, 12])]
+    got = fig_multitenant.dynamic_over_local_p95(rows)
+    # device 0: 21 latencies each, p95 the 20th of 21: local 29, dynamic 24
+    assert got == [(4, 0, "m0", pytest.approx(24 / 29)), (4, 1, "m1", pytest.approx(1.2))]
+
+
 def test_run_all_refuses_an_unknown_figure(capsys):
     import run_all
 

@@ -23,6 +23,7 @@ FLOP/s.
 from __future__ import annotations
 
 import collections
+import math
 import logging
 
 import numpy as np
@@ -55,6 +56,13 @@ DEVICE_GAIN = 0.3
 GOODPUT_STALE_S = 2.0
 #: EWMA weight of a new offloaded inference's prediction error.
 OFFLOAD_ERROR_GAIN = 0.3
+#: The engine's gate reuses its last verdict while every rate it reads is within this share
+#: of what it was then (Estimates.plans_hold): its cost model took 150-290 us of the engine's
+#: CPU per inference (cold caches after the computing threads' work; 30 us in a loop), four
+#: times that in a 25% quota, and made MobileNetV2 run one quota period slower than `local`.
+#: (The device's own rate drifts by a few % per inference while its runtime warms up: finer
+#: steps recomputed the verdict at every other inference.)
+GATE_STEP = 0.1
 #: A kind of plan's prediction error applies on links within this factor of the goodput it was
 #: learnt at (Estimates.offload_errors).
 ERROR_LINK_FACTOR = 2.0
@@ -315,6 +323,8 @@ class Estimates:
         #: not used (a plan that waited on a 0.8 Mbit/s link says nothing about it at 8).
         self.offload_errors: dict[str, tuple[float, float]] = {}
         self._learnt_at: dict[str, int] = {}
+        #: Counts changes to what the planners read beyond the rates (wire ratios, errors).
+        self.version = 0
         #: Per layer: bytes its tiles take on the wire per raw byte in the transfer encoding
         #: (set_transfer), learnt from every inference's tiles; None before set_transfer.
         self.wire: np.ndarray | None = None
@@ -327,11 +337,14 @@ class Estimates:
         """One inference's raw and encoded bytes per layer (of the tiles completed here)."""
         if self.wire is None or raw.shape != self.wire.shape:
             return
+        before = self.wire.copy()
         m = raw > 0
         ratio = encoded[m] / raw[m]
         seen = self._wire_seen[m]
         self.wire[m] = np.where(seen, self.wire[m] + WIRE_GAIN * (ratio - self.wire[m]), ratio)
         self._wire_seen[m] = True
+        if np.abs(self.wire - before).max(initial=0.0) > GATE_STEP / 3:
+            self.version += 1
 
     @property
     def bandwidth(self) -> float:
@@ -375,6 +388,7 @@ class Estimates:
         self.offload_outcomes += 1
         known = self._error(kind)
         self.offload_errors[kind] = (_ewma(known, err, OFFLOAD_ERROR_GAIN), self.bandwidth)
+        self.version += 1
         self._learnt_at[kind] = self.offload_outcomes
 
     def _error(self, kind: str) -> float | None:
@@ -396,6 +410,27 @@ class Estimates:
         """The kinds of offloaded plan with no error learnt on a link like today's
         (policies.dynamic_options)."""
         return tuple(k for k in ("inputs", "cut", "share") if self._error(k) is None)
+
+    def planning_rates(self) -> tuple:
+        """The rates a plan is made from (see plans_hold)."""
+        return (self.device_flops or 0.0, self.server_flops, self.bandwidth, self.downlink,
+                self.rtt.value, self.alpha)
+
+    def plans_hold(self, rates: tuple | None, version: int | None,
+                   step: float = GATE_STEP) -> bool:
+        """A plan made from ``rates`` (planning_rates) at ``version`` still stands: nothing else
+        it reads changed, and every rate is within ``step`` of what it was (an RTT within
+        0.5 ms)."""
+        if rates is None or version != self.version:
+            return False
+        now_ = self.planning_rates()
+        for i, (a, b) in enumerate(zip(rates, now_)):
+            if i == 4:
+                if abs(a - b) > 5e-4 and abs(b - a) > step * max(a, b):
+                    return False
+            elif not (a > 0 and abs(b / a - 1.0) <= step):
+                return False
+        return True
 
     def stalest_kinds(self) -> tuple[str, ...]:
         """The kinds of offloaded plan, the one whose error was learnt longest ago (or never)

@@ -649,6 +649,15 @@ def frontier(plan: Plan) -> str:
     return "inputs"
 
 
+def prepare(tg: TileGraph) -> None:
+    """Builds the per-graph tables the planners cache (cuts, their bytes, the device shares):
+    a few ms for the zoo's CNNs, spent once where it does not delay an inference."""
+    _cut_arrays(tg)
+    _cut_byte_array(tg)
+    share_table(tg)
+    output_bytes(tg)
+
+
 def make_plan(policy: str, tg: TileGraph, *, device_flops: float | None = None,
               server_flops: float = 1.0, bandwidth: float = 1.0, rtt: float = 0.0,
               alpha: float = 1.0, split_layer: int | None = None, fl_layer: int | None = None,

@@ -168,6 +168,7 @@ class SimDevice:
         self.downlink = Link(self.loop, downlink_trace, rtt / 2, on_arrive=self._receive,
                              burst_bytes=burst_bytes)
         self._gated = 0
+        self._gate_key, self._gate_verdict = None, (0.0, 0.0)
         self._planned = 0
         self._last_probe: float | None = None
         self._probes: set = set()  # keys of the probe train in flight
