@@ -685,7 +685,8 @@ def test_a_probe_train_that_crossed_in_one_burst_is_followed_by_larger_probes(se
     """Unshaped loopback: three 24 kB probes cross within microseconds of each other (what a
     link's burst does), so a train of larger ones follows, once: at 256 kB they are as large
     as probes get."""
-    from coacto.mobile.session import PROBE_MAX_BYTES, PROBE_TRAIN, probe_again
+    from coacto.mobile.session import PROBE_BURST_MAX_BYTES as PROBE_MAX_BYTES
+    from coacto.mobile.session import PROBE_TRAIN, probe_again
 
     assert probe_again(24 << 10, [1.0, 1.0001, 1.0002])
     assert not probe_again(24 << 10, [1.0, 1.01, 1.02])       # 10 ms apart: a measurement

@@ -31,23 +31,28 @@ BACKOFF_REFUSED_S = 16.0
 #: local) would never learn the link is faster.
 PROBE_TRAIN = 3
 PROBE_SECONDS = 0.02
-PROBE_MIN_BYTES, PROBE_MAX_BYTES = 24 << 10, 256 << 10
+PROBE_MIN_BYTES, PROBE_MAX_BYTES = 24 << 10, 64 << 10
+#: ... up to this much each in a train that follows one that crossed in a burst.
+PROBE_BURST_MAX_BYTES = 256 << 10
 #: A train whose probes the server stamped within this much of each other crossed in one burst
 #: and measured nothing but the burst: another follows at once, its probes sized by what that
 #: one read (up to PROBE_MAX_BYTES). On the testbed's 200 Mbit/s link (a 100 kB tbf burst) a
-#: train of three 24 kB probes passed whole and read 11 Gbit/s.
+#: train of three 24 kB probes passed whole and read 11 Gbit/s. (Every train that large would cost
+#: a device in a 25% quota 2-3 ms of its CPU each time the link is probed again.)
 PROBE_BURST_SPREAD_S = PROBE_SECONDS / 4
 
 
-def probe_size(bandwidth: float) -> int:
-    """Bytes of each probe of a train at the assumed goodput (bytes/s)."""
-    return int(min(PROBE_MAX_BYTES, max(PROBE_MIN_BYTES, bandwidth * PROBE_SECONDS)))
+def probe_size(bandwidth: float, after_burst: bool = False) -> int:
+    """Bytes of each probe of a train at the assumed goodput (bytes/s); ``after_burst``: the
+    train follows one that crossed in a burst."""
+    cap = PROBE_BURST_MAX_BYTES if after_burst else PROBE_MAX_BYTES
+    return int(min(cap, max(PROBE_MIN_BYTES, bandwidth * PROBE_SECONDS)))
 
 
 def probe_again(size: int, stamps) -> bool:
     """A whole train (its probes' ``size`` and the server's stamps on them) crossed in one
     burst and larger probes may do better."""
-    return len(stamps) == PROBE_TRAIN and size < PROBE_MAX_BYTES and \
+    return len(stamps) == PROBE_TRAIN and size < PROBE_BURST_MAX_BYTES and \
         max(stamps) - min(stamps) < PROBE_BURST_SPREAD_S
 
 
@@ -79,6 +84,7 @@ class Session:
         self._probes: dict = {}  # t_send -> goodput key of the probes in flight
         self._trains = 0
         self._train_stamps: dict = {}  # train -> (probe size, the server's stamps so far)
+        self._after_burst = False
 
     @property
     def ready(self) -> bool:
@@ -210,9 +216,10 @@ class Session:
             self._send_probe()
         self.on_ready()
 
-    def _send_probe(self) -> None:
+    def _send_probe(self, after_burst: bool = False) -> None:
         """A probe train, made when the link has nothing else to carry (it never delays an
         inference's tiles); none while one is out."""
+        self._after_burst = after_burst
         t = now()
         for t_send, key in list(self._probes.items()):  # lost with a connection, or unanswered
             if key[1] != self.link.epoch or t - t_send > self.timeout:
@@ -223,7 +230,7 @@ class Session:
         self.link.idle = self._make_probes
 
     def _make_probes(self) -> list:
-        size = probe_size(self.est.bandwidth)
+        size = probe_size(self.est.bandwidth, self._after_burst)
         train = []
         self._trains += 1
         for i in range(PROBE_TRAIN):
@@ -249,7 +256,7 @@ class Session:
                 if len(stamps) == PROBE_TRAIN:
                     del self._train_stamps[key[2]]
                     if probe_again(size, stamps):
-                        self._send_probe()
+                        self._send_probe(after_burst=True)
         elif isinstance(t_send, (int, float)):
             t = now()
             self.est.rtt.sample(t - t_send)

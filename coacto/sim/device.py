@@ -473,14 +473,14 @@ class SimDevice:
     def _unseen(self, job: Job) -> tuple[str, ...]:
         return Engine._unseen(self, job)
 
-    def _send_probe(self) -> None:
+    def _send_probe(self, after_burst: bool = False) -> None:
         """Session._make_probe: a train of HEARTBEATs padded to 20 ms of the assumed goodput each
         (24-256 kB), handed over back to back; their STATS are taken as ACKs."""
         from ..mobile.session import PROBE_TRAIN, probe_size
 
         if self._probes:  # one train at a time
             return
-        size = probe_size(self.est.bandwidth)
+        size = probe_size(self.est.bandwidth, after_burst)
         t = self.loop.now
         self._trains += 1
         self._train_stamps[self._trains] = (size, [])
@@ -538,7 +538,7 @@ class SimDevice:
                 if len(stamps) == PROBE_TRAIN:
                     del self._train_stamps[data["probe"][2]]
                     if probe_again(size, stamps):
-                        self._send_probe()
+                        self._send_probe(after_burst=True)
         elif kind == P.STATS:
             self.est.rtt.sample(t - data["t_send"])
             flops = self.est.server_flops
