@@ -279,6 +279,10 @@ def main(argv=None) -> int:
     args.models = [m for m in args.models.split(",") if m]
     args.policies = [p for p in args.policies.split(",") if p]
     figures = [f for f in args.figures.split(",") if f]
+    unknown = [f for f in figures if f not in ("cores", "devices", "bandwidth", "traces")]
+    if unknown:
+        ap.error(f"unknown figure(s) {', '.join(unknown)}: choose from cores, devices, "
+                 "bandwidth, traces")
     q = args.quick
     args.cores = CORES
     args.devices = DEVICES

@@ -89,6 +89,14 @@ def test_multitenant_compares_each_devices_pooled_p95():
     assert got == [(4, 0, "m0", pytest.approx(24 / 29)), (4, 1, "m1", pytest.approx(1.2))]
 
 
+def test_fig_sim_refuses_an_unknown_figure(capsys, tmp_path):
+    import fig_sim
+
+    with pytest.raises(SystemExit) as e:
+        fig_sim.main(["--figures", "sim_bandwidth", "--out", str(tmp_path)])
+    assert e.value.code == 2 and "choose from cores, devices, bandwidth" in capsys.readouterr().err
+
+
 def test_run_all_refuses_an_unknown_figure(capsys):
     import run_all
 
