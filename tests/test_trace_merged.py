@@ -329,14 +329,22 @@ def test_dynamic_trace_logs_decisions_with_both_completion_times(squeezenet, tmp
                    device_flops=6e9) as client:
         client.connect()
         path = tmp_path / "dyn-{n}.json"
-        future = client.infer_async(feeds, trace=path)
-        future.result()
-        stats = future.stats
+        # Both sides computing is a race the device can win outright on a loaded machine (the
+        # server is a thread of this process): up to three traced inferences, the first with
+        # tiles from both sides and the server's trace is checked.
+        for attempt in range(1, 4):
+            future = client.infer_async(feeds, trace=path)
+            future.result()
+            stats = future.stats
+            trace = json.loads((tmp_path / f"dyn-{attempt}.json").read_text())
+            if trace["metadata"]["coacto"]["server_trace"] == "received" and \
+                    stats["tiles_local"] and stats["tiles_from_server"]:
+                break
         client.infer(feeds, trace=False)
     written = sorted(p.name for p in tmp_path.iterdir())
-    assert written == ["dyn-1.json"], written  # one file per traced inference, numbered
+    # one file per traced inference, numbered
+    assert written == [f"dyn-{n}.json" for n in range(1, attempt + 1)], written
     assert stats["offloaded"] and not stats["fallback"], stats
-    trace = json.loads((tmp_path / "dyn-1.json").read_text())
     by_phase = check_real_trace(client.graph, trace, stats)
     decisions = by_phase["i"]
     assert decisions and all(d["cat"] == "decision" for d in decisions)

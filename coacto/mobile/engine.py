@@ -616,6 +616,9 @@ class Engine:
         job.done = True
         native = job.native
         outputs = native.outputs()
+        # the loser's remaining local work stops now (a tile in flight per thread still ends),
+        # so that the statistics and the trace read below describe the same tiles
+        native.cancel()
         native_stats = native.stats()
         if job.trace is not None:  # read before the native inference goes
             job.trace.device = native.tile_trace()
@@ -628,9 +631,8 @@ class Engine:
                 and self.link.is_open:
             self.link.control({"t": P.CANCEL, "inf": job.id}, job=job)
         t = now()
-        # the loser's remaining local work is cancelled; destroying the inference waits for the
-        # tiles in flight (a throttled device may take a while): not on this thread
-        native.cancel()
+        # destroying the inference waits for the tiles in flight (a throttled device may take
+        # a while): not on this thread
         self._reaper.submit(native.close)
         if job.plan.uses_server and job.t_begin is None and not job.fallback:
             job.fallback = True
