@@ -358,6 +358,9 @@ def test_dynamic_trace_logs_decisions_with_both_completion_times(squeezenet, tmp
     assert {d["args"]["tile"] for d in decisions} <= plan_decides
     meta = trace["metadata"]["coacto"]
     assert meta["policy"] == "dynamic" and meta["estimates_at_start"]["bandwidth_est_mbps"] > 0
+    # which plan the scheduler chose, and what it predicted (stats' frontier and predicted_s)
+    assert meta["frontier"] == "inputs" == stats["frontier"]
+    assert meta["predicted_s"] == pytest.approx(stats["predicted_s"]) and meta["predicted_s"] > 0
     counters = by_phase["C"]
     assert counters and {"bandwidth_mbps", "rtt_ms"} <= set(counters[0]["args"])
 

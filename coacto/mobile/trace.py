@@ -413,7 +413,7 @@ class _Builder:
             "policy", "latency_s", "tiles_total", "tiles_local", "tiles_sent",
             "tiles_from_server", "bytes_sent", "bytes_received", "batches", "offloaded",
             "fallback", "fallback_reason", "server_skipped", "finished_by", "bandwidth_est_mbps",
-            "rtt_est_ms", "server_flops", "device_flops", "alpha")}
+            "rtt_est_ms", "server_flops", "device_flops", "alpha", "frontier", "predicted_s")}
         if latency is not None:
             self.slice(f"inference ({stats.get('policy')})", PID_DEVICE, TID_INFERENCE, 0.0,
                        latency, summary)
