@@ -413,15 +413,14 @@ class Engine:
         e = self.est
         if e.device_flops is None:
             return False
-        if not e.plans_hold(*(self._gate_key or (None, None))):
+        if not e.plans_hold(self._gate_key):
             options = policies.dynamic_options(
                 self.tg, e.device_flops, e.server_flops, e.bandwidth, e.rtt.value, e.alpha,
                 e.downlink, self._wire())
             local = options.pop("local")[0]
             offloaded = min((e.offloaded_s(v, k) for k, (v, _w) in options.items()),
                             default=float("inf"))
-            self._gate_key = (e.planning_rates(), e.version)
-            self._gate_verdict = (local, offloaded)
+            self._gate_key, self._gate_verdict = e.planning_key(), (local, offloaded)
         local, offloaded = self._gate_verdict
         if offloaded < local * (1.0 - OFFLOAD_MIN_GAIN):
             self._gated = 0

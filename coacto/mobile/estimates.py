@@ -321,8 +321,8 @@ class Estimates:
         #: both parts), and comparing kinds at their raw predictions chose the slower one. An
         #: error learnt on a link more than ERROR_LINK_FACTOR faster or slower than today's is
         #: not used (a plan that waited on a 0.8 Mbit/s link says nothing about it at 8).
-        self.offload_errors: dict[str, tuple[float, float]] = {}
-        self._learnt_at: dict[str, int] = {}
+        #: kind -> (error, goodput then, offload_outcomes then)
+        self.offload_errors: dict[str, tuple[float, float, int]] = {}
         #: Counts changes to what the planners read beyond the rates (wire ratios, errors).
         self.version = 0
         #: Per layer: bytes its tiles take on the wire per raw byte in the transfer encoding
@@ -386,16 +386,15 @@ class Estimates:
         self.offload_error = _ewma(self.offload_error if self.offload_outcomes else None, err,
                                    OFFLOAD_ERROR_GAIN)
         self.offload_outcomes += 1
-        known = self._error(kind)
-        self.offload_errors[kind] = (_ewma(known, err, OFFLOAD_ERROR_GAIN), self.bandwidth)
+        self.offload_errors[kind] = (_ewma(self._error(kind), err, OFFLOAD_ERROR_GAIN),
+                                     self.bandwidth, self.offload_outcomes)
         self.version += 1
-        self._learnt_at[kind] = self.offload_outcomes
 
     def _error(self, kind: str) -> float | None:
         """The error learnt for ``kind`` when it was learnt on a link like today's, else None."""
         if kind not in self.offload_errors:
             return None
-        err, bw = self.offload_errors[kind]
+        err, bw, _n = self.offload_errors[kind]
         return err if bw / ERROR_LINK_FACTOR <= self.bandwidth <= bw * ERROR_LINK_FACTOR \
             else None
 
@@ -411,31 +410,27 @@ class Estimates:
         (policies.dynamic_options)."""
         return tuple(k for k in ("inputs", "cut", "share") if self._error(k) is None)
 
-    def planning_rates(self) -> tuple:
-        """The rates a plan is made from (see plans_hold)."""
-        return (self.device_flops or 0.0, self.server_flops, self.bandwidth, self.downlink,
-                self.rtt.value, self.alpha)
+    def planning_key(self) -> tuple:
+        """What a plan is made from: the rates, and the version of the rest (see plans_hold)."""
+        return ((self.device_flops or 0.0, self.server_flops, self.bandwidth, self.downlink,
+                 self.alpha), self.rtt.value, self.version)
 
-    def plans_hold(self, rates: tuple | None, version: int | None,
-                   step: float = GATE_STEP) -> bool:
-        """A plan made from ``rates`` (planning_rates) at ``version`` still stands: nothing else
-        it reads changed, and every rate is within ``step`` of what it was (an RTT within
-        0.5 ms)."""
-        if rates is None or version != self.version:
+    def plans_hold(self, key: tuple | None, step: float = GATE_STEP) -> bool:
+        """A plan made at ``key`` (planning_key) still stands: nothing but the rates changed,
+        each rate is within ``step`` of what it was, and the RTT within 0.5 ms or ``step``."""
+        if key is None:
             return False
-        now_ = self.planning_rates()
-        for i, (a, b) in enumerate(zip(rates, now_)):
-            if i == 4:
-                if abs(a - b) > 5e-4 and abs(b - a) > step * max(a, b):
-                    return False
-            elif not (a > 0 and abs(b / a - 1.0) <= step):
-                return False
-        return True
+        rates, rtt, version = key
+        now_rates, now_rtt, now_version = self.planning_key()
+        if version != now_version or abs(now_rtt - rtt) > max(5e-4, step * max(rtt, now_rtt)):
+            return False
+        return all(a > 0 and abs(b / a - 1.0) <= step for a, b in zip(rates, now_rates))
 
     def stalest_kinds(self) -> tuple[str, ...]:
         """The kinds of offloaded plan, the one whose error was learnt longest ago (or never)
         first: what an exploring inference runs (policies.choose_dynamic)."""
-        return tuple(sorted(("inputs", "cut", "share"), key=lambda k: self._learnt_at.get(k, -1)))
+        return tuple(sorted(("inputs", "cut", "share"),
+                            key=lambda k: self.offload_errors.get(k, (0, 0, -1))[2]))
 
     def on_local_run(self, flops: float, seconds: float) -> None:
         """A whole inference ran here: flops / seconds is the device's rate on this model."""
@@ -455,6 +450,6 @@ class Estimates:
             "device_flops": self.device_flops,
             "goodput_samples": self.goodput.samples,
             "offload_error_ms": self.offload_error * 1e3,
-            "offload_errors_ms": {k: v * 1e3 for k, (v, _bw) in self.offload_errors.items()},
+            "offload_errors_ms": {k: v[0] * 1e3 for k, v in self.offload_errors.items()},
             "rtt_samples": self.rtt.samples,
         }

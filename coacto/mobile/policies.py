@@ -291,9 +291,9 @@ def plan_dynamic(tg: TileGraph, device_flops: float | None = None, server_flops:
     the device's speed is known, the inputs). ``inputs``: CoActo's rule — the input tiles go
     first and every other tile is sent when the ECT rule says the server gets it sooner that
     way. ``cut``: a later cut's tiles are streamed as each completes — transmission overlaps the
-    rest of the device's work and the server starts on the first tiles that arrive, instead of
-    split's layer-by-layer hand-over — and the device keeps computing everything; the first
-    complete set of exit tiles wins either way. ``share``: disjoint parts of a fused stack
+    rest of the device's work up to the cut and the server starts on the first tiles that
+    arrive, instead of split's layer-by-layer hand-over; what comes after the cut waits as
+    insurance. ``share``: disjoint parts of a fused stack
     (plan_share): fl's plan, its stack and share chosen by the cost model instead of fixed.
     The engine's gate has decided before that the inference offloads (or explores: it then
     runs the plan it would use, so that what it measures is that plan's latency)."""
@@ -386,6 +386,14 @@ def _serves(tg: TileGraph, k: int) -> np.ndarray:
     return bits
 
 
+def _share_parts(bits: np.ndarray, n: int, m: int) -> tuple[np.ndarray, np.ndarray]:
+    """(device part, server part) as bool masks over ``bits`` (_serves of a layer with ``n``
+    column blocks) when the device takes the last ``m`` blocks."""
+    server_bits = (1 << (n - m)) - 1
+    device_bits = ((1 << n) - 1) ^ server_bits
+    return (bits & np.uint64(device_bits)) != 0, (bits & np.uint64(server_bits)) != 0
+
+
 def share_table(tg: TileGraph) -> ShareTable:
     """The graph's ShareTable (built once per graph: a few milliseconds per stack)."""
     cached = getattr(tg, "_share_table", None)
@@ -412,10 +420,7 @@ def share_table(tg: TileGraph) -> ShareTable:
         k_raw = raw[first[k]:first[k + 1]].reshape(n, n_rows).sum(axis=1)
         stack = np.arange(int(first[k + 1]))
         for m in range(1, n):
-            dev_bits = np.uint64(((1 << n) - 1) ^ ((1 << (n - m)) - 1))
-            srv_bits = np.uint64((1 << (n - m)) - 1)
-            dev = (bits[stack] & dev_bits) != 0
-            srv = (bits[stack] & srv_bits) != 0
+            dev, srv = _share_parts(bits[stack], n, m)
             srv_in = [float(raw[stack[srv & (layer_of[stack] == li)]].sum()) for li in in_layers]
             rows.append((k, m, n, float(flops[stack[dev]].sum()), float(flops[stack[srv]].sum()),
                          total - float(cum[k]), srv_in, float(k_raw[n - m:].sum())))
@@ -468,9 +473,7 @@ def plan_share(tg: TileGraph, layer: int, blocks: int, info: dict | None = None)
     if not 1 <= blocks < n:
         raise PolicyError(f"a device share of layer {layer} takes 1 to {n - 1} blocks, "
                           f"got {blocks}")
-    bits = table.serves[layer]
-    dev = (bits & np.uint64(((1 << n) - 1) ^ ((1 << (n - blocks)) - 1))) != 0
-    srv = (bits & np.uint64((1 << (n - blocks)) - 1)) != 0
+    dev, srv = _share_parts(table.serves[layer], n, blocks)
     inp = input_tiles(tg)
     local = dev.astype(np.uint8)
     local[inp] = 1

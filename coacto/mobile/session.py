@@ -56,6 +56,32 @@ def probe_again(size: int, stamps) -> bool:
         max(stamps) - min(stamps) < PROBE_BURST_SPREAD_S
 
 
+class TrainStamps:
+    """The server's stamps on each probe train's probes (the session's, and the simulator's)."""
+
+    def __init__(self):
+        self._trains: dict = {}  # train -> (probe size, the stamps so far)
+
+    def start(self, train, size: int) -> None:
+        self._trains[train] = (size, [])
+
+    def forget(self, train) -> None:
+        """A train that will not be answered whole (a probe lost with its connection)."""
+        self._trains.pop(train, None)
+
+    def answered(self, train, t_server: float) -> bool:
+        """The server stamped a probe of ``train`` at ``t_server``; True when that completes a
+        train that crossed in one burst, and larger probes should follow (probe_again)."""
+        size, stamps = self._trains.get(train, (0, None))
+        if stamps is None:
+            return False
+        stamps.append(float(t_server))
+        if len(stamps) < PROBE_TRAIN:
+            return False
+        del self._trains[train]
+        return probe_again(size, stamps)
+
+
 class Session:
     """Written by the engine thread only; other threads read the plain attributes."""
 
@@ -83,7 +109,7 @@ class Session:
         self._graph_flops_known = False
         self._probes: dict = {}  # t_send -> goodput key of the probes in flight
         self._trains = 0
-        self._train_stamps: dict = {}  # train -> (probe size, the server's stamps so far)
+        self._train_stamps = TrainStamps()
         self._after_burst = False
 
     @property
@@ -225,6 +251,7 @@ class Session:
             if key[1] != self.link.epoch or t - t_send > self.timeout:
                 del self._probes[t_send]
                 self.est.goodput.forget(key)
+                self._train_stamps.forget(key[2])
         if self._probes or self.link.idle is not None:
             return
         self.link.idle = self._make_probes
@@ -233,10 +260,10 @@ class Session:
         size = probe_size(self.est.bandwidth, self._after_burst)
         train = []
         self._trains += 1
+        self._train_stamps.start(self._trains, size)
         for i in range(PROBE_TRAIN):
             t = now()
             key = ("probe", self.link.epoch, self._trains, i)
-            self._train_stamps[self._trains] = (size, [])
             self.est.goodput.sent(key, size, t)
             self._probes[t] = key
             header = {"t": P.HEARTBEAT, "t_send": t, "probe": size}
@@ -250,13 +277,8 @@ class Session:
             t_server = h.get("t_server")
             stamped = isinstance(t_server, (int, float))
             self.est.goodput.acked(key, now(), self.est.rtt.value, t_server if stamped else None)
-            size, stamps = self._train_stamps.get(key[2], (0, None))
-            if stamps is not None and stamped:
-                stamps.append(float(t_server))
-                if len(stamps) == PROBE_TRAIN:
-                    del self._train_stamps[key[2]]
-                    if probe_again(size, stamps):
-                        self._send_probe(after_burst=True)
+            if stamped and self._train_stamps.answered(key[2], t_server):
+                self._send_probe(after_burst=True)
         elif isinstance(t_send, (int, float)):
             t = now()
             self.est.rtt.sample(t - t_send)

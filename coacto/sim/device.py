@@ -36,7 +36,7 @@ from ..mobile import policies
 from ..mobile.engine import BATCH_SECONDS, MAX_BATCH_BYTES, MIN_BATCH_BYTES, WINDOW_S, Engine
 from ..mobile.estimates import Estimates
 from ..mobile.jobs import COALESCE_S, MAX_BATCH_TILES, Job
-from ..mobile.session import PROBE_TRAIN, probe_again
+from ..mobile.session import TrainStamps
 from . import rule
 from .cores import Cores, TileState
 from .graph import POOL_DEPTH_BUCKETS, SimGraph
@@ -172,7 +172,7 @@ class SimDevice:
         self._planned = 0
         self._last_probe: float | None = None
         self._probes: set = set()  # keys of the probe train in flight
-        self._train_stamps: dict = {}
+        self._train_stamps = TrainStamps()
         self._trains = 0
         self.jobs: dict[int, Job] = {}
         self.outbox: collections.deque = collections.deque()
@@ -483,7 +483,7 @@ class SimDevice:
         size = probe_size(self.est.bandwidth, after_burst)
         t = self.loop.now
         self._trains += 1
-        self._train_stamps[self._trains] = (size, [])
+        self._train_stamps.start(self._trains, size)
         for i in range(PROBE_TRAIN):
             key = ("probe", 0, self._trains, i)
             self._probes.add(key)
@@ -532,13 +532,8 @@ class SimDevice:
         elif kind == P.STATS and data.get("probe") is not None:
             self._probes.discard(data["probe"])
             self.est.goodput.acked(data["probe"], t, self.est.rtt.value, data["t_server"])
-            size, stamps = self._train_stamps.get(data["probe"][2], (0, None))
-            if stamps is not None:  # Session._on_stats
-                stamps.append(data["t_server"])
-                if len(stamps) == PROBE_TRAIN:
-                    del self._train_stamps[data["probe"][2]]
-                    if probe_again(size, stamps):
-                        self._send_probe(after_burst=True)
+            if self._train_stamps.answered(data["probe"][2], data["t_server"]):
+                self._send_probe(after_burst=True)  # Session._on_stats
         elif kind == P.STATS:
             self.est.rtt.sample(t - data["t_send"])
             flops = self.est.server_flops
