@@ -493,6 +493,74 @@ def test_dynamic_tries_a_kind_it_has_not_run_when_it_is_near_the_best():
     assert P.choose_dynamic({"local": (0.1, None), "inputs": (0.12, 0)}) == "inputs"
 
 
+def _tf_style_cnn(size=48, seed=0):
+    """A CNN the way tf2onnx writes a Keras model: NHWC input transposed to NCHW, Conv with bias,
+    Relu, a residual Add, MaxPool, then ReduceMean over H, W (Keras' GlobalAveragePooling2D),
+    MatMul + Add for the dense layer."""
+    r = np.random.default_rng(seed)
+    inits, nodes = [], []
+    node = helper.make_node
+
+    def w(name, shape):
+        inits.append(numpy_helper.from_array((r.standard_normal(shape) * 0.1).astype(np.float32),
+                                             name))
+        return name
+
+    def conv(x, y, cin, cout, stride=1):
+        nodes.append(node("Conv", [x, w(f"k_{y}", (cout, cin, 3, 3)), w(f"b_{y}", (cout,))], [y],
+                          pads=[1, 1, 1, 1], strides=[stride, stride]))
+
+    nodes.append(node("Transpose", ["input_1"], ["x0"], perm=[0, 3, 1, 2]))
+    conv("x0", "c1", 3, 16, stride=2)
+    nodes.append(node("Relu", ["c1"], ["r1"]))
+    conv("r1", "c2", 16, 16)
+    nodes.append(node("Relu", ["c2"], ["r2"]))
+    conv("r2", "c3", 16, 16)
+    nodes.append(node("Add", ["c3", "r1"], ["a3"]))
+    nodes.append(node("Relu", ["a3"], ["r3"]))
+    nodes.append(node("MaxPool", ["r3"], ["p3"], kernel_shape=[2, 2], strides=[2, 2]))
+    conv("p3", "c4", 16, 32)
+    nodes.append(node("Relu", ["c4"], ["r4"]))
+    nodes.append(node("ReduceMean", ["r4"], ["g"], axes=[2, 3], keepdims=0))
+    nodes.append(node("MatMul", ["g", w("fc", (32, 10))], ["m"]))
+    nodes.append(node("Add", ["m", w("fcb", (10,))], ["logits"]))
+    g = helper.make_graph(nodes, "tf2onnx",
+                          [helper.make_tensor_value_info("input_1", T.FLOAT, [1, size, size, 3])],
+                          [helper.make_tensor_value_info("logits", T.FLOAT, [1, 10])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)],
+                             producer_name="tf2onnx")
+
+
+def test_shares_of_a_tf2onnx_style_cnn_match_onnxruntime():
+    """A model shaped as tf2onnx writes a Keras CNN (not by our zoo): every layer that can end a
+    device share, at one block and at all but one, and dynamic's plan where a share is
+    predicted best, give onnxruntime's outputs through the tile exchange."""
+    import onnxruntime as ort
+
+    model = _tf_style_cnn()
+    feeds = {"input_1": np.random.default_rng(1).standard_normal((1, 48, 48, 3)).astype(np.float32)}
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    ref = {"logits": sess.run(["logits"], feeds)[0]}
+    tg = coacto.compile(model, tiles_per_layer=5, min_column_blocks=4)
+    table = P.share_table(tg)
+    layers = sorted(set(table.layer.tolist()))
+    assert len(layers) >= 3
+    for k in layers:
+        n = len(tg.plan.col_bounds[k]) - 1
+        for m in sorted({1, n - 1}):
+            plan = P.plan_share(tg, k, m)
+            assert P.check_plan(tg, plan) == [], (k, m)
+            out, stats = exchange(tg, feeds, plan)
+            assert_close(out, ref, rel=1e-4)
+            assert stats["tiles_computed"] <= int(plan.local.sum())
+    opts = P.dynamic_options(tg, 1e8, 1e11, 1e6, 1e-3)
+    plan = P.make_plan("dynamic", tg, device_flops=1e8, server_flops=1e11, bandwidth=1e6,
+                       rtt=1e-3, correct=lambda v, k: v * 0.5 if k == "share" else v)
+    assert plan.info["kind"] == "share" and "share" in opts
+    out, _ = exchange(tg, feeds, plan)
+    assert_close(out, ref, rel=1e-4)
+
+
 @pytest.mark.parametrize("blocks", ["one", "all-but-one"])
 def test_share_plans_match_onnxruntime(model, blocks):
     tg, feeds, ref = model
