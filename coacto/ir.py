@@ -99,9 +99,37 @@ tanh(sqrt(2 / pi) * (x + 0.044715 x^3))) / 2``), ``ACT_RECIPROCAL``, ``ACT_EXP``
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from .errors import ShapeError
+
+# Size limits, checked before anything of that size is allocated: by the ONNX importer (inputs,
+# every folded constant and index map, every layer), the partitioner and the .ctg loader. A
+# model is untrusted input (a server compiles what devices upload), and a declared dimension of
+# 1e9 would otherwise become an allocation numpy attempts. Both limits are far above real models:
+# the largest activation of the zoo is under 2^23 values, and a U-Net at 2048 x 2048 with 64
+# channels is 2^28; ResNet-50's layers hold 2^23.6 values together. Tests and fuzzers lower them
+# (they are read at each check).
+#: Most elements one tensor may have: 2^28, 1 GiB as float32 (the importer's index maps of views
+#: are int64, 2 GiB; the native runtime refuses layers beyond 2^31 values).
+MAX_TENSOR_ELEMENTS = 1 << 28
+#: Most elements all of a graph's layers may hold together: 2^31, 8 GiB as float32.
+MAX_TOTAL_ELEMENTS = 1 << 31
+
+
+def check_elements(shape, what: str, error: type[Exception] = ShapeError,
+                   hint: str = "; check the model's dimensions and the input_shapes given") -> int:
+    """The number of elements of ``shape``; raises ``error`` when it exceeds
+    MAX_TENSOR_ELEMENTS (before anyone allocates it)."""
+    size = math.prod(int(d) for d in shape)
+    if size > MAX_TENSOR_ELEMENTS:
+        raise error(f"{what} has shape {tuple(int(d) for d in shape)}, {size} elements: more "
+                    f"than coacto's limit of {MAX_TENSOR_ELEMENTS} per tensor "
+                    f"(coacto.ir.MAX_TENSOR_ELEMENTS){hint}")
+    return size
 
 # Op codes: shared with native/include/coacto.h (COACTO_OP_*).
 OP_INPUT = 0

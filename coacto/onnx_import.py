@@ -36,7 +36,7 @@ import onnx
 from onnx import external_data_helper, helper, inliner, numpy_helper
 
 from . import ir
-from .errors import ModelError, ShapeError, UnsupportedOperatorError
+from .errors import CoactoError, ModelError, ShapeError, UnsupportedOperatorError
 from .onnx_fuse import fuse_layers
 from .onnx_fuse_seq import fuse_sequence_ops
 from .onnx_layout import (
@@ -153,6 +153,16 @@ def import_model(model, input_shapes: dict[str, tuple[int, ...]] | None = None) 
     del data  # the hasher holds the bytes until it is done, not until the import is
     try:
         graph = _Importer(proto, dict(input_shapes or {})).run()
+    except CoactoError:
+        raise
+    except MemoryError as e:
+        raise ShapeError(f"could not import the model: it needs more memory than there is ({e}); "
+                         "check its dimensions and the input_shapes given") from e
+    except Exception as e:  # a check is missing: the model is still at fault, never the caller
+        log.debug("import failed", exc_info=True)
+        raise ModelError(f"could not import the model (internal error: {type(e).__name__}: {e}); "
+                         "the model is malformed in a way coacto does not recognise: check it "
+                         "with onnx.checker.check_model, and report it if it passes") from e
     finally:
         hasher.join()
     graph.model_hash = digest.hexdigest()
@@ -270,14 +280,20 @@ class _Importer(ValueMixin):
         """Whether a node computes along the last axis of its (rank >= 3) data input."""
         if node.op_type in ("MatMul", "LayerNormalization"):
             return True
-        attrs = {a.name: _attr_value(a) for a in node.attribute}
+        try:
+            attrs = {a.name: _attr_value(a) for a in node.attribute}
+        except Exception:
+            return False  # reported where the node itself is imported
         if node.op_type in ("Softmax", "LogSoftmax"):
             return self.opset >= 13 and attrs.get("axis", -1) in (-1, rank - 1)
         if node.op_type.startswith("Reduce"):
             axes = attrs.get("axes")
-            if axes is None and len(node.input) > 1 and node.input[1] in self.inits:
-                axes = numpy_helper.to_array(self.inits[node.input[1]]).tolist()
-            return axes is not None and [a % rank for a in axes] == [rank - 1]
+            try:
+                if axes is None and len(node.input) > 1 and node.input[1] in self.inits:
+                    axes = numpy_helper.to_array(self.inits[node.input[1]]).reshape(-1).tolist()
+                return axes is not None and [int(a) % rank for a in axes] == [rank - 1]
+            except Exception:
+                return False  # unreadable axes: reported where the node itself is imported
         return False
 
     def _input_shape(self, vi) -> tuple[int, ...]:
@@ -286,8 +302,7 @@ class _Importer(ValueMixin):
         if dims is None and given is None:
             raise ShapeError(f"input {vi.name!r} has no shape in the model; pass "
                              f"input_shapes={{{vi.name!r}: (...)}} to import_model")
-        static = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None
-                  for d in (dims or [])]
+        static = [d.dim_value if d.HasField("dim_value") else None for d in (dims or [])]
         if given is not None:
             given = tuple(int(d) for d in given)
             if dims is not None and len(given) != len(static):
@@ -299,15 +314,24 @@ class _Importer(ValueMixin):
             for i, (s, g) in enumerate(zip(static, given)):
                 if s is not None and s != g:
                     log.warning("input %r: dimension %d overridden from %d to %d", vi.name, i, s, g)
+            ir.check_elements(given, f"input_shapes[{vi.name!r}]")
             return given
         for i, (d, s) in enumerate(zip(dims, static)):
-            if s is None:
-                example = tuple(1 if x is None else x for x in static)
+            if s == 0:
+                shown = tuple("?" if x is None else x for x in static)
+                raise ShapeError(
+                    f"input {vi.name!r} of shape {shown} has a dimension 0 (axis {i}): it holds "
+                    "no elements, and coacto computes on tensors of at least one: fix the "
+                    f"model's input shape or pass input_shapes={{{vi.name!r}: (...)}} to "
+                    "import_model")
+            if s is None or s < 0:  # old exporters write -1 for a dynamic dimension
+                example = tuple(1 if x is None or x <= 0 else x for x in static)
                 label = f" ({d.dim_param!r})" if d.dim_param else ""
                 raise ShapeError(
                     f"input {vi.name!r} has a dynamic dimension {i}{label}; coacto needs static "
                     f"shapes: pass input_shapes={{{vi.name!r}: {example}}} (with the size you "
                     "will run) to import_model")
+        ir.check_elements(static, f"input {vi.name!r}")
         return tuple(static)
 
     def _live_nodes(self):
@@ -386,9 +410,9 @@ class _Importer(ValueMixin):
     # -- one node
     def _import_node(self, node, used: set[str]):
         self.node = node
-        self.attrs = {a.name: _attr_value(a) for a in node.attribute}
         op = node.op_type
         name = node.name or (node.output[0] if node.output else op)
+        self.attrs = _node_attrs(node, name)
         ins = []
         for n in node.input:
             if not n:
@@ -409,6 +433,10 @@ class _Importer(ValueMixin):
                 outs = []
             else:
                 outs = self._dispatch(node, op, ins)
+                for o in outs:  # so that no later node starts from a value over the limit
+                    if isinstance(o, (np.ndarray, _View)):
+                        ir.check_elements(np.shape(o.index if isinstance(o, _View) else o),
+                                          "its result")
             for i, o in enumerate(node.output):
                 if o and o in used and (i >= len(outs) or outs[i] is None):
                     if any(v is _UNKNOWN for v in ins):
@@ -419,9 +447,16 @@ class _Importer(ValueMixin):
             outs = []
         except ShapeError as e:
             raise ShapeError(f"node {name!r} ({op}): {e}") from e
-        except (ValueError, IndexError, TypeError, ZeroDivisionError) as e:
+        except ModelError:
+            raise
+        except MemoryError as e:  # a size check is missing: say so instead of failing later
+            raise ShapeError(f"node {name!r} ({op}) needs more memory than there is ({e}); check "
+                             "the model's dimensions and the input_shapes given") from e
+        except (ValueError, IndexError, TypeError, KeyError, AttributeError, ArithmeticError,
+                RecursionError) as e:
+            # numpy's refusals of bad shapes, axes or attribute values the op functions read
             raise ShapeError(f"node {name!r} ({op}) has inconsistent inputs or attributes: "
-                             f"{e}") from e
+                             f"{type(e).__name__}: {e}") from e
         for i, o in enumerate(node.output):
             if o:
                 v = outs[i] if i < len(outs) and outs[i] is not None else _UNKNOWN
@@ -529,6 +564,20 @@ class _Importer(ValueMixin):
 
     indexing = False
     last_pad = None
+
+
+def _node_attrs(node, name: str) -> dict:
+    """A node's attributes as Python values; ModelError naming the node when one cannot be read
+    (an unknown attribute type, a tensor whose data does not match its dims)."""
+    out = {}
+    for a in node.attribute:
+        try:
+            out[a.name] = _attr_value(a)
+        except Exception as e:
+            raise ModelError(f"node {name!r} ({node.op_type}): attribute {a.name!r} cannot be "
+                             f"read ({type(e).__name__}: {e}); the model is corrupt or was "
+                             "written by a broken exporter: export it again") from e
+    return out
 
 
 def _attr_value(a):

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from onnx import helper
 
+from . import ir
 from .errors import ShapeError
 
 # ---------------------------------------------------------------------------------------- values
@@ -89,6 +90,20 @@ def channel_axis(rank: int) -> int:
     return 1 if rank >= 2 else 0
 
 
+def check_result(shape) -> tuple[int, ...]:
+    """``shape`` when a result of that shape may be allocated (ir.MAX_TENSOR_ELEMENTS): the ops
+    below whose result can be much larger than their inputs check it before computing."""
+    shape = tuple(int(d) for d in shape)
+    if any(d < 0 for d in shape):
+        raise ShapeError(f"its result would have shape {shape}, with a negative dimension")
+    ir.check_elements(shape, "its result")
+    return shape
+
+
+def _broadcast(*arrays) -> tuple[int, ...]:
+    return check_result(np.broadcast_shapes(*(np.shape(a) for a in arrays)))
+
+
 # ------------------------------------------------------------------------------------- constants
 
 def _constant(imp, ins):
@@ -109,12 +124,17 @@ def _constant(imp, ins):
 def _constant_of_shape(imp, ins):
     value = imp.attrs.get("value")
     value = np.zeros(1, np.float32) if value is None else np.asarray(value).reshape(-1)
-    return [np.full(imp._ints(ins[0], "shape"), value[0], dtype=value.dtype)]
+    if value.size != 1:
+        raise ShapeError(f"ConstantOfShape value has {value.size} elements, not 1")
+    return [np.full(check_result(imp._ints(ins[0], "shape")), value[0], dtype=value.dtype)]
 
 
 def _range(imp, ins):
     start, limit, delta = (np.asarray(v).reshape(()) for v in ins[:3])
+    if float(delta) == 0:
+        raise ShapeError("Range with delta 0")
     n = max(int(math.ceil((float(limit) - float(start)) / float(delta))), 0)
+    check_result((n,))
     return [(start + np.arange(n) * delta).astype(start.dtype)]
 
 
@@ -128,6 +148,10 @@ def _int_div(a, b):
 def _elementwise(fn, keep_type=True):
     def run(imp, ins):
         arrays = [np.asarray(v) for v in ins if v is not None]
+        if fn is np.matmul:
+            _matmul_result(*arrays)
+        else:
+            _broadcast(*arrays)
         r = fn(*arrays)
         return [r.astype(arrays[0].dtype) if keep_type else r]
     return run
@@ -136,6 +160,7 @@ def _elementwise(fn, keep_type=True):
 def _variadic(fn):
     def run(imp, ins):
         arrays = [np.asarray(v) for v in ins if v is not None]
+        _broadcast(*arrays)
         r = arrays[0]
         for a in arrays[1:]:
             r = fn(r, a)
@@ -145,10 +170,20 @@ def _variadic(fn):
 
 def _mean_fold(imp, ins):
     arrays = [np.asarray(v) for v in ins if v is not None]
+    _broadcast(*arrays)
     return [(sum(arrays) / len(arrays)).astype(arrays[0].dtype)]
 
 
+def _matmul_result(a, b):
+    if a.ndim == 0 or b.ndim == 0:
+        raise ShapeError("MatMul of a scalar")
+    am = a.shape if a.ndim > 1 else (1,) + a.shape
+    bm = b.shape if b.ndim > 1 else b.shape + (1,)
+    check_result(np.broadcast_shapes(am[:-2], bm[:-2]) + (am[-2], bm[-1]))
+
+
 def _where(imp, ins):
+    _broadcast(*ins[:3])
     return [np.where(ins[0], ins[1], ins[2])]
 
 
@@ -170,7 +205,7 @@ _erf = np.vectorize(math.erf, otypes=[np.float64])
 
 def _clip_fold(imp, ins):
     lo, hi = clip_bounds(imp, ins)
-    return [np.clip(ins[0], lo, hi).astype(ins[0].dtype)]
+    return [np.clip(ins[0], lo, hi).astype(np.asarray(ins[0]).dtype)]
 
 
 def clip_bounds(imp, ins):
@@ -325,6 +360,9 @@ def _split(imp, ins):
 def _concat_arrays(imp, ins):
     arrays = [v for v in ins if v is not None]
     axis = axis_index(imp._attr("axis", 0), arrays[0].ndim)
+    shape = list(arrays[0].shape)
+    shape[axis] = sum(a.shape[axis] if a.ndim == len(shape) else 0 for a in arrays)
+    check_result(shape)
     return [np.concatenate(arrays, axis=axis)]
 
 
@@ -335,17 +373,22 @@ def _gather(imp, ins):
     idx = np.where(idx < 0, idx + x.shape[axis], idx)
     if idx.size and (idx.min() < 0 or idx.max() >= x.shape[axis]):
         raise ShapeError(f"Gather index out of range for dimension {x.shape[axis]}")
+    check_result(x.shape[:axis] + idx.shape + x.shape[axis + 1:])
     return [np.take(x, idx, axis=axis)]
 
 
 def _expand(imp, ins):
     x = ins[0]
-    shape = np.broadcast_shapes(x.shape, tuple(imp._ints(ins[1], "shape")))
+    shape = check_result(np.broadcast_shapes(x.shape, tuple(imp._ints(ins[1], "shape"))))
     return [np.ascontiguousarray(np.broadcast_to(x, shape))]
 
 
 def _tile(imp, ins):
-    return [np.tile(ins[0], imp._ints(ins[1], "repeats"))]
+    x, repeats = ins[0], imp._ints(ins[1], "repeats")
+    if len(repeats) != x.ndim or min(repeats, default=0) < 0:
+        raise ShapeError(f"Tile repeats {repeats} for an input of shape {x.shape}")
+    check_result([d * k for d, k in zip(x.shape, repeats)])
+    return [np.tile(x, repeats)]
 
 
 def _pad(imp, ins):
@@ -371,6 +414,7 @@ def _pad(imp, ins):
     if len(pads) != 2 * r:
         raise ShapeError(f"Pad has {len(pads)} pads for rank {r}")
     width = [(max(pads[i], 0), max(pads[i + r], 0)) for i in range(r)]
+    check_result([d + b + e for d, (b, e) in zip(x.shape, width)])
     if mode == "constant":
         y = np.pad(x, width, constant_values=-1 if imp.indexing else value)
     elif mode in ("reflect", "edge", "wrap"):
@@ -434,6 +478,7 @@ def _resize(imp, ins):
     axes = [axis_index(a, r) for a in imp._attr("axes", list(range(r)))]
     if nearest not in _NEAREST:
         raise Unsupported(f"nearest_mode {nearest!r}")
+    plan, shape = [], list(x.shape)
     for i, a in enumerate(axes):
         n_in = x.shape[a]
         if sizes is not None:
@@ -442,6 +487,12 @@ def _resize(imp, ins):
         else:
             s = float(scales[i])
             n_out = int(math.floor(n_in * s))
+        if not (n_out > 0 and s > 0):
+            raise ShapeError(f"Resize of axis {a} from {n_in} to {n_out} (scale {s})")
+        plan.append((a, n_in, n_out, s))
+        shape[a] = n_out
+    check_result(shape)
+    for a, n_in, n_out, s in plan:
         if n_out == n_in and s == 1.0:
             continue
         o = np.arange(n_out, dtype=np.float64)

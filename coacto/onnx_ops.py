@@ -37,6 +37,7 @@ def _window(imp, sizes, kernel, ceil_mode=False):
     dil = list(imp._attr("dilations", [1] * d))
     pads = list(imp._attr("pads", [0] * (2 * d)))
     auto = imp._attr("auto_pad", "NOTSET")
+    _check_window(kernel, strides, dil, pads, d)
     begin, end, out = [], [], []
     for i in range(d):
         n, k, s, dl = sizes[i], kernel[i], strides[i], dil[i]
@@ -67,6 +68,32 @@ def _window(imp, sizes, kernel, ceil_mode=False):
         end.append(e)
         out.append(o)
     return strides, dil, begin, end, out
+
+
+def _check_window(kernel, strides, dil, pads, d: int) -> None:
+    """Refuses window attributes the runtime cannot compute with, naming the one at fault: at
+    import, not at run time."""
+    for what, vals, n, lo in (("kernel_shape", kernel, d, 1), ("strides", strides, d, 1),
+                              ("dilations", dil, d, 1), ("pads", pads, 2 * d, 0)):
+        if not isinstance(vals, (list, tuple)) or len(vals) != n or \
+                not all(isinstance(v, (int, np.integer)) for v in vals):
+            raise ShapeError(f"{what} {vals!r}: expected {n} integers for a {d}-D window")
+        bad = [int(v) for v in vals if v < lo]
+        if bad:
+            noun = "pads must not be negative" if what == "pads" else f"{what} must be at least 1"
+            raise ShapeError(f"{what} {list(vals)}: {noun}")
+        if max(vals, default=0) > ir.MAX_TENSOR_ELEMENTS:
+            raise ShapeError(f"{what} {list(vals)}: a value beyond coacto's size limit "
+                             f"{ir.MAX_TENSOR_ELEMENTS}")
+
+
+def _check_taps(n: int, out, kernel) -> None:
+    """The partitioner lists every window tap of every output position: bound their number."""
+    taps = n * math.prod(out) * math.prod(kernel)
+    if taps > ir.MAX_TENSOR_ELEMENTS:
+        raise ShapeError(f"its windows ({kernel} over an output of {list(out)}, batch {n}) read "
+                         f"{taps} input positions, more than coacto's limit of "
+                         f"{ir.MAX_TENSOR_ELEMENTS} (coacto.ir.MAX_TENSOR_ELEMENTS)")
 
 
 def transpose_last2(a: np.ndarray) -> np.ndarray:
@@ -121,9 +148,12 @@ def _conv(imp, ins):
         raise ShapeError(f"kernel_shape {imp._attr('kernel_shape')} differs from the weights' "
                          f"{kernel}")
     group = int(imp._attr("group", 1))
+    if group < 1:
+        raise ShapeError(f"group {group} (must be at least 1)")
     if c != cin_g * group or m % group:
         raise ShapeError(f"{c} input channels, weights {w.shape} and group {group} do not match")
     strides, dil, begin, end, out = _window(imp, sizes, kernel)
+    _check_taps(n, out, kernel)
     sh, sw = _as_2d(strides, 1)
     dh, dw = _as_2d(dil, 1)
     pt, pl = _as_2d(begin, 0)
@@ -467,13 +497,17 @@ def _pool(kind):
         x = imp._act(ins[0], CHANNELS)
         if len(x.shape) not in (3, 4):
             raise Unsupported(f"pooling of a rank-{len(x.shape)} tensor")
-        kernel = list(imp._attr("kernel_shape"))
+        kernel = imp._attr("kernel_shape")
+        if not isinstance(kernel, list):
+            raise ShapeError(f"{imp.node.op_type} without a kernel_shape attribute (a list of "
+                             "integers)")
         if len(kernel) != len(x.shape) - 2:
             raise ShapeError(f"kernel_shape {kernel} for an input of shape {x.shape}")
         if kind == ir.POOL_AVG and imp._attr("dilations", None) not in (None, [1] * len(kernel)):
             raise Unsupported("AveragePool with dilations")
         strides, dil, begin, end, out = _window(imp, list(x.shape[2:]), kernel,
                                                 bool(imp._attr("ceil_mode", 0)))
+        _check_taps(x.shape[0], out, kernel)
         kh, kw = _as_2d(kernel, 1)
         sh, sw = _as_2d(strides, 1)
         dh, dw = _as_2d(dil, 1)
@@ -541,6 +575,8 @@ def _lrn(imp, ins):
     x = imp._act(ins[0], CHANNELS)
     if len(x.shape) not in (3, 4):
         raise Unsupported(f"LRN of a rank-{len(x.shape)} tensor")
+    if not isinstance(imp._attr("size"), int) or imp._attr("size") < 1:
+        raise ShapeError(f"LRN size {imp._attr('size')!r} (must be an integer of at least 1)")
     attrs = dict(size=int(imp._attr("size")), alpha=float(imp._attr("alpha", 1e-4)),
                  beta=float(imp._attr("beta", 0.75)), bias=float(imp._attr("bias", 1.0)))
     return [imp._emit(imp._node_name(), "LRN", [x.layer], x.shape, attrs)]

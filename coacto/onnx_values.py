@@ -28,6 +28,8 @@ class ValueMixin:
     """Value handling of coacto.onnx_import's importer (needs ``layers``, ``names``, ``tables``,
     ``kinds`` and ``_node_name``)."""
 
+    total_elements = 0  # of the layers emitted so far (ir.MAX_TOTAL_ELEMENTS)
+
     # -- facts about values
     def _layout_of(self, a: Act) -> str:
         return a.layout or self.layers[a.layer].layout
@@ -231,7 +233,14 @@ class ValueMixin:
             raise Unsupported(f"its output has rank {len(onnx_shape)}; coacto computes tensors "
                               "of rank 1 to 4")
         if any(d <= 0 for d in onnx_shape):
-            raise ShapeError(f"empty output shape {onnx_shape}")
+            raise ShapeError(f"its output shape {onnx_shape} has a dimension 0 (no elements); "
+                             "coacto computes tensors of at least one element")
+        self.total_elements += ir.check_elements(onnx_shape, f"its output {name!r}")
+        if self.total_elements > ir.MAX_TOTAL_ELEMENTS:
+            raise ShapeError(f"the layers up to {name!r} hold {self.total_elements} values "
+                             f"together, more than coacto's limit of {ir.MAX_TOTAL_ELEMENTS} "
+                             "(coacto.ir.MAX_TOTAL_ELEMENTS); check the model's dimensions and "
+                             "the input_shapes given")
         base, k = name, 1
         while name in self.names:
             k += 1

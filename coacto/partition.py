@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import ir
-from .errors import CoactoError
+from .errors import CoactoError, ModelError, ShapeError
 from .partition_seq import embed_parent_pairs, matmul_parent_pairs
 
 #: Default work per tile when tiles_per_layer is not given (FLOPs). Tiles are costly beyond their
@@ -482,7 +482,20 @@ def partition(graph: ir.Graph, tiles_per_layer: int | None = None,
     ``layer_tiles`` overrides the tile count of single layers ({layer index: tiles}, as
     ``tiles_per_layer`` does for all): the hook auto-tuning (coacto.tune) uses to give each layer
     the count that measured fastest on a device. ``min_column_blocks``: see
-    OFFLOAD_MIN_COLUMN_BLOCKS (0: none)."""
+    OFFLOAD_MIN_COLUMN_BLOCKS (0: none). Raises CoactoError only."""
+    try:
+        return _partition(graph, tiles_per_layer, layer_tiles, min_column_blocks)
+    except CoactoError:
+        raise
+    except MemoryError as e:
+        raise ShapeError(f"could not partition the model: it needs more memory than there is "
+                         f"({e}); check its dimensions and the input_shapes given") from e
+    except Exception as e:  # the importer let an inconsistent graph through
+        raise ModelError(f"could not partition the model (internal error: {type(e).__name__}: "
+                         f"{e}); report it with the model") from e
+
+
+def _partition(graph: ir.Graph, tiles_per_layer, layer_tiles, min_column_blocks) -> TilePlan:
     if type(min_column_blocks) is not int or not 0 <= min_column_blocks <= 4096:
         raise CoactoError(f"min_column_blocks must be an integer from 0 to 4096, got "
                           f"{min_column_blocks!r}")

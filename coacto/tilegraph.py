@@ -212,8 +212,7 @@ class TileGraph:
         """Write the tile graph file (written to a temporary name, then renamed)."""
         path = Path(path)
         header = msgpack.packb(self._header(), use_bin_type=True)
-        prefix = _PREFIX.pack(MAGIC, FORMAT_VERSION, len(header), len(self.blob))
-        pad = b"\0" * ((-(len(prefix) + len(header))) % _ALIGN)
+        prefix, pad = _framing(header, len(self.blob))
         digest = hashlib.sha256()
         tmp = path.with_name(path.name + ".part")
         with open(tmp, "wb") as f:
@@ -268,7 +267,9 @@ class TileGraph:
     @classmethod
     def from_bytes(cls, data, origin: str = "<bytes>") -> "TileGraph":
         """A tile graph from the bytes of a .ctg file (bytes, bytearray or memoryview; the blob
-        stays a view of `data`, not a copy)."""
+        stays a view of `data`, not a copy). Raises GraphFileError for anything but a well-formed
+        file: its header is checked against everything later code indexes with (ops, layer and
+        tile references, array slots, sizes) before anything is allocated from it."""
         redo = f"; compile the model again with `coacto compile` to replace {origin}"
         if len(data) < _PREFIX.size + 32 or data[:8] != MAGIC:
             raise GraphFileError(f"{origin} is not a coacto tile graph file (bad magic){redo}")
@@ -286,14 +287,19 @@ class TileGraph:
             raise GraphFileError(f"{origin} is corrupt (checksum mismatch){redo}")
         try:
             h = msgpack.unpackb(data[_PREFIX.size:body_start], raw=False, strict_map_key=False)
-            return cls._from_header(h, memoryview(data)[blob_start:end])
-        except GraphFileError:
-            raise
         except Exception as e:  # a header that passed the checksum but does not parse
             raise GraphFileError(f"{origin} has an unreadable header ({e}){redo}") from None
+        try:
+            return cls._from_header(h, memoryview(data)[blob_start:end])
+        except GraphFileError as e:
+            raise GraphFileError(f"{origin} is inconsistent: {e}{redo}") from None
+        except Exception as e:  # a check above is missing: still the file's fault, not a crash
+            raise GraphFileError(f"{origin} is inconsistent (internal error: "
+                                 f"{type(e).__name__}: {e}){redo}") from None
 
     @classmethod
     def _from_header(cls, h: dict, blob: bytes) -> "TileGraph":
+        check_header(h, len(blob))
         layers, arrays = [], []
         for ld in h["layers"]:
             layers.append(ir.Layer(
@@ -303,11 +309,6 @@ class TileGraph:
                 layout=ld.get("layout", ir.LAYOUT_CHANNELS)))
             arrays.append([ArraySpec(a[0], a[1], tuple(a[2]), int(a[3]), int(a[4]))
                            for a in ld["arrays"]])
-        for specs in arrays:
-            for s in specs:
-                if s.size and (s.offset < 0 or s.offset + s.size > len(blob)
-                               or s.dtype not in ("float32", "int32")):
-                    raise GraphFileError(f"weight array {s.key} lies outside the file's blob")
         graph = ir.Graph(layers=layers, inputs=dict(h["inputs"]), outputs=dict(h["outputs"]),
                          model_hash=h["model_hash"])
         t = h["tiles"]
@@ -321,6 +322,184 @@ class TileGraph:
                  blob=blob, arrays=arrays)
         tg._attach_weights()
         return tg
+
+
+def _framing(header: bytes, blob_size: int) -> tuple[bytes, bytes]:
+    """The prefix before a .ctg header and the padding after it."""
+    prefix = _PREFIX.pack(MAGIC, FORMAT_VERSION, len(header), blob_size)
+    return prefix, b"\0" * ((-(len(prefix) + len(header))) % _ALIGN)
+
+
+def frame(header: bytes, blob: bytes = b"") -> bytes:
+    """The bytes of a .ctg file around a packed header and a blob (prefix, padding, checksum):
+    what save writes, in memory. Tests and fuzzers use it to build files with crafted headers."""
+    prefix, pad = _framing(header, len(blob))
+    body = b"".join((prefix, header, pad, bytes(blob)))
+    return body + hashlib.sha256(body).digest()
+
+
+# ---------------------------------------------------------------------------- header checks
+
+#: Attributes a layer of each op must carry: what the runtime's layer descriptions and the FLOP
+#: counts read (the native validator checks their values).
+_REQUIRED_ATTRS = {
+    "CONV": ("kh", "kw", "sh", "sw", "pt", "pl", "pb", "pr", "group"),
+    "POOL": ("kh", "kw", "sh", "sw", "pt", "pl", "pb", "pr", "kind"),
+    "GLOBAL_POOL": ("kind",), "BINARY": ("kind",), "LRN": ("size", "alpha", "beta", "bias"),
+    "LAYERNORM": ("eps",), "ROW_REDUCE": ("kind",), "WHERE": ("operands",),
+    "MATMUL": ("batch0", "batch1", "m", "n", "k"),
+}
+#: The native runtime's limits (native/src/graph.c): a file beyond them is refused here, before
+#: the tile arrays are allocated.
+MAX_LAYERS = 1 << 20
+MAX_TILES = 1 << 26
+_MAX_INPUTS = 8  # COACTO_MAX_INPUTS
+_INT32_MAX = (1 << 31) - 1
+
+
+def _need(d: dict, key: str, kind, where: str):
+    if key not in d:
+        raise GraphFileError(f"{where} has no {key!r}")
+    v = d[key]
+    if not isinstance(v, kind) or (kind is int and isinstance(v, bool)):
+        raise GraphFileError(f"{where}: {key!r} is a {type(v).__name__}, not a "
+                             f"{getattr(kind, '__name__', 'value of the expected type')}")
+    return v
+
+
+def _ints(v, where: str, lo: int, hi: int = _INT32_MAX) -> list[int]:
+    if not isinstance(v, (list, tuple)) or not all(type(x) is int for x in v):
+        raise GraphFileError(f"{where} must be a list of integers")
+    if any(not lo <= x <= hi for x in v):
+        raise GraphFileError(f"{where} = {list(v)[:8]} has a value outside {lo}..{hi}")
+    return list(v)
+
+
+def _bounds(b, total: int, where: str) -> int:
+    """The number of blocks of a split stored as int64 bytes; checks 0 = b[0] < ... < b[-1] = total."""
+    if not isinstance(b, bytes) or len(b) % 8 or len(b) < 16:
+        raise GraphFileError(f"{where} must hold at least two int64 values")
+    a = np.frombuffer(b, "<i8")
+    if a[0] != 0 or a[-1] != total or (np.diff(a) <= 0).any():
+        raise GraphFileError(f"{where} must rise strictly from 0 to {total}")
+    return len(a) - 1
+
+
+def check_header(h, blob_size: int) -> None:
+    """Raises GraphFileError unless a .ctg header is consistent: every op known, every layer,
+    tile and array reference in range, every size within MAX_TENSOR_ELEMENTS,
+    MAX_TOTAL_ELEMENTS, MAX_LAYERS and MAX_TILES. Costs one pass over the header."""
+    if not isinstance(h, dict):
+        raise GraphFileError("the header is not a map")
+    for key in ("graph_id", "model_hash"):
+        _need(h, key, str, "the header")
+    _need(h, "params", dict, "the header")
+    layers = _need(h, "layers", list, "the header")
+    if not 1 <= len(layers) <= MAX_LAYERS:
+        raise GraphFileError(f"the header has {len(layers)} layers (1..{MAX_LAYERS} allowed)")
+    total = 0
+    for li, ld in enumerate(layers):
+        where = f"layer {li}"
+        if not isinstance(ld, dict):
+            raise GraphFileError(f"{where} is not a map")
+        name = _need(ld, "name", str, where)
+        where = f"layer {li} ({name!r})"
+        op = _need(ld, "op", str, where)
+        if op not in ir.OP_CODES:
+            raise GraphFileError(f"{where} has unknown op {op!r}; this coacto runs "
+                                 f"{', '.join(sorted(ir.OP_CODES))} (a newer coacto wrote it?)")
+        inputs = _ints(_need(ld, "inputs", list, where), f"{where}: inputs", 0, li - 1)
+        if len(inputs) > _MAX_INPUTS or (op == "INPUT") != (not inputs):
+            raise GraphFileError(f"{where}: a {op} layer with {len(inputs)} inputs")
+        shape = _ints(_need(ld, "shape", list, where), f"{where}: shape", 1)
+        if len(shape) != 4:
+            raise GraphFileError(f"{where}: shape {shape} is not (N, C, H, W)")
+        size = ir.check_elements(shape, where, GraphFileError, hint="")
+        if shape[0] * shape[2] * shape[3] > _INT32_MAX:
+            raise GraphFileError(f"{where}: {shape} has more than 2^31 columns")
+        total += size
+        onnx_shape = ld.get("onnx_shape")
+        if onnx_shape is not None:
+            onnx_shape = _ints(onnx_shape, f"{where}: onnx_shape", 1)
+            if not 1 <= len(onnx_shape) <= 4 or math.prod(onnx_shape) != size:
+                raise GraphFileError(f"{where}: onnx_shape {onnx_shape} does not hold the "
+                                     f"{size} values of shape {shape}")
+        if ld.get("layout", ir.LAYOUT_CHANNELS) not in (ir.LAYOUT_CHANNELS, ir.LAYOUT_LAST):
+            raise GraphFileError(f"{where}: unknown layout {ld.get('layout')!r}")
+        attrs = _need(ld, "attrs", dict, where)
+        for k, v in attrs.items():
+            if not isinstance(k, str) or type(v) not in (int, float):
+                raise GraphFileError(f"{where}: attribute {k!r} = {v!r} is not a number")
+        missing = [k for k in _REQUIRED_ATTRS.get(op, ()) if k not in attrs]
+        if missing:
+            raise GraphFileError(f"{where}: a {op} layer without attributes {missing}")
+        if op == "CONV" and (type(attrs["group"]) is not int or attrs["group"] < 1):
+            raise GraphFileError(f"{where}: group {attrs['group']} (must be at least 1)")
+        _check_arrays(_need(ld, "arrays", list, where), op, blob_size, where)
+    if total > ir.MAX_TOTAL_ELEMENTS:
+        raise GraphFileError(f"the layers hold {total} values together, more than "
+                             f"{ir.MAX_TOTAL_ELEMENTS} (coacto.ir.MAX_TOTAL_ELEMENTS)")
+    for key in ("inputs", "outputs"):
+        for name, li in _need(h, key, dict, "the header").items():
+            if not isinstance(name, str) or type(li) is not int or not 0 <= li < len(layers):
+                raise GraphFileError(f"{key[:-1]} {name!r} refers to layer {li!r}; the file has "
+                                     f"layers 0..{len(layers) - 1}")
+            if key == "inputs" and layers[li]["op"] != "INPUT":
+                raise GraphFileError(f"input {name!r} refers to layer {li}, a "
+                                     f"{layers[li]['op']} layer, not an INPUT")
+    if not h["outputs"]:
+        raise GraphFileError("the graph has no outputs")
+    _check_tiles(_need(h, "tiles", dict, "the header"), layers)
+
+
+def _check_arrays(specs: list, op: str, blob_size: int, where: str) -> None:
+    slots = ARRAY_SLOTS.get(op, ())
+    if len(specs) != len(slots):
+        raise GraphFileError(f"{where}: {len(specs)} weight arrays, a {op} layer has "
+                             f"{len(slots)} ({', '.join(slots) or 'none'})")
+    for slot, a in zip(slots, specs):
+        if not isinstance(a, list) or len(a) != 5 or a[0] != slot:
+            raise GraphFileError(f"{where}: weight array {a!r} is not [{slot!r}, dtype, shape, "
+                                 "offset, size]")
+        _, dtype, shape, offset, size = a
+        if dtype not in ("float32", "int32"):
+            raise GraphFileError(f"{where}: weight array {slot!r} has dtype {dtype!r}")
+        shape = _ints(shape, f"{where}: weight array {slot!r} shape", 0)
+        if type(offset) is not int or type(size) is not int or offset < 0 or size < 0:
+            raise GraphFileError(f"{where}: weight array {slot!r} has offset {offset!r} and "
+                                 f"size {size!r}")
+        if size and (math.prod(shape) * 4 != size or offset % _ALIGN
+                     or offset + size > blob_size):
+            raise GraphFileError(f"weight array {slot!r} of {where} (shape {shape}, offset "
+                                 f"{offset}, {size} bytes) lies outside the file's blob "
+                                 f"({blob_size} bytes) or does not match its shape")
+    if op == "EMBED" and not specs[0][4]:
+        raise GraphFileError(f"{where}: an EMBED layer without its table")
+
+
+def _check_tiles(t: dict, layers: list) -> None:
+    cols, rows = (_need(t, k, list, "the tile table") for k in ("col_bounds", "row_bounds"))
+    if len(cols) != len(layers) or len(rows) != len(layers):
+        raise GraphFileError(f"the tile table splits {len(cols)} and {len(rows)} layers, the "
+                             f"file has {len(layers)}")
+    n_tiles = 0
+    for li, (cb, rb, ld) in enumerate(zip(cols, rows, layers)):
+        n, c, hh, w = ld["shape"]
+        n_tiles += (_bounds(cb, n * hh * w, f"layer {li}'s column bounds")
+                    * _bounds(rb, c, f"layer {li}'s row bounds"))
+        if n_tiles > MAX_TILES:
+            raise GraphFileError(f"the file has more than {MAX_TILES} tiles")
+    offsets, parents, flops = (_need(t, k, bytes, "the tile table")
+                               for k in ("parent_offsets", "parents", "flops"))
+    if len(offsets) != 4 * (n_tiles + 1) or len(flops) != 8 * n_tiles or len(parents) % 4:
+        raise GraphFileError(f"the tile arrays disagree with the layer splits ({n_tiles} tiles)")
+    off = np.frombuffer(offsets, "<i4").astype(np.int64)
+    par = np.frombuffer(parents, "<i4")
+    if off[0] != 0 or off[-1] != par.size or (np.diff(off) < 0).any():
+        raise GraphFileError("the parent offsets must rise from 0 to the number of parents")
+    child = np.repeat(np.arange(n_tiles, dtype=np.int64), np.diff(off))
+    if ((par < 0) | (par >= child)).any():
+        raise GraphFileError("a tile names a parent that is not an earlier tile")
 
 
 def plan_from_bounds(col_bounds, row_bounds, parent_offsets, parents, flops) -> TilePlan:
