@@ -47,6 +47,7 @@ E_UNKNOWN_INFERENCE = 6  # inf not begun (or already freed)
 E_BAD_TILES = 7          # unknown tile ids or sizes that do not match
 E_BUSY = 8               # too many inferences in flight for this device
 E_INTERNAL = 9
+E_RESULTS_DROPPED = 10   # the device left too many results unread: this inference was dropped
 
 #: Transfer encodings of tile data (docs/PROTOCOL.md §2): the wire name -> the runtime's mode.
 #: "raw" is what a TILES or RESULT without `enc` carries; a server lists the others it reads in

@@ -12,7 +12,8 @@ shapes nothing, so :meth:`Testbed.measure_link` reports loopback's speed.
 
     with Testbed(quota=0.25) as tb:
         tb.set_link(20)                                    # Mbit/s, both directions
-        server = subprocess.Popen(tb.server_cmd(["coacto-server", "--bind", "tcp://*:5555"]))
+        server = subprocess.Popen(tb.server_cmd(["coacto-server", "--bind", "tcp://*:5555",
+                                                  "--insecure"]))
         client = tb.device_cmd(["coacto-client", "--server", f"{tb.server_addr}:5555", ...]
                                + tb.client_link_args())
         row = {**tb.describe(), **tb.measure_link()}

@@ -74,11 +74,15 @@ def device(ctx, server, model):
 # ------------------------------------------------------------------------------ a raw device
 
 class Device:
-    def __init__(self, ctx, address, identity: bytes | None = None):
+    """``curve``: (server public, own public, own secret) keys for a server with keys."""
+
+    def __init__(self, ctx, address, identity: bytes | None = None, curve=None):
         self.sock = ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
         if identity is not None:
             self.sock.setsockopt(zmq.IDENTITY, identity)
+        if curve is not None:
+            self.sock.curve_serverkey, self.sock.curve_publickey, self.sock.curve_secretkey = curve
         self.sock.connect(address)
 
     def send(self, header, *frames):
@@ -278,7 +282,9 @@ def test_address_resolves_the_port(server):
 
 def test_bad_bind_address():
     with pytest.raises(ServerError, match="cannot bind"):
-        Server("tcp://256.0.0.1:99999", threads=1, server_flops=1e9).start()
+        Server("tcp://256.0.0.1:99999", threads=1, server_flops=1e9, insecure=True).start()
+    with pytest.raises(ServerError, match="port 99999 is not from 0 to 65535"):
+        Server("tcp://127.0.0.1:99999", threads=1, server_flops=1e9).start()
 
 
 # ------------------------------------------------------------------------------ model store
@@ -579,7 +585,8 @@ def test_cli_serves_and_stops_cleanly(ctx, model, tmp_path):
 
 
 @pytest.mark.parametrize("args, text", [
-    (["--bind", "tcp://nonsense"], "cannot bind"),
+    (["--bind", "tcp://nonsense", "--insecure"], "cannot bind"),
+    (["--bind", "tcp://*:0"], "coacto keygen"),
     (["--bind", "tcp://127.0.0.1:0", "--models", "/nonexistent/models"], "does not exist"),
 ])
 def test_cli_start_errors(args, text):

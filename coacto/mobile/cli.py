@@ -24,6 +24,9 @@ examples:
   coacto-client --server tcp://127.0.0.1:5555 --model model.onnx --input inputs.npz \\
                 --policy split --bandwidth 20mbit --repeat 10 --json
   coacto-client --model model.onnx --input x=x.npy --policy local --output out.npz
+  coacto-client --server tcp://gpu-box:5555 --server-key server.key \\
+                --client-key keys/phone1.key_secret --model resnet50.onnx --random
+                (a server with keys: coacto keygen makes them, docs/SECURITY.md)
   coacto-client --server tcp://host:5555 --model model.ctg --model-bytes model.onnx --input x.npy
   coacto-client --server tcp://127.0.0.1:5555 --model m.onnx --input x.npy --threads 1 \\
                 --compute-cgroup /sys/fs/cgroup/cpu/slow-device     (a throttled device)
@@ -58,6 +61,12 @@ def build_parser() -> argparse.ArgumentParser:
                     "(\"fallback\": true), never a lost inference.")
     p.add_argument("--server", metavar="ADDR",
                    help="the server's endpoint, tcp://host:port (not needed with --policy local)")
+    p.add_argument("--server-key", metavar="KEY",
+                   help="the server's public key: its .key file or the 40-character text the "
+                        "server logs (default $COACTO_SERVER_KEY; needs --client-key)")
+    p.add_argument("--client-key", metavar="FILE",
+                   help="this device's .key_secret file from `coacto keygen`; its .key must be "
+                        "in the server's allowed-keys folder (default $COACTO_CLIENT_KEY)")
     p.add_argument("--model", required=True, metavar="PATH",
                    help="an ONNX file, a .ctg tile graph, or a zoo model name")
     p.add_argument("--model-bytes", metavar="ONNX",
@@ -149,7 +158,8 @@ def run(args) -> int:
     feeds = load_inputs(args.input, tg, args.random)
     with Client(args.server, tg, threads=args.threads, policy=args.policy,
                 bandwidth=args.bandwidth, timeout=args.timeout, rtt_ms=args.rtt_ms,
-                model_bytes=args.model_bytes or onnx_bytes, transfer=args.transfer) as client:
+                model_bytes=args.model_bytes or onnx_bytes, transfer=args.transfer,
+                server_key=args.server_key, client_key=args.client_key) as client:
         if args.compute_cgroup:
             join_cgroup(Path(args.compute_cgroup), client.compute_threads)
         if args.server is not None and args.policy != "local":

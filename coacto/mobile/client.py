@@ -117,6 +117,24 @@ def resolve_model(model, tiles_per_layer=None, input_shapes=None, model_bytes=No
 WORKER_NICE = 10
 
 
+def curve_keys(server_key, client_key):
+    """(server public, own public, own secret) Z85 keys for the client's socket, from the
+    arguments or the environment; None when neither is given (a server without keys)."""
+    from .. import keys as K
+
+    server_key = server_key if server_key is not None else K.from_env(K.ENV_SERVER_KEY)
+    client_key = client_key if client_key is not None else K.from_env(K.ENV_CLIENT_KEY)
+    if server_key is None and client_key is None:
+        return None
+    if server_key is None or client_key is None:
+        raise CoactoError("a server with keys needs both the server's public key (server_key, "
+                          "--server-key, $COACTO_SERVER_KEY) and this device's secret key "
+                          "(client_key, --client-key, $COACTO_CLIENT_KEY); "
+                          + K.HOW_TO_MAKE)
+    own_public, own_secret = K.load_pair(client_key, "device's secret key (client_key)")
+    return K.load_public(server_key, "server's public key (server_key)"), own_public, own_secret
+
+
 class Client:
     """A device-side handle on a model, offloading to ``server`` (None: local only).
 
@@ -140,7 +158,10 @@ class Client:
     ``"f16"`` or ``"int8"`` (lossy: half floats, or bytes with a scale per tile; the outputs
     then differ from onnxruntime's by what the rounding of the sent tiles causes) or ``"raw"``
     (float32 as computed). Results come back lossless. The scheduler prices every tile at the
-    bytes it will really take.
+    bytes it will really take. ``server_key`` (the server's public key: its .key file or the
+    40-character Z85 text) and ``client_key`` (this device's .key_secret file from
+    ``coacto keygen``) encrypt and authenticate the connection with CurveZMQ; the environment
+    variables COACTO_SERVER_KEY and COACTO_CLIENT_KEY stand in for them (docs/SECURITY.md).
     """
 
     def __init__(self, server, model, threads: int | None = None, policy: str = "dynamic",
@@ -148,8 +169,10 @@ class Client:
                  input_shapes: dict | None = None, *, model_bytes=None,
                  device_flops: float | None = None, split_layer: int | None = None,
                  fl_layer: int | None = None, device_share: float | None = None, name=None,
-                 trace=None, rtt_ms: float = 0.0, transfer: str = "lossless"):
+                 trace=None, rtt_ms: float = 0.0, transfer: str = "lossless",
+                 server_key=None, client_key=None):
         self.policy = self._check_policy(policy)
+        curve = curve_keys(server_key, client_key) if server is not None else None
         if transfer not in P.TRANSFER_MODES:
             raise CoactoError(f"transfer must be one of {', '.join(P.TRANSFER_MODES)}, got "
                               f"{transfer!r}")
@@ -199,7 +222,7 @@ class Client:
             address=address, tg=self.graph, model_bytes=self.model_bytes,
             runtime=self._runtime._rt, estimates=self._estimates, timeout=self.timeout,
             uplink=self._emulated_link(rate), downlink=self._emulated_link(rate),
-            on_finish=_recorder(weakref.ref(self)), name=name, transfer=transfer)
+            on_finish=_recorder(weakref.ref(self)), name=name, transfer=transfer, curve=curve)
         t0 = now()
         self._engine.schedule_rates([(t0 + t, r) for t, r in steps[1:]])
         self._engine.start(connect=self.policy != "local")

@@ -91,7 +91,7 @@ class Engine:
     """The communication engine of one Client (see the module text)."""
 
     def __init__(self, *, address, tg, model_bytes, runtime, estimates, timeout, uplink=None,
-                 downlink=None, on_finish=None, name=None, transfer="lossless"):
+                 downlink=None, on_finish=None, name=None, transfer="lossless", curve=None):
         self.address = address
         self.transfer = transfer  # what the device asks for; raw with a server that lacks it
         self._transfer_warned = False
@@ -112,7 +112,7 @@ class Engine:
         self._ctx = zmq.Context()
         self._reports = ReportQueue(runtime)
         self._poller = zmq.Poller()
-        self.link = Link(self._ctx, self._poller, self.timeout, uplink, downlink)
+        self.link = Link(self._ctx, self._poller, self.timeout, uplink, downlink, curve)
         self.session = Session(self.link, address, tg, model_bytes, estimates, self.timeout, name,
                                on_ready=self._server_ready, on_lost=self._server_lost)
         self._jobs: dict[int, Job] = {}
@@ -227,8 +227,13 @@ class Engine:
                     self._drain_wake()
                 if self._reports.fd in events:
                     self._on_reports()
-                if link.monitor is not None and link.monitor in events and link.disconnected():
-                    session.lost("the connection was closed")
+                if link.monitor is not None and link.monitor in events:
+                    dropped = link.disconnected()
+                    if link.refused is not None:
+                        why, link.refused = link.refused, None
+                        session.refused(why)
+                    elif dropped:
+                        session.lost("the connection was closed")
                 if link.sock is not None and link.sock in events:
                     link.receive(self._handle, now)
         except Exception as e:  # a bug: never leave a Future hanging

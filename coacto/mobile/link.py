@@ -33,6 +33,16 @@ UPLOAD_TIMEOUT_MIN_S = 60.0
 #: Messages read per poll round.
 RECV_BATCH = 256
 EXPECTS_REPLY = frozenset({P.HELLO, P.MODEL_QUERY, P.MODEL_UPLOAD, P.TILES, P.HEARTBEAT})
+HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+HANDSHAKE_TEXT = {
+    zmq.EVENT_HANDSHAKE_FAILED_AUTH: "the server refused this device's key (is its .key file in "
+                                     "the server's allowed-keys folder?)",
+    zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "the security handshake failed (does the server use "
+                                         "keys, and is --server-key its public key?)",
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "the security handshake failed (does the server use "
+                                          "keys, and is --server-key its public key?)",
+}
 
 
 def message_bytes(frames) -> int:
@@ -43,8 +53,9 @@ class Link:
     """One connection attempt's socket and everything queued on it (see the module text)."""
 
     def __init__(self, ctx: zmq.Context, poller: zmq.Poller, timeout: float, uplink=None,
-                 downlink=None):
+                 downlink=None, curve=None):
         self.ctx, self.poller = ctx, poller
+        self.curve = curve  # (server public, own public, own secret) Z85 keys, or None
         self.timeout = float(timeout)
         self.up, self.down = uplink, downlink
         self.sock = self.monitor = None
@@ -59,6 +70,7 @@ class Link:
         self.inbox: collections.deque = collections.deque()  # (release time, frames)
         self.awaiting_since: float | None = None
         self.await_limit = self.timeout
+        self.refused: str | None = None  # why the server refused the handshake, if it did
 
     @property
     def is_open(self) -> bool:
@@ -70,13 +82,15 @@ class Link:
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.RECONNECT_IVL, 100)
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
+        if self.curve is not None:
+            sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = self.curve
         try:
             sock.connect(address)
         except zmq.ZMQError:
             sock.close(0)
             raise
         self.sock = sock
-        self.monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self.monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED | HANDSHAKE_FAILED)
         self.poller.register(sock, zmq.POLLIN)
         self.poller.register(self.monitor, zmq.POLLIN)
         self.epoch += 1
@@ -258,7 +272,8 @@ class Link:
             handle(self.inbox.popleft()[1])
 
     def disconnected(self) -> bool:
-        """Drains the socket monitor; True when the TCP connection dropped."""
+        """Drains the socket monitor; True when the TCP connection dropped. A handshake the
+        server refused (a key it does not know, the wrong server key) sets ``refused``."""
         lost = False
         while self.monitor is not None:
             try:
@@ -266,6 +281,8 @@ class Link:
             except zmq.Again:
                 break
             lost |= event["event"] == zmq.EVENT_DISCONNECTED
+            if event["event"] & HANDSHAKE_FAILED:
+                self.refused = HANDSHAKE_TEXT.get(event["event"], "the security handshake failed")
         return lost
 
     def silent(self, t: float) -> bool:

@@ -194,6 +194,8 @@ class Session:
         if self.state != "hello":
             return
         self.server_info = {k: v for k, v in h.items() if k != "t"}
+        if isinstance(h.get("warning"), str) and self.connects == 1:
+            log.warning("server %s: %s", self.address, h["warning"][:500])
         self.version_error = None
         self.est.on_hello(h)
         self.link.control({"t": P.HEARTBEAT, "t_send": now()})  # a first RTT sample

@@ -13,20 +13,31 @@ import threading
 import time
 
 from ..errors import CoactoError
+from .server import DEFAULT_BIND
 
 log = logging.getLogger("coacto.server.cli")
 
 EPILOG = """\
 examples:
-  coacto-server --bind tcp://*:5555 --threads 4 --models models/
-        serve the .onnx / .ctg files of models/ (devices may upload others)
+  coacto keygen --out keys/ server && coacto keygen --out keys/ phone1
+  mkdir allowed && cp keys/phone1.key allowed/
+  coacto-server --bind tcp://*:5555 --secret-key keys/server.key_secret --allowed-keys allowed/ \\
+                --threads 4 --models models/
+        serve the .onnx / .ctg files of models/ to the devices whose public keys are in
+        allowed/ (encrypted and authenticated with CurveZMQ; add or remove a .key file there
+        while the server runs); the device runs
+        coacto-client --server tcp://HOST:5555 --server-key keys/server.key \\
+                      --client-key keys/phone1.key_secret ...
   coacto-server --bind tcp://127.0.0.1:0 --threads 2 -v
-        a local test server on a free port (the port is logged)
-  coacto-server --models models/ --max-model-mb 128 --heartbeat-timeout 5 --json-log
-        smaller uploads only, forget silent devices after 5 s, JSON log lines
+        a local test server on a free port (the port is logged); loopback needs no keys
+  coacto-server --models models/ --max-model-mb 128 --memory-limit 4096 --json-log
+        smaller uploads only, tenants hold at most 4 GiB, JSON log lines
+  coacto-server --bind tcp://192.168.1.10:5555 --insecure
+        no keys on a network you trust: anyone who reaches the port is served, in clear text
 
+Without --secret-key / --allowed-keys (or COACTO_SECRET_KEY / COACTO_ALLOWED_KEYS) the server
+binds loopback only, unless --insecure. Limits and the threat model: docs/SECURITY.md.
 Devices connect with coacto-client --server tcp://HOST:5555 (protocol: docs/PROTOCOL.md).
-The connection is neither encrypted nor authenticated yet: serve on a trusted network only.
 """
 
 
@@ -46,8 +57,21 @@ def build_parser() -> argparse.ArgumentParser:
         prog="coacto-server", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Serve collaborative inference to edge devices: one ZeroMQ port, many devices, "
                     "many models, one shared tile runtime.")
-    p.add_argument("--bind", default="tcp://*:5555", metavar="ENDPOINT",
-                   help="ZeroMQ endpoint to listen on (default tcp://*:5555; port 0 picks one)")
+    p.add_argument("--bind", default=DEFAULT_BIND, metavar="ENDPOINT",
+                   help=f"ZeroMQ endpoint to listen on (default {DEFAULT_BIND}; port 0 picks "
+                        f"one; another interface needs keys or --insecure)")
+    p.add_argument("--secret-key", metavar="FILE",
+                   help="the server's .key_secret file from `coacto keygen` (turns on CurveZMQ; "
+                        "default $COACTO_SECRET_KEY)")
+    p.add_argument("--allowed-keys", metavar="DIR",
+                   help="folder of the .key files of the devices to serve, read again when it "
+                        "changes (default $COACTO_ALLOWED_KEYS)")
+    p.add_argument("--insecure", action="store_true",
+                   help="serve a non-loopback endpoint without keys (anyone who reaches it is "
+                        "served, in clear text)")
+    p.add_argument("--memory-limit", type=float, default=None, metavar="MB",
+                   help="memory the devices' inferences, queued results and models may hold in "
+                        "all (default: half the RAM); one inference may take a quarter of it")
     p.add_argument("--threads", type=int, default=None,
                    help="computing threads shared by all devices (default: all CPUs)")
     p.add_argument("--models", metavar="DIR",
@@ -84,8 +108,10 @@ def main(argv=None) -> int:
     if args.threads is not None and not 1 <= args.threads <= 1024:
         log.error("--threads must be from 1 to 1024")
         return 2
-    if args.max_model_mb <= 0 or args.heartbeat_timeout <= 0 or args.max_inferences < 1:
-        log.error("--max-model-mb, --heartbeat-timeout and --max-inferences must be positive")
+    if args.max_model_mb <= 0 or args.heartbeat_timeout <= 0 or args.max_inferences < 1 or \
+            (args.memory_limit is not None and args.memory_limit <= 0):
+        log.error("--max-model-mb, --heartbeat-timeout, --max-inferences and --memory-limit "
+                  "must be positive")
         return 2
 
     from .server import Server
@@ -98,7 +124,10 @@ def main(argv=None) -> int:
                         max_model_bytes=int(args.max_model_mb * (1 << 20)),
                         heartbeat_timeout=args.heartbeat_timeout,
                         max_inferences_per_device=args.max_inferences, cache_dir=args.cache_dir,
-                        server_flops=args.server_flops)
+                        server_flops=args.server_flops, secret_key=args.secret_key,
+                        allowed_keys=args.allowed_keys, insecure=args.insecure,
+                        memory_limit=None if args.memory_limit is None
+                        else int(args.memory_limit * (1 << 20)))
         server.start()
     except CoactoError as e:
         log.error("cannot start: %s", e)
@@ -113,9 +142,11 @@ def main(argv=None) -> int:
         else:
             log.info("model %s: tile graph %s (model_hash %s, %d tiles, params %s)", m["file"],
                      m["graph_id"], m["model_hash"], m["tiles"], m["params"])
-    log.info("ready: %s, %d threads, %.3g GFLOP/s announced, heartbeat timeout %.1f s",
+    if server.secure:
+        log.info("server public key (devices pass it as --server-key): %s", server.public_key)
+    log.info("ready: %s, %d threads, %.3g GFLOP/s announced, heartbeat timeout %.1f s, %s",
              server.address, server.threads, server.stats()["server_flops"] / 1e9,
-             server.heartbeat_timeout)
+             server.heartbeat_timeout, server.security)
     next_stats = time.monotonic() + args.stats_every if args.stats_every > 0 else None
     try:
         while not stop.wait(0.2):

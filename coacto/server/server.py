@@ -27,6 +27,8 @@ from .. import protocol as P
 from ..errors import CoactoError
 from ..inference import ReportQueue, now
 from ..runtime import NativeRuntime, default_threads
+from .. import keys as K
+from .limits import STORE_SHARE, Limits
 from .sessions import FlopEstimate, Session, calibrate_flops
 from .store import ModelStore, StoreError, check_params, is_hash
 from .tenants import Reject, Tenants
@@ -42,10 +44,53 @@ MAX_JOBS = 64
 RECV_BATCH = 256
 #: Frames larger than max_model_bytes + this disconnect the peer (ZMQ_MAXMSGSIZE) unread.
 FRAME_SLACK_BYTES = 64 << 20
+#: Messages ZeroMQ queues for one device that does not read before it drops more (results are
+#: bounded in bytes by Limits.results_per_device; this bounds the small ones: ACK, STATS).
+SNDHWM = 4096
+#: Without keys, a connection that has not begun an inference is forgotten after this long
+#: (at least): longer than a client's heartbeat period, so a device at rest keeps its session.
+IDLE_EXPIRY_MIN_S = 1.0
+#: After the last inference ends, the I/O thread waits this long before it hands freed heap
+#: memory back to the OS (malloc_trim): not between two inferences of a busy device.
+TRIM_AFTER_IDLE_S = 0.5
+DEFAULT_BIND = "tcp://127.0.0.1:5555"
+#: The ZAP domain of the server's socket (the authenticator answers for it only).
+ZAP_DOMAIN = "coacto"
 
 
 class ServerError(CoactoError):
     """The server cannot start (bad bind address, models folder) or was used wrongly."""
+
+
+def is_local_endpoint(endpoint: str) -> bool:
+    """True for endpoints only this machine can reach: loopback TCP, ipc://, inproc://."""
+    if not isinstance(endpoint, str):
+        return False
+    if endpoint.startswith(("ipc://", "inproc://")):
+        return True
+    if not endpoint.startswith("tcp://"):
+        return False
+    host = endpoint[len("tcp://"):].rsplit(":", 1)[0].strip("[]")
+    if ";" in host:  # tcp://SOURCE;HOST:PORT binds HOST
+        host = host.split(";", 1)[1]
+    return host == "localhost" or host == "::1" or host.startswith("127.")
+
+
+def _malloc_trim() -> None:
+    """Hands the heap's free pages back to the OS (glibc; elsewhere nothing to do)."""
+    global _trim
+    if _trim is None:
+        try:
+            import ctypes
+
+            _trim = ctypes.CDLL("libc.so.6").malloc_trim
+        except (OSError, AttributeError):
+            _trim = False
+    if _trim:
+        _trim(0)
+
+
+_trim = None
 
 
 def _hash_field(header: dict, key: str) -> str:
@@ -57,19 +102,30 @@ def _hash_field(header: dict, key: str) -> str:
 
 
 class Server:
-    """The coacto server. ``bind``: a ZeroMQ endpoint (port 0 picks a free one, see ``address``);
-    ``threads``: computing threads shared by all devices (default: all CPUs); ``models``: a folder
-    of .onnx / .ctg files to preload; ``heartbeat_timeout``: seconds of silence after which a
-    device's state is freed; ``server_flops``: skip the start-up calibration and announce this;
-    ``cache_dir``: keep uploaded models on disk (by hash) across restarts. Limits
-    (``max_model_bytes``, ``max_inferences_per_device``, ``max_devices``, ``max_graphs``) are
-    listed in docs/PROTOCOL.md §10."""
+    """The coacto server. ``bind``: a ZeroMQ endpoint (default loopback; port 0 picks a free one,
+    see ``address``); ``threads``: computing threads shared by all devices (default: all CPUs);
+    ``models``: a folder of .onnx / .ctg files to preload; ``heartbeat_timeout``: seconds of
+    silence after which a device's state is freed; ``server_flops``: skip the start-up
+    calibration and announce this; ``cache_dir``: keep uploaded models on disk (by hash) across
+    restarts.
 
-    def __init__(self, bind: str = "tcp://*:5555", threads: int | None = None, models=None, *,
+    Security (docs/SECURITY.md): ``secret_key`` (the server's .key_secret file) and
+    ``allowed_keys`` (a folder of devices' .key files, or a list of keys) turn on CurveZMQ:
+    traffic is encrypted and only those devices are served, each bound to its key. Without keys
+    the server binds only loopback endpoints unless ``insecure=True``. The environment
+    variables COACTO_SECRET_KEY and COACTO_ALLOWED_KEYS stand in for the two arguments.
+
+    Limits: ``memory_limit`` (bytes; default half the RAM) bounds what tenants hold; the others
+    (``max_model_bytes``, ``max_inferences_per_device``, ``max_devices``, ``max_graphs``, or a
+    whole ``limits`` object) are listed in docs/SECURITY.md."""
+
+    def __init__(self, bind: str = DEFAULT_BIND, threads: int | None = None, models=None, *,
                  max_model_bytes: int = 512 << 20, heartbeat_timeout: float = 10.0,
                  max_inferences_per_device: int = 8, max_devices: int = 1024, max_graphs: int = 32,
                  cache_dir=None, server_flops: float | None = None,
-                 context: zmq.Context | None = None):
+                 context: zmq.Context | None = None, secret_key=None, allowed_keys=None,
+                 insecure: bool = False, memory_limit: int | None = None,
+                 limits: Limits | None = None):
         threads = default_threads() if threads is None else threads
         if type(threads) is not int or not 1 <= threads <= 1024:
             raise ServerError(f"threads must be an integer from 1 to 1024, got {threads!r}")
@@ -83,12 +139,25 @@ class Server:
         self.models = models
         self.max_model_bytes = int(max_model_bytes)
         self.heartbeat_timeout = float(heartbeat_timeout)
-        self.max_inferences_per_device = int(max_inferences_per_device)
-        self.max_devices = int(max_devices)
-        self.store = ModelStore(self.max_model_bytes, max_graphs=max_graphs, cache_dir=cache_dir)
+        self._security(secret_key, allowed_keys, insecure)
+        if limits is None:
+            limits = Limits.default(
+                memory_limit, inferences_per_device=int(max_inferences_per_device),
+                sessions=int(max_devices),
+                sessions_per_owner=None if self.secure else 64,
+                idle_expiry_s=None if self.secure else max(IDLE_EXPIRY_MIN_S,
+                                                           self.heartbeat_timeout / 2))
+        self.limits = limits
+        self.max_inferences_per_device = limits.inferences_per_device
+        self.max_devices = limits.sessions
+        store_bytes = min(4 << 30, int(limits.memory * STORE_SHARE))
+        self.store = ModelStore(self.max_model_bytes, max_graphs=max_graphs, cache_dir=cache_dir,
+                                max_graph_bytes=store_bytes, max_onnx_bytes=store_bytes,
+                                max_inference_bytes=limits.inference_memory)
         self._given_flops = server_flops
         self._context = context
         self._own_context = context is None
+        self._auth = None
         self.loaded_models: list[dict] = []
         self.bound: str | None = None
         self._thread: threading.Thread | None = None
@@ -96,9 +165,41 @@ class Server:
         self.tenants: Tenants | None = None
         self._jobs_pending = 0
         self._jobs_done: queue.SimpleQueue = queue.SimpleQueue()
-        self._counts = dict.fromkeys(("messages", "rejected", "tiles_in", "bytes_in", "results",
-                                      "inferences_done", "inferences_cancelled",
-                                      "inferences_expired", "devices_expired", "send_failed"), 0)
+        self._idle_since: float | None = None
+        self._counts = dict.fromkeys((
+            "messages", "rejected", "tiles_in", "bytes_in", "results", "inferences_done",
+            "inferences_cancelled", "inferences_expired", "devices_expired", "send_failed",
+            "sessions_refused", "sessions_evicted", "sessions_expired_idle", "memory_refused",
+            "results_dropped", "uploads_refused", "trims"), 0)
+
+    def _security(self, secret_key, allowed_keys, insecure: bool) -> None:
+        secret_key = secret_key if secret_key is not None else K.from_env(K.ENV_SECRET_KEY)
+        allowed_keys = allowed_keys if allowed_keys is not None else \
+            K.from_env(K.ENV_ALLOWED_KEYS)
+        if (secret_key is None) != (allowed_keys is None):
+            raise ServerError("give both the server's secret key and the allowed devices' keys "
+                              "(--secret-key and --allowed-keys), or neither; " + K.HOW_TO_MAKE)
+        self.secure = secret_key is not None
+        self.insecure = bool(insecure) and not self.secure
+        if self.secure:
+            self._public_key, self._secret_key = K.load_pair(secret_key, "server's secret key")
+            self.allowed = K.AllowedKeys(allowed_keys)
+            for line in self.allowed.skipped:
+                log.warning("allowed keys: skipping %s", line)
+            if not len(self.allowed):
+                log.warning("no device keys in the allowed keys folder yet: every device is "
+                            "refused until one is added")
+        elif not is_local_endpoint(self.bind) and not self.insecure:
+            raise ServerError(
+                f"refusing to serve {self.bind!r} without authentication: anyone who reaches "
+                f"it could use this machine. {K.HOW_TO_MAKE[0].upper()}{K.HOW_TO_MAKE[1:]}, "
+                f"then pass --secret-key keys/server.key_secret --allowed-keys DIR; or bind "
+                f"tcp://127.0.0.1:PORT; or pass --insecure on a network you trust")
+
+    @property
+    def public_key(self) -> str | None:
+        """The server's CurveZMQ public key (Z85), what devices pass as their server key."""
+        return self._public_key.decode("ascii") if self.secure else None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -114,12 +215,31 @@ class Server:
         ctx = self._context or zmq.Context()
         sock = ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a reconnecting device with a fixed identity
+        # A connection that claims a routing id already in use is ignored: with handover, a peer
+        # that set another device's id would take over its session and receive its results.
+        sock.setsockopt(zmq.ROUTER_HANDOVER, 0)
         sock.setsockopt(zmq.MAXMSGSIZE, self.max_model_bytes + FRAME_SLACK_BYTES)
+        sock.setsockopt(zmq.SNDHWM, SNDHWM)
+        if self.secure:
+            from zmq.auth.thread import ThreadAuthenticator
+
+            self._auth = ThreadAuthenticator(ctx, log=logging.getLogger("coacto.server.auth"))
+            self._auth.start()
+            self._auth.configure_curve_callback(domain=ZAP_DOMAIN,
+                                                credentials_provider=self.allowed)
+            sock.setsockopt_string(zmq.ZAP_DOMAIN, ZAP_DOMAIN)
+            sock.curve_secretkey = self._secret_key
+            sock.curve_publickey = self._public_key
+            sock.curve_server = True
         try:
+            port = self.bind.rsplit(":", 1)[-1] if self.bind.startswith("tcp://") else ""
+            if port.isdigit() and int(port) > 65535:  # libzmq would bind it modulo 65536
+                raise zmq.ZMQError(msg=f"port {port} is not from 0 to 65535")
             sock.bind(self.bind)
         except zmq.ZMQError as e:
             sock.close(0)
+            if self._auth is not None:
+                self._auth.stop()
             if self._own_context:
                 ctx.term()
             self._rt.close()
@@ -130,7 +250,7 @@ class Server:
         self._reports = ReportQueue(self._rt)
         self._t0 = now()
         self.tenants = Tenants(self._rt, self.store, self._flops, self._send, self._counts,
-                               self.max_inferences_per_device, self.max_devices)
+                               self.limits)
         self._handlers = {P.HELLO: self._on_hello, P.MODEL_QUERY: self._on_model_query,
                           P.MODEL_UPLOAD: self._on_model_upload, P.BEGIN: self.tenants.begin,
                           P.TILES: self.tenants.tiles, P.CANCEL: self.tenants.cancel,
@@ -142,9 +262,12 @@ class Server:
         self._thread = threading.Thread(target=self._loop, name="coacto-server-io", daemon=True)
         self._thread.start()
         log.info("coacto-server %s listening on %s (protocol %d, %d threads, %.3g GFLOP/s %s, "
-                 "%d models preloaded)", __version__, self.address, P.PROTOCOL_VERSION,
-                 self.threads, flops / 1e9, "given" if self._given_flops else "calibrated",
-                 len(self.loaded_models))
+                 "%d models preloaded, %s, memory limit %.0f MiB)", __version__, self.address,
+                 P.PROTOCOL_VERSION, self.threads, flops / 1e9,
+                 "given" if self._given_flops else "calibrated", len(self.loaded_models),
+                 self.security, self.limits.memory / 2**20)
+        if self.insecure:
+            log.warning("%s", self.insecure_warning)
         return self
 
     @property
@@ -170,9 +293,25 @@ class Server:
         for fd in (self._wake_r, self._wake_w):
             os.close(fd)
         self._rt.close()
+        if self._auth is not None:
+            self._auth.stop()
         if self._own_context:
             self._context.term()
         log.info("server stopped")
+
+    @property
+    def security(self) -> str:
+        """How devices are authenticated: "curve", "none (local endpoint)" or "none
+        (insecure)"."""
+        if self.secure:
+            return "curve"
+        return "none (insecure)" if self.insecure else "none (local endpoint)"
+
+    @property
+    def insecure_warning(self) -> str:
+        return (f"this server serves {self.bind} WITHOUT authentication or encryption "
+                f"(--insecure): anyone who reaches it can use it and read the tiles; "
+                f"{K.HOW_TO_MAKE}")
 
     def __enter__(self) -> "Server":
         if self._thread is None:
@@ -192,7 +331,10 @@ class Server:
                 "devices": len(self.tenants.sessions), "inferences": len(self.tenants.by_tag),
                 "computing": len(self.tenants.computing), "server_flops": self._flops.value,
                 "flops_samples": self._flops.samples, "uptime_s": t - self._t0,
-                "alpha_all": 1.0 + self.tenants.all_computing.value, "store": self.store.stats()}
+                "alpha_all": 1.0 + self.tenants.all_computing.value, "store": self.store.stats(),
+                "security": self.security, "memory_limit": self.limits.memory,
+                "inference_bytes": self.tenants.inference_bytes,
+                "unsent_bytes": self.tenants.unsent_bytes}
 
     def _wake(self) -> None:
         try:
@@ -225,10 +367,27 @@ class Server:
                     self._guarded(self._drain_wake)
                 if now() >= next_sweep:
                     self._guarded(lambda: self.tenants.sweep(self.heartbeat_timeout))
-                    next_sweep = now() + sweep_every
+                    self._guarded(self._trim_when_idle)
+                    next_sweep = now() + min(sweep_every, TRIM_AFTER_IDLE_S)
         finally:
             self._guarded(lambda: self.tenants.drop_all("the server is stopping"))
             self._sock.close(0)
+
+    def _trim_when_idle(self) -> None:
+        """Once nothing is in flight for TRIM_AFTER_IDLE_S after inferences were freed, the heap
+        the activations and results used goes back to the OS: a burst does not leave the server
+        holding its peak for good."""
+        if self.tenants.by_tag or self._jobs_pending or not self.tenants.freed_since_trim:
+            self._idle_since = None
+            return
+        t = now()
+        if self._idle_since is None:
+            self._idle_since = t
+        elif t - self._idle_since >= TRIM_AFTER_IDLE_S:
+            _malloc_trim()
+            self._counts["trims"] += 1
+            self.tenants.freed_since_trim = 0
+            self._idle_since = None
 
     @staticmethod
     def _guarded(step) -> None:
@@ -278,11 +437,18 @@ class Server:
             return  # an identity and nothing else: nothing to answer
         identity = frames[0].bytes
         t = now()
-        session = self.tenants.session(identity, t)
+        session = self.tenants.sessions.get(identity)
         if session is None:
-            self._send_error(identity, P.E_BUSY, f"this server serves at most {self.max_devices} "
-                                                 f"devices; try again later")
-            return
+            owner, peer = self._owner(frames[1])
+            session = self.tenants.session(identity, t, owner, peer)
+            if session is None:
+                self._send_error(identity, P.E_BUSY, "this server holds as many connections as it "
+                                                     "allows (for this device, or in all); try "
+                                                     "again later", limit="sessions")
+                return
+        else:
+            session.last_seen = t
+            session.messages += 1
         kind, header = "?", {}
         try:
             if len(frames[1]) > MAX_HEADER_BYTES:
@@ -304,6 +470,20 @@ class Server:
             log.exception("internal error on a %r message from device %s", kind, session.name)
             self._send_error(identity, P.E_INTERNAL, f"internal server error: {e}", re=kind)
 
+    def _owner(self, frame) -> tuple[str, str]:
+        """(owner, peer address) of a new connection: its CURVE public key when the server has
+        keys (ZeroMQ passes the key the authenticator accepted as User-Id), else its address."""
+        try:
+            peer = frame.get("Peer-Address")
+        except (zmq.ZMQError, AttributeError):
+            peer = ""
+        if self.secure:
+            try:
+                return frame.get("User-Id"), peer
+            except (zmq.ZMQError, AttributeError):  # cannot happen behind CURVE + ZAP
+                return "unauthenticated", peer
+        return ("addr:" + peer) if peer else "", peer
+
     def _reject(self, session: Session, kind: str, r: Reject) -> None:
         self._counts["rejected"] += 1
         log.debug("device %s: %r rejected (%d): %s", session.name, kind, r.code, r.text)
@@ -321,12 +501,15 @@ class Server:
         client = h.get("client")
         session.client = client[:128] if isinstance(client, str) else ""
         log.info("device %s says hello (%s)", session.name, session.client or "unnamed client")
-        self._send(session.identity, {
+        reply = {
             "t": P.HELLO_OK, "v": P.PROTOCOL_VERSION, "server_flops": self._flops.value,
             "threads": self.threads, "max_model_bytes": self.max_model_bytes,
             "heartbeat_s": self.heartbeat_timeout / 3, "heartbeat_timeout": self.heartbeat_timeout,
             "server": f"coacto {__version__}", "trace": True,
-            "transfer": [m for m in P.TRANSFER_MODES if m != "raw"]})
+            "transfer": [m for m in P.TRANSFER_MODES if m != "raw"], "security": self.security}
+        if self.insecure:
+            reply["warning"] = self.insecure_warning
+        self._send(session.identity, reply)
 
     def _model_ready(self, entry) -> dict:
         return {"t": P.MODEL_READY, "graph_id": entry.tg.graph_id, "tiles": entry.tg.n_tiles,
@@ -334,12 +517,12 @@ class Server:
 
     def _on_model_query(self, session: Session, h: dict, frames: list) -> None:
         graph_id, model_hash = _hash_field(h, "graph_id"), _hash_field(h, "model_hash")
-        entry = self.store.graph(graph_id)
+        entry = self.store.graph(graph_id, session.owner)
         if entry is not None:
             self._send(session.identity, self._model_ready(entry))
             return
         check_params(h.get("params"))
-        if self.store.has_model(model_hash):
+        if self.store.has_model(model_hash, session.owner):
             self._submit(session, P.MODEL_QUERY, graph_id, model_hash, h["params"], None)
         else:
             self._send(session.identity, {"t": P.MODEL_MISSING, "graph_id": graph_id,
@@ -354,11 +537,25 @@ class Server:
             raise Reject(P.E_MODEL_TOO_LARGE, f"the model has {len(frames[0])} bytes; this server "
                                               f"takes at most {self.max_model_bytes} "
                                               f"(coacto-server --max-model-mb)", graph_id=graph_id)
-        entry = self.store.graph(graph_id)
+        entry = self.store.graph(graph_id, session.owner)
         if entry is not None:
             self._send(session.identity, self._model_ready(entry))
             return
         check_params(h.get("params"))
+        held = self.store.owned_models(session.owner)
+        if held >= self.limits.uploads_per_owner:
+            self._counts["uploads_refused"] += 1
+            raise Reject(P.E_BUSY, f"this device already has {held} uploaded models on the "
+                                   f"server (the limit); compute locally, or retry when older "
+                                   f"ones were evicted", graph_id=graph_id,
+                         limit="uploads_per_owner")
+        # the bytes, then the compiled graph (about as large again), must fit the budget
+        used = self.tenants.memory_in_use()
+        if used + 2 * len(frames[0]) > self.limits.memory:
+            self._counts["uploads_refused"] += 1
+            raise Reject(P.E_BUSY, f"the server's memory budget is in use ({used / 2**20:.0f} of "
+                                   f"{self.limits.memory / 2**20:.0f} MiB); retry later",
+                         graph_id=graph_id, limit="memory")
         self._submit(session, P.MODEL_UPLOAD, graph_id, model_hash, h["params"], frames[0].buffer)
 
     def _submit(self, session: Session, kind: str, graph_id, model_hash, params, data) -> None:
@@ -367,13 +564,15 @@ class Server:
                          graph_id=graph_id)
         session.pending_jobs += 1
         self._jobs_pending += 1
-        self._executor.submit(self._job, session.identity, kind, graph_id, model_hash, params, data)
+        self._executor.submit(self._job, session.identity, kind, graph_id, model_hash, params, data,
+                              session.owner)
 
-    def _job(self, identity: bytes, kind: str, graph_id, model_hash, params, data) -> None:
+    def _job(self, identity: bytes, kind: str, graph_id, model_hash, params, data,
+             owner: str) -> None:
         """Worker thread: compile (if needed), then hand the reply to the I/O thread."""
         reply, error = None, None
         try:
-            entry = self.store.ensure_graph(graph_id, model_hash, params, data)
+            entry = self.store.ensure_graph(graph_id, model_hash, params, data, owner)
             reply = self._model_ready(entry) if entry is not None else {
                 "t": P.MODEL_MISSING, "graph_id": graph_id, "model_hash": model_hash}
         except StoreError as e:
@@ -390,19 +589,27 @@ class Server:
 
     # ------------------------------------------------------------------ sending
 
-    def _send(self, identity: bytes, header: dict, *frames) -> None:
+    def _send(self, identity: bytes, header: dict, *frames, track: bool = False):
         """Header + raw frames to one device; frames of ZERO_COPY_MIN_BYTES or more are not
-        copied. A vanished device's messages are dropped by the ROUTER (not mandatory)."""
+        copied. A vanished device's messages are dropped by the ROUTER (not mandatory). With
+        ``track``, the raw frames go uncopied and the returned MessageTracker says when ZeroMQ
+        is done with them (None if nothing was sent)."""
         parts = [identity, msgpack.packb(header, use_bin_type=True), *frames]
         last = len(parts) - 1
+        tracker = None
         try:
             for i, part in enumerate(parts):
+                flags = (zmq.SNDMORE if i < last else 0) | zmq.DONTWAIT
+                if track and i == last:  # parts leave in order: the last is freed last
+                    tracker = self._sock.send(part, flags, copy=False, track=True)
+                    continue
                 size = part.nbytes if isinstance(part, np.ndarray) else len(part)
-                self._sock.send(part, (zmq.SNDMORE if i < last else 0) | zmq.DONTWAIT,
-                                copy=size < P.ZERO_COPY_MIN_BYTES)
+                self._sock.send(part, flags, copy=size < P.ZERO_COPY_MIN_BYTES)
         except zmq.ZMQError as e:
             self._counts["send_failed"] += 1
             log.debug("sending %r failed: %s", header.get("t"), e)
+            return None
+        return tracker
 
     def _send_error(self, identity: bytes, code: int, text: str, **extra) -> None:
         header = {"t": P.ERROR, "code": int(code), "text": text}

@@ -144,11 +144,18 @@ class TraceLog:
 
 
 class Session:
-    """A device (one ROUTER identity): its inferences, liveness and load average."""
+    """One connection of a device (one ROUTER routing id): its inferences, liveness, load
+    average and the result bytes handed to ZeroMQ but not yet sent.
 
-    def __init__(self, identity: bytes, t: float):
+    ``owner`` is who the device is: its authenticated CURVE public key on a server with keys,
+    else ``"addr:"`` + its IP address (all a server without keys can know). Limits per device
+    count per owner; models a device uploaded are bound to it."""
+
+    def __init__(self, identity: bytes, t: float, owner: str = "", peer: str = ""):
         self.identity = identity
         self.name = identity.hex()[:16] if identity else "?"
+        self.owner = owner
+        self.peer = peer
         self.last_seen = t
         self.inferences: dict = {}
         self.recent_freed: deque = deque(maxlen=RECENT_FREED)
@@ -157,6 +164,31 @@ class Session:
         self.version = None
         self.pending_jobs = 0
         self.messages = 0
+        self.began = 0  # inferences begun on this connection
+        # (zmq MessageTracker, bytes, inference tag) of RESULT / TRACE frames not yet sent
+        self.unsent: deque = deque()
+        self.unsent_bytes = 0
+
+    def track(self, tracker, nbytes: int, tag: int) -> None:
+        self.unsent.append((tracker, nbytes, tag))
+        self.unsent_bytes += nbytes
+
+    def reap(self) -> int:
+        """Forgets the frames ZeroMQ has sent (or dropped); the bytes still queued for this
+        device."""
+        while self.unsent and self.unsent[0][0].done:
+            self.unsent_bytes -= self.unsent.popleft()[1]
+        return self.unsent_bytes
+
+    def unsent_before(self, tag: int) -> int:
+        """Bytes still queued for this device from other inferences than ``tag``."""
+        return self.unsent_bytes - sum(n for _t, n, g in self.unsent if g == tag)
+
+    @property
+    def idle(self) -> bool:
+        """Holds nothing the device waits for: may be evicted to make room (a later message
+        from it makes a fresh session; nothing in the protocol needs the old one)."""
+        return not self.inferences and not self.pending_jobs
 
 
 class FlopEstimate:

@@ -10,6 +10,7 @@ Methods are thread-safe: the server's I/O thread looks graphs up while its compi
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import re
@@ -91,6 +92,11 @@ def check_params(params) -> dict:
             "layer_tiles": {int(k): v for k, v in layer_tiles.items()} or None}
 
 
+#: Per-tile state of one inference, native (state, parents left, worker) and the server's
+#: bookkeeping (sent, inputs seen, output and input masks), rounded up.
+INFERENCE_BYTES_PER_TILE = 32
+
+
 class GraphInfo:
     """What the server needs per tile graph, computed once: output tiles, input tiles, sizes."""
 
@@ -109,27 +115,47 @@ class GraphInfo:
         b = plan.tile_bounds.astype(np.int64)
         self.sizes = (b[:, 1] - b[:, 0]) * (b[:, 3] - b[:, 2])
         self.total_flops = float(tg.total_flops)
+        # What one inference may hold: every layer's float32 buffer at once (the runtime frees a
+        # layer when its last consumer is done, but in which order tiles run depends on the
+        # threads: this bound holds for any order), its per-tile state, and one copy of the
+        # outputs on their way to the device.
+        acts = sum(int(np.prod(layer.shape, dtype=np.int64)) for layer in g.layers)
+        outs = sum(int(np.prod(g.layers[li].shape, dtype=np.int64)) for li in set(g.outputs.values()))
+        self.inference_bytes = 4 * (acts + outs) + INFERENCE_BYTES_PER_TILE * n
 
 
 class GraphEntry:
-    def __init__(self, tg: TileGraph, pinned: bool):
+    def __init__(self, tg: TileGraph, pinned: bool, owners: set | None = None):
         self.tg = tg
         self.info = GraphInfo(tg)
         self.pinned = pinned
+        # who may use it: None, everyone (preloaded, or compiled from a preloaded model); else the
+        # owners (Session.owner) of the devices that uploaded its model
+        self.owners = owners
         self.nbytes = len(tg.blob) + int(tg.plan.parents.nbytes) + 16 * tg.n_tiles
         self.flops = None  # measured FLOP/s of whole inferences of this graph on this server (EWMA)
 
+    def usable_by(self, owner: str | None) -> bool:
+        return self.owners is None or owner is None or owner in self.owners
+
 
 class ModelStore:
-    """ONNX bytes by model_hash and compiled graphs by graph_id, each an LRU bounded in bytes."""
+    """ONNX bytes by model_hash and compiled graphs by graph_id, each an LRU bounded in bytes.
+
+    Models are bound to who uploaded them: a device sees a graph only if it (its ``owner``,
+    Session.owner) uploaded the model, or the model was preloaded. Knowing a model's hash is not
+    enough to use it: a device that did not upload it is told MODEL_MISSING and must send the
+    bytes (the hash is checked), which proves it has the model."""
 
     def __init__(self, max_model_bytes: int = 512 << 20, max_graphs: int = 32,
                  max_graph_bytes: int = 4 << 30, max_onnx_bytes: int = 4 << 30,
-                 cache_dir: str | os.PathLike | None = None):
+                 cache_dir: str | os.PathLike | None = None,
+                 max_inference_bytes: int | None = None):
         self.max_model_bytes = int(max_model_bytes)
         self.max_graphs = int(max_graphs)
         self.max_graph_bytes = int(max_graph_bytes)
         self.max_onnx_bytes = int(max_onnx_bytes)
+        self.max_inference_bytes = max_inference_bytes
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
         if self.cache_dir is not None:
             self.cache_dir.mkdir(parents=True, exist_ok=True)
@@ -137,15 +163,17 @@ class ModelStore:
         self._graphs: OrderedDict[str, GraphEntry] = OrderedDict()
         self._onnx: OrderedDict[str, bytes] = OrderedDict()
         self._pinned_onnx: set[str] = set()
+        self._owners: dict[str, set] = {}  # model_hash -> owners (absent: pinned, or nobody yet)
         self.compiled = 0
         self.evicted = 0
+        self.refused = 0  # uploads that did not compile or were too large to run: not kept
 
     # -------------------------------------------------------------- preload
 
     def preload(self, directory: str | os.PathLike) -> list[dict]:
-        """Loads every .onnx (hashed) and .ctg file of a folder, pinned; returns what was loaded.
-        Raises CoactoError if the folder is missing; a file that does not load is logged and
-        skipped."""
+        """Loads every .onnx (hashed) and .ctg file of a folder, pinned and usable by every
+        device; returns what was loaded. Raises CoactoError if the folder is missing; a file that
+        does not load is logged in one line and skipped."""
         from ..onnx_import import load_model
 
         folder = Path(directory)
@@ -163,21 +191,40 @@ class ModelStore:
                                    "bytes": len(data)})
                 elif suffix == ".ctg":
                     tg = TileGraph.load(path)
-                    self.add_graph(tg, pinned=True)
+                    entry = self.add_graph(tg, pinned=True)
                     loaded.append({"file": path.name, "kind": "ctg", "graph_id": tg.graph_id,
                                    "model_hash": tg.model_hash, "tiles": tg.n_tiles,
-                                   "params": tg.params})
-            except CoactoError as e:
-                log.warning("skipping %s: %s", path, e)
+                                   "params": tg.params,
+                                   "inference_mb": entry.info.inference_bytes / 2**20})
+            except (CoactoError, OSError, MemoryError) as e:
+                log.warning("skipping %s: %s", path.name, e)
         return loaded
 
     # -------------------------------------------------------------- ONNX bytes
 
-    def has_model(self, model_hash: str) -> bool:
+    def has_model(self, model_hash: str, owner: str | None = None) -> bool:
+        """The model's bytes are here and ``owner`` may use them (None: anyone asks)."""
+        if owner is not None and not self._may_use(model_hash, owner):
+            return False
         with self._lock:
             if model_hash in self._onnx:
                 return True
         return self._cache_path(model_hash) is not None and self._cache_path(model_hash).is_file()
+
+    def _may_use(self, model_hash: str, owner: str) -> bool:
+        with self._lock:
+            if model_hash in self._pinned_onnx:
+                return True
+            owners = self._owners.get(model_hash)
+            if owners is None:
+                owners = self._read_owners(model_hash)
+            return owner in owners
+
+    def owned_models(self, owner: str) -> int:
+        """How many models this owner has uploaded that the store still holds."""
+        with self._lock:
+            held = set(self._onnx) | {e.tg.model_hash for e in self._graphs.values()}
+            return sum(1 for h, owners in self._owners.items() if owner in owners and h in held)
 
     def model_bytes(self, model_hash: str) -> bytes | None:
         with self._lock:
@@ -196,13 +243,16 @@ class ModelStore:
         self.put_model(data, model_hash)
         return data
 
-    def put_model(self, data: bytes, model_hash: str, pinned: bool = False) -> None:
+    def put_model(self, data: bytes, model_hash: str, pinned: bool = False,
+                  owner: str | None = None) -> None:
         """Stores verified ONNX bytes (the caller checked sha256(data) == model_hash)."""
         with self._lock:
             self._onnx[model_hash] = data
             self._onnx.move_to_end(model_hash)
             if pinned:
                 self._pinned_onnx.add(model_hash)
+            if owner is not None:
+                self._add_owner(model_hash, owner)
             self._evict_onnx()
         path = self._cache_path(model_hash)
         if path is not None and not pinned and not path.exists():
@@ -212,6 +262,35 @@ class ModelStore:
                 os.replace(tmp, path)
             except OSError as e:
                 log.warning("cannot write %s to the model cache: %s", path.name, e)
+
+    def _add_owner(self, model_hash: str, owner: str) -> None:
+        owners = self._owners.get(model_hash)
+        if owners is None:
+            owners = self._owners[model_hash] = set(self._read_owners(model_hash))
+        if owner in owners:
+            return
+        owners.add(owner)
+        for entry in self._graphs.values():
+            if entry.tg.model_hash == model_hash and entry.owners is not None:
+                entry.owners.add(owner)
+        path = self._cache_path(model_hash)
+        if path is not None:  # who may use a cached model survives a restart with it
+            try:
+                tmp = path.with_suffix(".owners.tmp")
+                tmp.write_text(json.dumps(sorted(owners)))
+                os.replace(tmp, path.with_suffix(".owners"))
+            except OSError as e:
+                log.warning("cannot write the owners of %s to the model cache: %s", path.name, e)
+
+    def _read_owners(self, model_hash: str) -> set:
+        path = self._cache_path(model_hash)
+        if path is None:
+            return set()
+        try:
+            owners = json.loads(path.with_suffix(".owners").read_text())
+        except (OSError, ValueError):
+            return set()
+        return {o for o in owners if isinstance(o, str)} if isinstance(owners, list) else set()
 
     def _cache_path(self, model_hash: str) -> Path | None:
         if self.cache_dir is None or not is_hash(model_hash):  # never a path from a device
@@ -230,21 +309,29 @@ class ModelStore:
 
     # -------------------------------------------------------------- graphs
 
-    def graph(self, graph_id: str) -> GraphEntry | None:
+    def graph(self, graph_id: str, owner: str | None = None) -> GraphEntry | None:
+        """The compiled graph, if ``owner`` may use it (None: whoever asks)."""
         with self._lock:
             entry = self._graphs.get(graph_id)
-            if entry is not None:
-                self._graphs.move_to_end(graph_id)
+            if entry is None or not entry.usable_by(owner):
+                return None
+            self._graphs.move_to_end(graph_id)
             return entry
 
-    def add_graph(self, tg: TileGraph, pinned: bool = False) -> GraphEntry:
+    def add_graph(self, tg: TileGraph, pinned: bool = False,
+                  owners: set | None = None) -> GraphEntry:
         """Caches a tile graph, its weights packed for the native runtime (done here, off the I/O
         thread, so the first BEGIN does not pay for it)."""
         from ..runtime import native_graph
 
         native_graph(tg)
-        entry = GraphEntry(tg, pinned)
+        entry = GraphEntry(tg, pinned, owners)
         with self._lock:
+            old = self._graphs.get(tg.graph_id)
+            if old is not None and old.owners is not None and owners is not None:
+                entry.owners = old.owners | owners
+            elif old is not None and old.owners is None:
+                entry.owners = None
             self._graphs[tg.graph_id] = entry
             self._graphs.move_to_end(tg.graph_id)
             self._evict_graphs()
@@ -264,17 +351,22 @@ class ModelStore:
             self.evicted += 1
             log.info("evicted tile graph %s from the cache", gid[:12])
 
-    def ensure_graph(self, graph_id: str, model_hash: str, params, data=None) -> GraphEntry | None:
-        """The graph `graph_id`, compiled from the stored (or given) ONNX bytes if needed.
+    def ensure_graph(self, graph_id: str, model_hash: str, params, data=None,
+                     owner: str | None = None) -> GraphEntry | None:
+        """The graph `graph_id`, compiled from the stored (or given) ONNX bytes if needed, and
+        usable by ``owner`` from now on.
 
-        Returns None when the model is not in the store (MODEL_MISSING). Raises StoreError when
-        the upload is too large, does not hash to model_hash, or does not compile to graph_id.
-        Slow (compiles): the server runs it on its worker thread."""
-        entry = self.graph(graph_id)
+        Returns None when the model is not in the store for this owner (MODEL_MISSING). Raises
+        StoreError when the upload is too large, does not hash to model_hash, does not compile
+        to graph_id, or one inference of it would need more memory than the server allows;
+        bytes that fail so are not kept. Slow (compiles): the server runs it on its worker
+        thread."""
+        entry = self.graph(graph_id, owner)
         if entry is not None:
             return entry
         kw = check_params(params)
-        if data is not None:
+        uploaded = data is not None
+        if uploaded:
             if len(data) > self.max_model_bytes:
                 raise StoreError(P.E_MODEL_TOO_LARGE, f"the model has {len(data)} bytes; the "
                                                       f"limit is {self.max_model_bytes}")
@@ -284,30 +376,67 @@ class ModelStore:
                                                     f"the model_hash {model_hash}; upload the "
                                                     f"model file itself")
             data = bytes(data)
-            self.put_model(data, model_hash)
         else:
+            if not self.has_model(model_hash, owner):
+                return None
             data = self.model_bytes(model_hash)
             if data is None:
                 return None
+        with self._lock:
+            public = model_hash in self._pinned_onnx
+            existing = self._graphs.get(graph_id)
+        if existing is not None:  # compiled for another device: the upload proved this one has it
+            if uploaded:
+                self.put_model(data, model_hash, owner=owner)
+            with self._lock:
+                if existing.owners is not None and owner is not None:
+                    existing.owners.add(owner)
+            return existing
         from .. import compile as coacto_compile
 
         try:
             tg = coacto_compile(data, **kw)
         except CoactoError as e:
+            self.refused += uploaded
             raise StoreError(P.E_MODEL_INVALID, f"the model does not compile: {e}") from None
+        except MemoryError:
+            self.refused += uploaded
+            raise StoreError(P.E_MODEL_TOO_LARGE, "compiling the model ran out of memory; "
+                                                  "compute it on the device") from None
         if tg.graph_id != graph_id:
+            self.refused += uploaded
             raise StoreError(P.E_MODEL_INVALID, (
                 f"model {model_hash[:12]} with params {tg.params} compiles to graph "
                 f"{tg.graph_id[:12]} here, not {str(graph_id)[:12]}; the device and this server "
                 f"partition differently (this server's partitioner version is "
                 f"{PARTITIONER_VERSION}) or the params differ"))
         if tg.n_tiles > MAX_GRAPH_TILES:
+            self.refused += uploaded
             raise StoreError(P.E_MODEL_INVALID, f"the graph has {tg.n_tiles} tiles; this server "
                                                 f"takes at most {MAX_GRAPH_TILES}")
+        need = GraphInfo(tg).inference_bytes
+        if self.max_inference_bytes is not None and need > self.max_inference_bytes:
+            self.refused += uploaded
+            raise StoreError(P.E_MODEL_TOO_LARGE, (
+                f"one inference of this model needs up to {need / 2**20:.0f} MiB of activations; "
+                f"this server allows {self.max_inference_bytes / 2**20:.0f} MiB per inference "
+                f"(coacto-server --memory-limit); compute it on the device"))
+        if uploaded:  # kept only now that it is known to be usable
+            self.put_model(data, model_hash, owner=owner)
+        elif owner is not None and not public:
+            with self._lock:
+                self._add_owner(model_hash, owner)
         self.compiled += 1
-        log.info("compiled model %s into graph %s (%d tiles, %.3g GFLOP)", model_hash[:12],
-                 graph_id[:12], tg.n_tiles, tg.total_flops / 1e9)
-        return self.add_graph(tg)
+        log.info("compiled model %s into graph %s (%d tiles, %.3g GFLOP, %.0f MiB per "
+                 "inference)", model_hash[:12], graph_id[:12], tg.n_tiles, tg.total_flops / 1e9,
+                 need / 2**20)
+        return self.add_graph(tg, owners=None if public or owner is None else {owner})
+
+    def nbytes(self) -> int:
+        """Bytes the store holds: ONNX files and compiled graphs."""
+        with self._lock:
+            return (sum(len(v) for v in self._onnx.values())
+                    + sum(e.nbytes for e in self._graphs.values()))
 
     # -------------------------------------------------------------- stats
 
@@ -316,4 +445,5 @@ class ModelStore:
             return {"graphs": len(self._graphs), "models": len(self._onnx),
                     "graph_bytes": sum(e.nbytes for e in self._graphs.values()),
                     "model_bytes": sum(len(v) for v in self._onnx.values()),
-                    "compiled": self.compiled, "evicted": self.evicted}
+                    "compiled": self.compiled, "evicted": self.evicted,
+                    "refused": self.refused}

@@ -16,6 +16,7 @@ from .. import protocol as P
 from ..errors import CoactoError
 from ..inference import REPORT_DONE, REPORT_TILE, NativeInference, now
 from ..runtime import NativeRuntime
+from .limits import Limits
 from .sessions import FlopEstimate, LoadAverage, ServedInference, Session, TraceLog, alpha
 from .store import ModelStore, is_hash
 
@@ -49,55 +50,108 @@ def echo(value):
 
 
 class Tenants:
-    """Sessions by identity, inferences by tag, and the load they put on the runtime."""
+    """Sessions by identity, inferences by tag, and the load and memory they put on the server."""
 
     def __init__(self, rt: NativeRuntime, store: ModelStore, flops: FlopEstimate,
-                 send: Callable, counts: dict, max_inferences_per_device: int, max_devices: int):
+                 send: Callable, counts: dict, limits: Limits):
         self.rt = rt
         self.store = store
         self.flops = flops
         self.send = send
         self.counts = counts
-        self.max_inferences_per_device = max_inferences_per_device
-        self.max_devices = max_devices
+        self.limits = limits
         self.sessions: dict[bytes, Session] = {}
+        self.by_owner: dict[str, set] = {}  # owner -> its sessions' identities
         self.by_tag: dict[int, ServedInference] = {}
         self.computing: set[ServedInference] = set()
         self.all_computing = LoadAverage(now())
+        self.inference_bytes = 0  # bound on what the inferences in flight hold (admission)
+        self.unsent_bytes = 0     # result bytes handed to ZeroMQ, not yet sent
+        self.freed_since_trim = 0
         self._tags = itertools.count(1)
 
-    def session(self, identity: bytes, t: float) -> Session | None:
-        """The device's session (created on its first message); None when the server is full."""
+    @property
+    def max_inferences_per_device(self) -> int:
+        return self.limits.inferences_per_device
+
+    def session(self, identity: bytes, t: float, owner: str = "",
+                peer: str = "") -> Session | None:
+        """The connection's session (created on its first message). To make room, the least
+        recently heard idle session (nothing in flight) of the same owner, or else of anyone, is
+        forgotten; None when no room can be made."""
         session = self.sessions.get(identity)
         if session is None:
-            if len(self.sessions) >= self.max_devices:
+            mine = self.by_owner.get(owner, ())
+            if len(mine) >= self.limits.sessions_per_owner and \
+                    not self._evict_idle([self.sessions[i] for i in mine], "per-device limit"):
+                self.counts["sessions_refused"] += 1
                 return None
-            session = self.sessions[identity] = Session(identity, t)
-            log.debug("device %s connected", session.name)
+            if len(self.sessions) >= self.limits.sessions and \
+                    not self._evict_idle(self.sessions.values(), "session table full"):
+                self.counts["sessions_refused"] += 1
+                return None
+            session = self.sessions[identity] = Session(identity, t, owner, peer)
+            self.by_owner.setdefault(owner, set()).add(identity)
+            log.debug("device %s connected (%s)", session.name, owner[:24] or "?")
         session.last_seen = t
         session.messages += 1
         return session
 
+    def _evict_idle(self, candidates, why: str) -> bool:
+        idle = [s for s in candidates if s.idle]
+        if not idle:
+            return False
+        oldest = min(idle, key=lambda s: s.last_seen)
+        self.counts["sessions_evicted"] += 1
+        log.debug("device %s forgotten to make room (%s)", oldest.name, why)
+        self.drop(oldest, "evicted")
+        return True
+
     def sweep(self, timeout: float) -> None:
-        """Frees the state of devices silent for longer than `timeout` seconds."""
+        """Frees the state of devices silent for longer than `timeout` seconds, and of
+        connections that never began an inference within ``limits.idle_expiry_s``."""
         t = now()
-        for session in [s for s in self.sessions.values()
-                        if t - s.last_seen > timeout]:
-            n = len(session.inferences)
-            self.counts["devices_expired"] += 1
-            self.counts["inferences_expired"] += n
-            log.info("device %s silent for %.1f s: freeing it (%d inference(s))", session.name,
-                     t - session.last_seen, n)
-            self.drop(session, "expired")
+        fast = self.limits.idle_expiry_s
+        for session in list(self.sessions.values()):
+            silent = t - session.last_seen
+            if silent > timeout:
+                n = len(session.inferences)
+                self.counts["devices_expired"] += 1
+                self.counts["inferences_expired"] += n
+                log.info("device %s silent for %.1f s: freeing it (%d inference(s))",
+                         session.name, silent, n)
+                self.drop(session, "expired")
+            elif fast is not None and not session.began and session.idle and silent > fast:
+                self.counts["sessions_expired_idle"] += 1
+                self.drop(session, "idle")
+            else:
+                self._reap(session)
 
     def drop(self, session: Session, why: str) -> None:
         for si in list(session.inferences.values()):
             self._free(si, why)
         self.sessions.pop(session.identity, None)
+        mine = self.by_owner.get(session.owner)
+        if mine is not None:
+            mine.discard(session.identity)
+            if not mine:
+                del self.by_owner[session.owner]
+        # frames still queued for it are freed by ZeroMQ (LINGER 0 pipes, or when sent)
+        self.unsent_bytes -= session.unsent_bytes
+        session.unsent.clear()
+        session.unsent_bytes = 0
 
     def drop_all(self, why: str) -> None:
         for session in list(self.sessions.values()):
             self.drop(session, why)
+
+    def _reap(self, session: Session) -> None:
+        before = session.unsent_bytes
+        self.unsent_bytes -= before - session.reap()
+
+    def memory_in_use(self) -> int:
+        """What the admission check counts: the store, inferences in flight, queued results."""
+        return self.store.nbytes() + self.inference_bytes + self.unsent_bytes
 
     # ------------------------------------------------------------------ messages
 
@@ -112,13 +166,28 @@ class Tenants:
                 return  # a repeated BEGIN (a retry): the inference is already there
             raise Reject(P.E_BAD_MESSAGE, f"inference {inf_id!r} was already begun with another "
                                           f"graph; CANCEL it or use a new id", inf=inf_id)
-        entry = self.store.graph(graph_id)
+        entry = self.store.graph(graph_id, session.owner)
         if entry is None:
             raise Reject(P.E_UNKNOWN_MODEL, f"graph {graph_id[:12]} is not loaded here; send "
                                             f"MODEL_QUERY (and MODEL_UPLOAD) first", inf=inf_id)
         if len(session.inferences) >= self.max_inferences_per_device:
             raise Reject(P.E_BUSY, f"this device already has {len(session.inferences)} "
-                                   f"inferences in flight (the limit)", inf=inf_id)
+                                   f"inferences in flight (the limit)", inf=inf_id,
+                         limit="inferences_per_device")
+        need = entry.info.inference_bytes
+        if need > self.limits.inference_memory:  # a preloaded graph, or the limit was lowered
+            raise Reject(P.E_MODEL_TOO_LARGE, f"one inference of this graph needs up to "
+                                              f"{need / 2**20:.0f} MiB; this server allows "
+                                              f"{self.limits.inference_memory / 2**20:.0f} MiB",
+                         inf=inf_id, limit="inference_memory")
+        self._reap(session)
+        used = self.memory_in_use()
+        if used + need > self.limits.memory:
+            self.counts["memory_refused"] += 1
+            raise Reject(P.E_BUSY, f"the server's memory budget is in use ({used / 2**20:.0f} of "
+                                   f"{self.limits.memory / 2**20:.0f} MiB; this inference needs "
+                                   f"up to {need / 2**20:.0f}); compute locally or retry later",
+                         inf=inf_id, limit="memory")
         tag = next(self._tags)
         native = NativeInference(self.rt, entry.tg, tag)
         traced = h.get("trace") is True  # recorded only when asked: others pay nothing
@@ -140,7 +209,9 @@ class Tenants:
         if traced:
             si.trace = TraceLog(entry.tg.n_tiles)
         session.inferences[inf_id] = si
+        session.began += 1
         self.by_tag[tag] = si
+        self.inference_bytes += need
         if entry.info.n_inputs == 0:
             self._start_computing(si)
 
@@ -287,6 +358,14 @@ class Tenants:
         ids = np.unique(np.asarray(tiles, dtype=np.int32))
         ids = ids[(info.output_mask[ids] == 1) & ~si.sent[ids]]
         if ids.size:
+            session = si.session
+            self._reap(session)
+            # an inference's own results always fit (else a model with larger outputs could
+            # never run); what is still queued from earlier ones may not exceed the limit
+            if session.unsent_bytes > self.limits.results_per_device and \
+                    session.unsent_before(si.tag) > self.limits.results_per_device:
+                self._drop_results(si)
+                return
             t_out = now()
             try:
                 if si.result_enc is None:
@@ -304,11 +383,35 @@ class Tenants:
             header = {"t": P.RESULT, "inf": si.inf_id, "ts": t_out}
             if si.result_enc is not None:
                 header["enc"] = si.result_enc
-            self.send(si.session.identity, header, *payload)
+            self._send_tracked(session, header, payload, si.tag)
             if si.trace is not None:
                 si.trace.add(ids, t_out, now(), P.TRACE_RETURNED)
         if si.n_sent == info.n_outputs:
             self._finish(si)
+
+    def _send_tracked(self, session: Session, header: dict, frames, tag: int) -> None:
+        """Sends frames whose bytes count against the device's result high-water mark until
+        ZeroMQ has put them on the wire."""
+        nbytes = sum(f.nbytes if isinstance(f, np.ndarray) else len(f) for f in frames)
+        tracker = self.send(session.identity, header, *frames, track=True)
+        if tracker is not None:
+            session.track(tracker, nbytes, tag)
+            self.unsent_bytes += nbytes
+
+    def _drop_results(self, si: ServedInference) -> None:
+        """The device does not read its results: end its inference rather than queue more."""
+        session = si.session
+        self.counts["results_dropped"] += 1
+        log.warning("device %s has %.0f MiB of results it does not read (limit %.0f MiB): "
+                    "inference %r dropped", session.name, session.unsent_bytes / 2**20,
+                    self.limits.results_per_device / 2**20, si.inf_id)
+        self.send(session.identity, {
+            "t": P.ERROR, "code": P.E_RESULTS_DROPPED, "inf": si.inf_id,
+            "limit": "results_per_device",
+            "text": f"results dropped: {session.unsent_bytes} bytes of earlier results are still "
+                    f"queued for this device (limit {self.limits.results_per_device}); read "
+                    f"RESULT messages as they come"})
+        self._free(si, "results not read")
 
     def _finish(self, si: ServedInference) -> None:
         t = now()
@@ -334,7 +437,7 @@ class Tenants:
         except CoactoError as e:  # the trace is a diagnostic: never fail the inference for it
             log.warning("inference %r of device %s: no trace (%s)", si.inf_id, si.session.name, e)
             return
-        self.send(si.session.identity, header, *frames)
+        self._send_tracked(si.session, header, frames, si.tag)
 
     def _free(self, si: ServedInference, why: str) -> None:
         self._stop_computing(si)
@@ -342,6 +445,8 @@ class Tenants:
         if session.inferences.get(si.inf_id) is si:
             del session.inferences[si.inf_id]
             session.recent_freed.append(si.inf_id)
-        self.by_tag.pop(si.tag, None)
+        if self.by_tag.pop(si.tag, None) is not None:
+            self.inference_bytes -= si.entry.info.inference_bytes
+            self.freed_since_trim += 1
         si.native.close()  # cancels its tiles and waits for those running
         log.debug("inference %r of device %s freed (%s)", si.inf_id, session.name, why)
