@@ -8,8 +8,8 @@ together with a server.
 """
 from __future__ import annotations
 
-from .errors import (CoactoError, GraphFileError, InferenceTimeout, InputError, ModelError,
-                     NativeError, ShapeError, UnsupportedOperatorError)
+from .errors import (CoactoError, GraphFileError, InferenceCancelled, InferenceTimeout,
+                     InputError, ModelError, NativeError, ShapeError, UnsupportedOperatorError)
 from .tilegraph import TileGraph
 
 __version__ = "0.1.0"
@@ -76,5 +76,5 @@ def __getattr__(name):
 __all__ = [
     "compile", "load", "Runtime", "Client", "Server", "TileGraph", "CoactoError", "ModelError",
     "UnsupportedOperatorError", "ShapeError", "GraphFileError", "InputError", "NativeError",
-    "InferenceTimeout",
+    "InferenceTimeout", "InferenceCancelled",
 ]

@@ -42,7 +42,12 @@ class InferenceTimeout(NativeError):
     """An inference did not finish within its time limit."""
 
 
+class InferenceCancelled(NativeError):
+    """An inference was stopped by ``Runtime.cancel`` or ``Client.cancel`` before it finished.
+    (Ctrl-C stops it too, but raises KeyboardInterrupt.) The Runtime or Client stays usable."""
+
+
 __all__ = [
     "CoactoError", "ModelError", "UnsupportedOperatorError", "ShapeError", "GraphFileError",
-    "InputError", "NativeError", "InferenceTimeout",
+    "InputError", "NativeError", "InferenceTimeout", "InferenceCancelled",
 ]

@@ -7,6 +7,9 @@ zmq.Poller can wait on alongside the sockets).
 """
 from __future__ import annotations
 
+import threading
+import time
+
 import numpy as np
 
 from . import ir
@@ -21,6 +24,10 @@ SEND_DECIDE = lib.COACTO_SEND_DECIDE
 REPORT_SEND = lib.COACTO_REPORT_SEND
 REPORT_TILE = lib.COACTO_REPORT_TILE
 REPORT_DONE = lib.COACTO_REPORT_DONE
+#: The main thread's wait for an inference wakes this often to let Python run signal handlers:
+#: Ctrl-C is seen within this much (plus the piece of work each computing thread is in); each
+#: wake-up costs a few microseconds.
+WAIT_SLICE_S = 0.01
 
 
 def now() -> float:
@@ -323,8 +330,22 @@ class NativeInference:
         return int(lib.coacto_inference_tile_state(self.handle, tile))
 
     def wait(self, timeout: float | None = None) -> None:
-        check(lib.coacto_inference_wait(self.handle, -1.0 if timeout is None else float(timeout)),
-              "running the inference")
+        """Until the inference is done (raises its error, InferenceTimeout after ``timeout``
+        seconds, InferenceCancelled once cancelled). On the main thread it waits in slices of
+        WAIT_SLICE_S: Python runs signal handlers (Ctrl-C's KeyboardInterrupt) only between
+        bytecodes, never inside one long native wait."""
+        if threading.current_thread() is not threading.main_thread():
+            check(lib.coacto_inference_wait(self.handle, -1.0 if timeout is None else float(timeout)),
+                  "running the inference")
+            return
+        deadline = None if timeout is None else time.monotonic() + float(timeout)
+        while True:
+            left = WAIT_SLICE_S if deadline is None else min(WAIT_SLICE_S,
+                                                             max(0.0, deadline - time.monotonic()))
+            st = lib.coacto_inference_wait(self.handle, left)
+            if st != lib.COACTO_ERR_TIMEOUT or (deadline is not None and left < WAIT_SLICE_S):
+                check(st, "running the inference")
+                return
 
     def failure(self) -> str | None:
         """Why the inference failed (out of memory, ...), or None while it is fine."""

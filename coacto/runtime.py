@@ -9,7 +9,7 @@ import weakref
 import numpy as np
 
 from . import ir
-from .errors import CoactoError, InferenceTimeout, InputError, NativeError
+from .errors import CoactoError, InferenceCancelled, InferenceTimeout, InputError, NativeError
 from .reference import check_integer_input
 from .tilegraph import TileGraph
 
@@ -42,6 +42,9 @@ def check(status: int, what: str, detail: str = "") -> None:
     msg = f"{what}: {text}" + (f" ({detail})" if detail else "")
     if status == lib.COACTO_ERR_TIMEOUT:
         raise InferenceTimeout(msg + "; raise the timeout or use more threads", status)
+    if status == lib.COACTO_ERR_CANCELLED:
+        raise InferenceCancelled(msg + " by Runtime.cancel(); the Runtime is ready for the next "
+                                 "run", status)
     if status == lib.COACTO_ERR_OUT_OF_MEMORY:
         raise NativeError(msg + "; free memory or use a smaller model / batch", status)
     raise NativeError(msg, status)
@@ -217,6 +220,11 @@ class Runtime:
     ``threads`` computing threads (default: the CPUs this process may use); pass ``share=other``
     to run on another Runtime's threads and ready pool (several models, one pool). ``run`` may be
     called from several Python threads at once: each call is one inference in flight.
+
+    ``cancel()`` (from any thread, or a signal handler) stops the runs in flight: each raises
+    InferenceCancelled. Ctrl-C during ``run`` on the main thread stops the native work too and
+    raises KeyboardInterrupt. Either way the work stops within milliseconds (a long tile stops at
+    its next piece of about 128 MFLOP) and the Runtime is ready for the next run.
     """
 
     def __init__(self, graph: TileGraph, threads: int | None = None, share: "Runtime | None" = None):
@@ -234,7 +242,9 @@ class Runtime:
             self._rt = NativeRuntime(threads)
         self._threads = self._rt.threads
         self._native = native_graph(graph)
-        self._lock = threading.Lock()
+        # reentrant: cancel() may run in a signal handler on a thread that holds it in run()
+        self._lock = threading.RLock()
+        self._running: set = set()  # the NativeInferences of the runs in flight
         self._active = 0
         self._closed = False
         self.last_stats: dict = {}
@@ -248,6 +258,16 @@ class Runtime:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+    def cancel(self) -> int:
+        """Stops every run of this Runtime in flight now (each raises InferenceCancelled) and
+        returns how many. Safe from any thread and from a signal handler; it does not wait. A
+        run that starts afterwards is not affected."""
+        with self._lock:  # no logging here: a signal handler may interrupt a log call
+            running = list(self._running)
+            for inf in running:
+                inf.cancel()
+        return len(running)
 
     def close(self) -> None:
         """Releases this Runtime: its threads stop once no other Runtime shares them and no
@@ -376,10 +396,21 @@ class Runtime:
         from .inference import NativeInference
 
         with NativeInference(rt, self.graph) as inf:
-            inf.set_inputs(feeds)
-            inf.wait(timeout)
-            outputs = inf.outputs()
-            self.last_stats = inf.stats()
+            with self._lock:
+                self._running.add(inf)
+            try:
+                inf.set_inputs(feeds)
+                inf.wait(timeout)
+                outputs = inf.outputs()
+                self.last_stats = inf.stats()
+            except BaseException:
+                # Ctrl-C, a timeout, a cancel: the computing threads drop this inference's work
+                # now; leaving the block then waits only for the piece each thread is in
+                inf.cancel()
+                raise
+            finally:
+                with self._lock:
+                    self._running.discard(inf)
         return outputs
 
 

@@ -185,6 +185,9 @@ coacto_status coacto_inference_get_output(coacto_inference *inf, int32_t layer, 
                                           int64_t n_floats);
 coacto_status coacto_inference_get_stats(const coacto_inference *inf, coacto_inference_stats *out);
 int32_t coacto_inference_tile_state(const coacto_inference *inf, int32_t tile);
+/* Stops the inference; from any thread, without blocking. Its tasks leave the ready pool, a tile
+ * in progress stops at its next piece (tiles of more than about 128 MFLOP run in pieces: a few
+ * milliseconds each on a desktop core), and waiters wake with COACTO_ERR_CANCELLED. */
 void coacto_inference_cancel(coacto_inference *inf);
 /* Cancels if still running and waits for tiles in flight on the computing threads. */
 void coacto_inference_destroy(coacto_inference *inf);

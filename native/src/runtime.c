@@ -105,6 +105,38 @@ static int pool_pop(coacto_runtime *rt, int32_t self, task *out) {
     return 0;
 }
 
+/* Takes every task of `inf` out of the ready pool and drops their inflight references, so that a
+ * cancelled inference need not wait for workers busy with other inferences (a server's) to reach
+ * and drop its tasks one by one before coacto_inference_destroy returns. */
+static void pool_purge(coacto_runtime *rt, coacto_inference *inf) {
+    int removed = 0;
+    for (int32_t r = 0; r < rt->n_threads; r++) {
+        pool_row *row = &rt->rows[r];
+        if (atomic_load_explicit(&row->count, memory_order_relaxed) == 0) continue;
+        pthread_mutex_lock(&row->mu);
+        int row_removed = 0;
+        for (int b = 0; b < POOL_DEPTH_BUCKETS; b++) {
+            task_fifo *q = &row->q[b];
+            uint32_t kept = 0;
+            for (uint32_t i = 0; i < q->count; i++) { /* compacts in place, order kept */
+                task t = q->items[(q->head + i) % q->cap];
+                if (t.inf != inf) q->items[(q->head + kept++) % q->cap] = t;
+            }
+            row_removed += (int)(q->count - kept);
+            q->count = kept;
+        }
+        atomic_fetch_sub_explicit(&row->count, row_removed, memory_order_relaxed);
+        pthread_mutex_unlock(&row->mu);
+        removed += row_removed;
+    }
+    if (!removed) return;
+    atomic_fetch_sub(&rt->pending, removed);
+    /* Under the mutex, as release_inflight drops a last reference. */
+    pthread_mutex_lock(&inf->mu);
+    if (atomic_fetch_sub(&inf->inflight, removed) == removed) pthread_cond_broadcast(&inf->cv);
+    pthread_mutex_unlock(&inf->mu);
+}
+
 /* Wakes one sleeping worker, or all of them. */
 static void wake(coacto_runtime *rt, int all) {
     if (atomic_load(&rt->sleepers) > 0) {
@@ -142,6 +174,9 @@ static void pool_push(coacto_runtime *rt, coacto_inference *inf, int32_t tile, i
 
 /* Takes an inflight reference for the task and hands it to the pool (row as in pool_push). */
 static void schedule_to(coacto_inference *inf, int32_t tile, int32_t home) {
+    /* A cancelled inference's tiles are no one's work; one pushed anyway (its check raced with
+     * the cancel) is purged again by coacto_inference_destroy, or dropped when popped. */
+    if (atomic_load_explicit(&inf->cancelled, memory_order_relaxed)) return;
     atomic_fetch_add(&inf->inflight, 1);
     pool_push(inf->rt, inf, tile, home);
 }
@@ -271,6 +306,58 @@ static int scratch_reserve(worker *w, size_t floats) {
     return w->scratch != NULL;
 }
 
+/* A tile of more than this many FLOPs runs in pieces, and a cancelled (or failed) inference stops
+ * between two of them. The partitioner caps a layer's tile count, so one tile of a very large
+ * layer, or of a graph cut into few tiles per layer, can take seconds on one thread, and a cancel
+ * used to wait for it. 128 MFLOP is 1-3 ms on a desktop core and about 15 ms on a Raspberry Pi 4
+ * core; the partitioner's own tiles (about 100 MFLOP, see DEFAULT_TILE_FLOPS) stay whole. */
+#define CANCEL_PIECE_FLOPS 128e6
+/* Row pieces start on a multiple of this from the tile's first row: a multiple of every GEMM
+ * kernel's panel width (partition.py's CONV_ROW_ALIGN), so each piece starts on a packed panel. */
+#define PIECE_ROW_ALIGN 32
+
+/* FLOPs per output value of the ops whose tiles can be long; 0 for the others (memory-bound:
+ * a tile of them takes about the time of its bytes). */
+static double value_flops(const layer *l) {
+    if (l->op == COACTO_OP_CONV) {
+        int32_t group = l->iparams[10] > 0 ? l->iparams[10] : 1;
+        return 2.0 * l->iparams[0] * l->iparams[1] * (double)(l->in_c[0] / group);
+    }
+    if (l->op == COACTO_OP_MATMUL) return 2.0 * l->iparams[4];
+    return 0.0;
+}
+
+static int inference_stopped(const coacto_inference *inf) {
+    return atomic_load_explicit(&inf->cancelled, memory_order_relaxed) ||
+           atomic_load_explicit(&inf->error, memory_order_relaxed);
+}
+
+/* Runs a long tile as a grid of pieces (op_execute computes any sub-rectangle of a tile):
+ * columns first, rows (aligned) only when there are fewer columns than pieces. Returns
+ * COACTO_ERR_CANCELLED, leaving the tile unfinished, when the inference stopped meanwhile. */
+static coacto_status execute_pieces(const coacto_inference *inf, const layer *l,
+                                    const float *const *in, float *out, const int32_t *b,
+                                    double flops, float *scratch) {
+    const int64_t cols = b[1] - b[0], rows = b[3] - b[2];
+    int64_t pieces = (int64_t)ceil(flops / CANCEL_PIECE_FLOPS);
+    int64_t col_pieces = pieces < cols ? pieces : cols;
+    int64_t row_pieces = (pieces + col_pieces - 1) / col_pieces;
+    int64_t max_row_pieces = rows / PIECE_ROW_ALIGN > 0 ? rows / PIECE_ROW_ALIGN : 1;
+    if (row_pieces > max_row_pieces) row_pieces = max_row_pieces;
+    int64_t row_step = (rows + row_pieces - 1) / row_pieces;
+    row_step = (row_step + PIECE_ROW_ALIGN - 1) / PIECE_ROW_ALIGN * PIECE_ROW_ALIGN;
+    for (int64_t i = 0; i < col_pieces; i++) {
+        int32_t c0 = (int32_t)(b[0] + cols * i / col_pieces);
+        int32_t c1 = (int32_t)(b[0] + cols * (i + 1) / col_pieces);
+        for (int64_t r0 = b[2]; r0 < b[3]; r0 += row_step) {
+            if (inference_stopped(inf)) return COACTO_ERR_CANCELLED;
+            int64_t r1 = r0 + row_step < b[3] ? r0 + row_step : b[3];
+            op_execute(l, in, out, c0, c1, (int32_t)r0, (int32_t)r1, scratch);
+        }
+    }
+    return COACTO_OK;
+}
+
 static coacto_status execute_tile(worker *w, coacto_inference *inf, int32_t tile) {
     const coacto_graph *g = inf->g;
     int32_t li = g->tile_layer[tile];
@@ -287,6 +374,8 @@ static coacto_status execute_tile(worker *w, coacto_inference *inf, int32_t tile
     if (!out) return COACTO_ERR_OUT_OF_MEMORY;
     size_t need = l->scratch_fixed + l->scratch_per_col * (size_t)(b[1] - b[0]);
     if (need && !scratch_reserve(w, need)) return COACTO_ERR_OUT_OF_MEMORY;
+    double flops = value_flops(l) * (double)(b[1] - b[0]) * (double)(b[3] - b[2]);
+    if (flops > CANCEL_PIECE_FLOPS) return execute_pieces(inf, l, in, out, b, flops, w->scratch);
     op_execute(l, in, out, b[0], b[1], b[2], b[3], w->scratch);
     return COACTO_OK;
 }
@@ -294,9 +383,7 @@ static coacto_status execute_tile(worker *w, coacto_inference *inf, int32_t tile
 /* Runs a popped task and the depth-first chain behind it; holds one inflight reference. */
 static void run_chain(worker *w, coacto_inference *inf, int32_t tile) {
     while (tile >= 0) {
-        if (atomic_load_explicit(&inf->cancelled, memory_order_relaxed) ||
-            atomic_load_explicit(&inf->error, memory_order_relaxed))
-            break;
+        if (inference_stopped(inf)) break;
         int expected = COACTO_TILE_READY;
         if (!atomic_compare_exchange_strong(&inf->state[tile], &expected, COACTO_TILE_RUNNING))
             break; /* completed from outside meanwhile */
@@ -305,9 +392,11 @@ static void run_chain(worker *w, coacto_inference *inf, int32_t tile) {
             double t0 = coacto_now_seconds();
             st = execute_tile(w, inf, tile);
             double t1 = coacto_now_seconds();
-            inf->trace_t0[tile] = t0;
-            inf->trace_t1[tile] = t1;
-            inf->trace_worker[tile] = w->index;
+            if (st == COACTO_OK) { /* a tile left unfinished by a cancel was not computed */
+                inf->trace_t0[tile] = t0;
+                inf->trace_t1[tile] = t1;
+                inf->trace_worker[tile] = w->index;
+            }
         } else if (atomic_load_explicit(&inf->g->profiling, memory_order_relaxed)) {
             double t0 = coacto_now_seconds();
             st = execute_tile(w, inf, tile);
@@ -323,6 +412,7 @@ static void run_chain(worker *w, coacto_inference *inf, int32_t tile) {
         } else {
             st = execute_tile(w, inf, tile);
         }
+        if (st == COACTO_ERR_CANCELLED) break; /* stopped mid-tile: it stays RUNNING, unread */
         if (st != COACTO_OK) {
             inference_fail(inf, st);
             break;
@@ -788,6 +878,7 @@ int32_t coacto_inference_tile_state(const coacto_inference *inf, int32_t tile) {
 void coacto_inference_cancel(coacto_inference *inf) {
     if (!inf) return;
     atomic_store(&inf->cancelled, 1);
+    pool_purge(inf->rt, inf);
     signal_done(inf);
 }
 
