@@ -160,6 +160,10 @@ class NativeGraph:
         resets the totals."""
         check(lib.coacto_graph_set_profiling(self.handle, 1 if enable else 0), "setting profiling")
 
+    def release_buffers(self) -> int:
+        """Frees the activation buffers kept for reuse by later inferences; the bytes freed."""
+        return int(lib.coacto_graph_release_buffers(self.handle))
+
     def layer_seconds(self) -> np.ndarray:
         """Seconds the computing threads spent in each layer's tiles since profiling was enabled."""
         n = len(self.layer_floats)

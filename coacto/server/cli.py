@@ -102,6 +102,21 @@ def _setup_logging(json_log: bool, verbose: bool) -> None:
     root.setLevel(logging.DEBUG if verbose else logging.INFO)
 
 
+def _raise_fd_limit() -> None:
+    """Every device connection is a socket: the usual soft limit of 1,024 descriptors would let a
+    thousand idle connections lock every other device out (accept fails), long before the
+    session limits apply. The hard limit is the operator's; the soft one is raised to it."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 16)
+        if soft < target:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ImportError, ValueError, OSError) as e:  # not POSIX, or not allowed: keep it
+        log.debug("keeping the file descriptor limit: %s", e)
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     _setup_logging(args.json_log, args.verbose)
@@ -116,6 +131,7 @@ def main(argv=None) -> int:
 
     from .server import Server
 
+    _raise_fd_limit()
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

@@ -50,9 +50,10 @@ SNDHWM = 4096
 #: Without keys, a connection that has not begun an inference is forgotten after this long
 #: (at least): longer than a client's heartbeat period, so a device at rest keeps its session.
 IDLE_EXPIRY_MIN_S = 1.0
-#: After the last inference ends, the I/O thread waits this long before it hands freed heap
-#: memory back to the OS (malloc_trim): not between two inferences of a busy device.
-TRIM_AFTER_IDLE_S = 0.5
+#: After the last inference ends, the I/O thread waits this long before it frees the activation
+#: buffers the graphs keep for reuse and hands freed heap memory back to the OS (malloc_trim):
+#: not between two inferences of a device that runs one a second.
+TRIM_AFTER_IDLE_S = 2.0
 DEFAULT_BIND = "tcp://127.0.0.1:5555"
 #: The ZAP domain of the server's socket (the authenticator answers for it only).
 ZAP_DOMAIN = "coacto"
@@ -368,7 +369,7 @@ class Server:
                 if now() >= next_sweep:
                     self._guarded(lambda: self.tenants.sweep(self.heartbeat_timeout))
                     self._guarded(self._trim_when_idle)
-                    next_sweep = now() + min(sweep_every, TRIM_AFTER_IDLE_S)
+                    next_sweep = now() + sweep_every
         finally:
             self._guarded(lambda: self.tenants.drop_all("the server is stopping"))
             self._sock.close(0)
@@ -384,6 +385,7 @@ class Server:
         if self._idle_since is None:
             self._idle_since = t
         elif t - self._idle_since >= TRIM_AFTER_IDLE_S:
+            self.store.release_buffers()
             _malloc_trim()
             self._counts["trims"] += 1
             self.tenants.freed_since_trim = 0

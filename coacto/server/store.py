@@ -432,6 +432,13 @@ class ModelStore:
                  need / 2**20)
         return self.add_graph(tg, owners=None if public or owner is None else {owner})
 
+    def release_buffers(self) -> int:
+        """Frees the activation buffers each compiled graph keeps for its next inferences;
+        the bytes freed."""
+        with self._lock:
+            natives = [e.tg._native for e in self._graphs.values() if e.tg._native is not None]
+        return sum(n.release_buffers() for n in natives)
+
     def nbytes(self) -> int:
         """Bytes the store holds: ONNX files and compiled graphs."""
         with self._lock:

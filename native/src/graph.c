@@ -146,6 +146,21 @@ void graph_note_peak(coacto_graph *g, int64_t peak_bytes) {
     pthread_mutex_unlock(&g->cache_mu);
 }
 
+int64_t coacto_graph_release_buffers(coacto_graph *g) {
+    if (!g) return 0;
+    pthread_mutex_lock(&g->cache_mu);
+    struct cached_buffer *cached = g->cache;
+    int32_t n = g->cache_n;
+    int64_t freed = g->cache_bytes;
+    g->cache = NULL;
+    g->cache_n = g->cache_cap = 0;
+    g->cache_bytes = 0;
+    pthread_mutex_unlock(&g->cache_mu);
+    for (int32_t i = 0; i < n; i++) buffer_free(cached[i].ptr, cached[i].bytes);
+    free(cached);
+    return freed;
+}
+
 static void graph_free(coacto_graph *g) {
     if (!g) return;
     for (int32_t i = 0; i < g->cache_n; i++) buffer_free(g->cache[i].ptr, g->cache[i].bytes);
