@@ -28,6 +28,7 @@ from __future__ import annotations
 import collections
 import hashlib
 import logging
+import operator
 import os
 import threading
 
@@ -145,6 +146,9 @@ def import_model(model, input_shapes: dict[str, tuple[int, ...]] | None = None) 
     ``input_shapes`` fixes the shapes of inputs with dynamic dimensions, e.g.
     ``{"input": (1, 3, 224, 224)}``. Raises ModelError (unreadable model), ShapeError (unknown or
     inconsistent shapes) or UnsupportedOperatorError (listing every node that cannot be run)."""
+    if input_shapes is not None and not isinstance(input_shapes, dict):
+        raise ShapeError(f"input_shapes must be a dict {{input name: shape}}, not "
+                         f"{type(input_shapes).__name__}")
     proto, data = load_model(model)
     # hashlib releases the GIL on large buffers: hash while importing.
     digest = hashlib.sha256()
@@ -244,7 +248,7 @@ class _Importer(ValueMixin):
             tt = vi.type.tensor_type
             elem = tt.elem_type if vi.type.HasField("tensor_type") else 0
             if elem != onnx.TensorProto.FLOAT and elem not in _INTEGER_INPUTS:
-                dtype = helper.tensor_dtype_to_string(elem) if elem else "non-tensor"
+                dtype = _dtype_name(elem) if elem else "non-tensor"
                 self.failures.append((vi.name, "Input", f"input of type {dtype}; coacto runs "
                                       "float32 and integer inputs (cast in the model's caller)"))
                 self.values[vi.name] = _UNKNOWN
@@ -304,7 +308,11 @@ class _Importer(ValueMixin):
                              f"input_shapes={{{vi.name!r}: (...)}} to import_model")
         static = [d.dim_value if d.HasField("dim_value") else None for d in (dims or [])]
         if given is not None:
-            given = tuple(int(d) for d in given)
+            try:
+                given = tuple(operator.index(d) for d in given)
+            except TypeError:
+                raise ShapeError(f"input_shapes[{vi.name!r}] = {given!r}: a shape is a tuple of "
+                                 "integers, e.g. (1, 3, 224, 224)") from None
             if dims is not None and len(given) != len(static):
                 raise ShapeError(f"input_shapes[{vi.name!r}] = {given} has rank {len(given)} but "
                                  f"the model's input has rank {len(static)}")
@@ -384,7 +392,7 @@ class _Importer(ValueMixin):
             elem = vo.type.tensor_type.elem_type
             if elem not in (0, onnx.TensorProto.FLOAT):
                 self.failures.append((name, "Output", (
-                    f"output {name!r} is {onnx.helper.tensor_dtype_to_np_dtype(elem)}; coacto "
+                    f"output {name!r} is {_dtype_name(elem)}; coacto "
                     f"computes and returns float32 tensors")))
                 continue
             if isinstance(v, np.ndarray):
@@ -564,6 +572,13 @@ class _Importer(ValueMixin):
 
     indexing = False
     last_pad = None
+
+
+def _dtype_name(elem: int) -> str:
+    try:
+        return helper.tensor_dtype_to_string(elem)
+    except (KeyError, ValueError):
+        return f"unknown element type {elem}"
 
 
 def _node_attrs(node, name: str) -> dict:

@@ -349,6 +349,11 @@ _REQUIRED_ATTRS = {
     "LAYERNORM": ("eps",), "ROW_REDUCE": ("kind",), "WHERE": ("operands",),
     "MATMUL": ("batch0", "batch1", "m", "n", "k"),
 }
+#: Attributes the runtime reads as floats (coacto_layer_desc.fparams); every other one is one of
+#: its int32 parameters.
+_FLOAT_ATTRS = frozenset({"alpha", "beta", "bias", "eps", "scale", "fill"})
+#: ONNX element types of integer inputs (the importer's _INTEGER_INPUTS).
+_INTEGER_DTYPES = (7, 6, 5, 3, 2, 4, 12, 9)  # INT64, INT32, INT16, INT8, UINT8/16/32, BOOL
 #: The native runtime's limits (native/src/graph.c): a file beyond them is refused here, before
 #: the tile arrays are allocated.
 MAX_LAYERS = 1 << 20
@@ -430,6 +435,13 @@ def check_header(h, blob_size: int) -> None:
         for k, v in attrs.items():
             if not isinstance(k, str) or type(v) not in (int, float):
                 raise GraphFileError(f"{where}: attribute {k!r} = {v!r} is not a number")
+            if k not in _FLOAT_ATTRS and (type(v) is not int or not -_INT32_MAX <= v <= _INT32_MAX):
+                raise GraphFileError(f"{where}: attribute {k!r} = {v!r} is not a 32-bit integer")
+        if op == "INPUT" and (attrs.get("dtype", _INTEGER_DTYPES[0]) not in _INTEGER_DTYPES
+                              or attrs.get("index_limit", 1) < 1):
+            raise GraphFileError(f"{where}: input element type {attrs.get('dtype')} / index "
+                                 f"limit {attrs.get('index_limit')} (an ONNX integer type and a "
+                                 "positive table size expected)")
         missing = [k for k in _REQUIRED_ATTRS.get(op, ()) if k not in attrs]
         if missing:
             raise GraphFileError(f"{where}: a {op} layer without attributes {missing}")

@@ -54,6 +54,15 @@ def test_input_shapes_beyond_the_limit_are_refused():
     assert "input_shapes['input']" in msg and "MAX_TENSOR_ELEMENTS" in msg
 
 
+@pytest.mark.parametrize("shapes, fragment", [
+    ({"input": ("1", 3, 8, 8)}, "a shape is a tuple of integers"),
+    ({"input": (1, 3, 8.5, 8)}, "a shape is a tuple of integers"),
+    ([(1, 3, 8, 8)], "input_shapes must be a dict"),
+])
+def test_input_shapes_that_are_not_shapes_are_refused(shapes, fragment):
+    assert fragment in _compile_error(_conv_model(), ShapeError, input_shapes=shapes)
+
+
 def test_a_dimension_0_is_reported_as_such_not_as_dynamic():
     msg = _compile_error(_conv_model(x_shape=(1, 3, 0, 8)), ShapeError)
     assert "dimension 0" in msg and "axis 2" in msg and "dynamic" not in msg
@@ -248,6 +257,10 @@ def test_an_unchanged_file_loads(ctg):
     (lambda h: _layer(h, "CONV")["attrs"].pop("kh"), "without attributes ['kh']"),
     (lambda h: _layer(h, "CONV")["attrs"].__setitem__("group", 0), "group 0"),
     (lambda h: _layer(h, "CONV")["attrs"].__setitem__("kh", "3"), "is not a number"),
+    (lambda h: _layer(h, "CONV")["attrs"].__setitem__("sh", 2**31), "not a 32-bit integer"),
+    (lambda h: _layer(h, "CONV")["attrs"].__setitem__("sh", float("nan")),
+     "not a 32-bit integer"),
+    (lambda h: _layer(h, "INPUT")["attrs"].__setitem__("dtype", 999), "input element type 999"),
     (lambda h: _layer(h, "CONV")["arrays"].pop(), "1 weight arrays, a CONV layer has 2"),
     (lambda h: _layer(h, "CONV")["arrays"][0].__setitem__(3, 1 << 40), "lies outside"),
     (lambda h: _layer(h, "CONV")["arrays"][0].__setitem__(2, [9, 9]), "does not match its shape"),
