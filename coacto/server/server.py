@@ -263,7 +263,7 @@ class Server:
         self._thread = threading.Thread(target=self._loop, name="coacto-server-io", daemon=True)
         self._thread.start()
         log.info("coacto-server %s listening on %s (protocol %d, %d threads, %.3g GFLOP/s %s, "
-                 "%d models preloaded, %s, memory limit %.0f MiB)", __version__, self.address,
+                 "%d models preloaded, %s, memory limit %.0f MiB)", __version__, self.bound,
                  P.PROTOCOL_VERSION, self.threads, flops / 1e9,
                  "given" if self._given_flops else "calibrated", len(self.loaded_models),
                  self.security, self.limits.memory / 2**20)
@@ -502,7 +502,8 @@ class Server:
         session.version = v
         client = h.get("client")
         session.client = client[:128] if isinstance(client, str) else ""
-        log.info("device %s says hello (%s)", session.name, session.client or "unnamed client")
+        log.info("device %s says hello (%s; %s)", session.name, session.client or "unnamed client",
+                 f"key {session.owner[:12]}..." if self.secure else session.owner or "?")
         reply = {
             "t": P.HELLO_OK, "v": P.PROTOCOL_VERSION, "server_flops": self._flops.value,
             "threads": self.threads, "max_model_bytes": self.max_model_bytes,
