@@ -4,11 +4,16 @@ models, and that every tenant limit answers with its error before the server all
 wait is bounded."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import json
 import os
 import shutil
+import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -84,6 +89,13 @@ def small():
     feeds = {"input": np.random.default_rng(1).standard_normal((1, 3, 16, 16)).astype(np.float32)}
     ref = coacto.Runtime(tg, threads=1).run(feeds)
     return {"data": data, "tg": tg, "feeds": feeds, "ref": ref, "tiles": input_tiles(tg, feeds)}
+
+
+@contextlib.contextmanager
+def socket_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        yield s.getsockname()[1]
 
 
 def query(tg):
@@ -433,3 +445,61 @@ def test_heap_goes_back_to_the_os_after_a_burst(ctx, small):
             assert srv.stats()["trims"] == 1
         finally:
             d.close()
+
+
+# ------------------------------------------------------------------------------ the commands
+
+def test_the_commands_with_keys_as_the_readme_says(tmp_path, small):
+    """coacto keygen, coacto-server and coacto-client as separate processes, keys from files and
+    from the environment; a device whose key is not in the folder runs alone (fallback)."""
+    def run(*argv, env=None):
+        return subprocess.run([*argv], capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+
+    exe = {n: shutil.which(n) for n in ("coacto", "coacto-server", "coacto-client")}
+    if not all(exe.values()):
+        pytest.fail(f"the console scripts are not installed: {exe}; pip install -e .")
+    keys_dir, allowed = tmp_path / "keys", tmp_path / "allowed"
+    for name in ("server", "phone1", "phone2"):
+        assert run(exe["coacto"], "keygen", "--out", str(keys_dir), name).returncode == 0
+    allowed.mkdir()
+    shutil.copy(keys_dir / "phone1.key", allowed)
+    (tmp_path / "m.onnx").write_bytes(small["data"])
+    with socket_port() as port:
+        pass
+    srv = subprocess.Popen([exe["coacto-server"], "--bind", f"tcp://*:{port}", "--threads", "1",
+                            "--server-flops", "1e9"], stderr=subprocess.PIPE, text=True,
+                           env={**os.environ, K.ENV_SECRET_KEY: str(keys_dir / "server.key_secret"),
+                                K.ENV_ALLOWED_KEYS: str(allowed)})
+    try:
+        seen = []
+        guard = threading.Timer(60, srv.kill)  # a server that hangs before ready ends the read
+        guard.start()
+        for line in srv.stderr:  # until the server says it is ready (or exits)
+            seen.append(line)
+            if "ready: " in line:
+                break
+        guard.cancel()
+        assert seen and "curve" in seen[-1], "".join(seen)
+        threading.Thread(target=srv.stderr.read, daemon=True).start()  # never a full pipe
+        base = [exe["coacto-client"], "--server", f"tcp://127.0.0.1:{port}", "--model",
+                str(tmp_path / "m.onnx"), "--tiles", "2", "--random", "--policy", "cloud",
+                "--json", "--timeout", "3"]
+        ok = run(*base, "--server-key", str(keys_dir / "server.key"),
+                 "--client-key", str(keys_dir / "phone1.key_secret"))
+        assert ok.returncode == 0, ok.stderr
+        assert json.loads(ok.stdout.splitlines()[0])["fallback"] is False, ok.stdout
+        env = {K.ENV_SERVER_KEY: str(keys_dir / "server.key"),
+               K.ENV_CLIENT_KEY: str(keys_dir / "phone2.key_secret")}
+        refused = run(*base, env=env)
+        assert refused.returncode == 0, refused.stderr
+        row = json.loads(refused.stdout.splitlines()[0])
+        assert row["fallback"] is True and "refused this device's key" in row["fallback_reason"]
+    finally:
+        srv.send_signal(signal.SIGTERM)
+        try:
+            assert srv.wait(15) == 0
+        finally:
+            if srv.poll() is None:
+                srv.kill()
+            srv.stderr.close()
