@@ -697,7 +697,8 @@ def main(argv=None) -> int:
         print(f"coacto: error: {where}{e.strerror or e}; check the path and its permissions",
               file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # a run in flight was cancelled before this was raised
+        print("coacto: interrupted", file=sys.stderr)
         return 130
 
 

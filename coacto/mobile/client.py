@@ -269,8 +269,32 @@ class Client:
 
     def infer(self, feeds: dict, policy: str | None = None, trace=None) -> dict[str, np.ndarray]:
         """One inference: {input name: array (float32; integers for token ids and masks)} ->
-        {output name: array} (ONNX names). ``trace``: see ``infer_async``."""
-        return self.infer_async(feeds, policy, trace).result()
+        {output name: array} (ONNX names). ``trace``: see ``infer_async``. Ctrl-C while it runs
+        raises KeyboardInterrupt and stops the inference as ``cancel`` does; so does any other
+        exception raised in this thread while it waits."""
+        future = self.infer_async(feeds, policy, trace)
+        try:
+            return future.result()
+        except BaseException:
+            if not future.done():  # interrupted while waiting: nobody wants the result
+                self._engine.cancel(future)
+            raise
+
+    #: the id of the last inference submitted (cancel() without a Future stops it and older ones)
+    _last_id = 0
+
+    def cancel(self, future: Future | None = None) -> None:
+        """Stops the inference of ``future`` (from ``infer_async``), or with no argument every
+        inference submitted so far that has not finished: each Future raises InferenceCancelled.
+        The device's computing threads drop its work within milliseconds, and a server working
+        on it is sent CANCEL and frees what it holds. From any thread, or a signal handler; it
+        does not wait. The client stays usable; a finished or unknown Future is left alone."""
+        if self._closed:
+            return
+        if future is not None and not isinstance(future, Future):
+            raise CoactoError(f"cancel() takes a Future from infer_async, got "
+                              f"{type(future).__name__}")
+        self._engine.cancel(future, upto=self._last_id)
 
     def infer_async(self, feeds: dict, policy: str | None = None, trace=None) -> Future:
         """Submits an inference; the Future's result is the outputs, its ``stats`` attribute the
@@ -294,6 +318,7 @@ class Client:
         options = {k: self._options[k] for k in keys if self._options[k] is not None}
         record = TraceRecord(None if trace is True else trace) if trace else None
         job = Job(next(self._ids), feeds, policy, options, now(), trace=record)
+        self._last_id = job.id
         self._engine.submit(job)
         return job.future
 

@@ -36,8 +36,9 @@ import zmq
 
 from .. import __version__
 from .. import protocol as P
-from ..errors import CoactoError
+from ..errors import CoactoError, InferenceCancelled
 from ..inference import REPORT_DONE, SEND_ALWAYS, SEND_DECIDE, NativeInference, ReportQueue, now
+from ..runtime import lib
 from . import estimates, policies
 from .jobs import COALESCE_S, Job, job_stats
 from .link import Link
@@ -103,6 +104,7 @@ class Engine:
         name = name or f"coacto-client/{__version__} {socket.gethostname()} pid {os.getpid()}"
         self._ready_cv = threading.Condition()
         self._submissions: queue.SimpleQueue = queue.SimpleQueue()
+        self._cancels: queue.SimpleQueue = queue.SimpleQueue()  # (Future or None, last id)
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -147,6 +149,12 @@ class Engine:
         if self._closing:
             raise RuntimeError("closed")
         self._submissions.put(job)
+        self._wake()
+
+    def cancel(self, future=None, upto: int = 0) -> None:
+        """From any thread (a signal handler too: SimpleQueue.put is reentrant): stops the
+        inference whose Future is ``future``, or with None every one numbered up to ``upto``."""
+        self._cancels.put((future, upto))
         self._wake()
 
     def schedule_rates(self, steps) -> None:
@@ -213,6 +221,7 @@ class Engine:
         try:
             while not self._closing:
                 self._intake()
+                self._take_cancels()
                 self._rates(now())
                 self._timers(now())
                 link.deliver(now(), self._handle)
@@ -614,6 +623,35 @@ class Engine:
                 if job is not None and job.native is not None:
                     self._finish(job)
         # REPORT_SEND only wakes the loop: _pump looks at every sending job's queue
+
+    def _take_cancels(self) -> None:
+        while True:
+            try:
+                future, upto = self._cancels.get_nowait()
+            except queue.Empty:
+                return
+            self._intake()  # a job submitted after the loop's intake, before its cancel
+            for job in list(self._jobs.values()):
+                if job.future is future or future is None and job.id <= upto:
+                    self._cancel(job)
+
+    def _cancel(self, job: Job) -> None:
+        """The application gave up on an inference: its local work stops, its messages not yet
+        sent are withdrawn, the server (if it has it) is sent CANCEL, its Future fails."""
+        del self._jobs[job.id]
+        job.done = True
+        native, job.native = job.native, None
+        if native is not None:
+            native.cancel()  # the computing threads drop it now
+            self._reaper.submit(native.close)  # waits for the piece each thread is in
+        for frames in self.link.drop_job(job, now()):
+            self.est.goodput.forget((job.id, P.unpack(frames[:1])[0].get("batch")))
+        if job.begin_released and job.epoch == self.link.epoch and not job.server_done \
+                and self.link.is_open:
+            self.link.control({"t": P.CANCEL, "inf": job.id}, job=job)
+        log.info("inference %d cancelled", job.id)
+        job.fail(InferenceCancelled(f"inference {job.id} was cancelled (Client.cancel); the "
+                                    "client is ready for the next", lib.COACTO_ERR_CANCELLED))
 
     def _finish(self, job: Job) -> None:
         del self._jobs[job.id]
