@@ -256,10 +256,13 @@ static coacto_status load_layers(coacto_graph *g, const coacto_graph_desc *d, ch
             return ops_fail(err, es, "layer %d: input layers and only they have no inputs", li);
         if (ld->n < 1 || ld->c < 1 || ld->h < 1 || ld->w < 1)
             return ops_fail(err, es, "layer %d: non-positive dims", li);
-        int64_t floats = (int64_t)ld->n * ld->c * ld->h * ld->w;
-        int64_t cols = (int64_t)ld->n * ld->h * ld->w;
-        if (floats > MAX_LAYER_FLOATS || cols > INT32_MAX)
-            return ops_fail(err, es, "layer %d: too large (%lld values)", li, (long long)floats);
+        /* one factor at a time: four int32 dims overflow int64 (ops_mul gives -1 instead) */
+        int64_t floats = ops_mul(ops_mul(ops_mul(ld->n, ld->c), ld->h), ld->w);
+        int64_t cols = ops_mul(ops_mul(ld->n, ld->h), ld->w);
+        if (floats < 0 || floats > MAX_LAYER_FLOATS || cols < 0 || cols > INT32_MAX)
+            return ops_fail(err, es, "layer %d: dims %dx%dx%dx%d (NCHW) are too large (at most "
+                            "%lld values, %d columns)", li, ld->n, ld->c, ld->h, ld->w,
+                            (long long)MAX_LAYER_FLOATS, INT32_MAX);
         g->layer_floats[li] = floats;
         g->layer_flags[li] = ld->flags;
         memset(l, 0, sizeof *l);
