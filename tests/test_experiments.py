@@ -162,3 +162,22 @@ def test_the_timeline_holds_both_sides_of_a_collaborative_inference(tmp_path):
     ends = {e["id"] for e in events if e.get("ph") == "f"}
     assert starts and starts == ends
     assert (tmp_path / "timeline.png").stat().st_size > 20_000
+
+
+def test_a_short_soak_loses_nothing_across_a_server_restart(tmp_path):
+    # two device processes, a keyed server restarted half-way: every request answered and right
+    # (fallbacks while the server is away are the design); too short to judge RSS and fds
+    import subprocess
+
+    r = subprocess.run([sys.executable, str(EXPERIMENTS / "soak.py"), "--devices", "2",
+                        "--inferences", "10", "--think-ms", "20", "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=90)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    s = json.loads((tmp_path / "soak.json").read_text())
+    assert s["passed"] and s["answered"] == s["inferences"] == 20
+    assert s["wrong"] == 0 and s["lost"] == 0 and s["max_rel_error"] <= 1e-4
+    assert s["restart"]["exit_status"] == 0 and s["server_exit_status"] == 0
+    assert len(s["server_incarnations"]) == 2
+    with open(tmp_path / "soak.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 20 and all(r["ok"] == "True" for r in rows)
