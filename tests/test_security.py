@@ -342,8 +342,11 @@ def test_a_device_that_does_not_read_gets_its_results_dropped(ctx):
                 d.send({"t": P.BEGIN, "inf": inf, "graph_id": tg.graph_id})
                 d.send(*tiles_message(inf, tiles))
             deadline = time.monotonic() + 20
-            while srv.stats()["inferences"] and time.monotonic() < deadline:
-                time.sleep(0.05)  # the device reads nothing meanwhile
+            while time.monotonic() < deadline:  # the device reads nothing meanwhile
+                st = srv.stats()
+                if st["results_dropped"] + st["inferences_done"] == 6:
+                    break
+                time.sleep(0.05)
             st = srv.stats()
             assert st["inferences"] == 0 and st["results_dropped"] >= 1, st
             queued = st["unsent_bytes"]
@@ -503,3 +506,33 @@ def test_the_commands_with_keys_as_the_readme_says(tmp_path, small):
             if srv.poll() is None:
                 srv.kill()
             srv.stderr.close()
+
+
+def test_a_model_too_costly_to_partition_is_refused_before_partitioning(ctx):
+    """A 7x7 convolution over a large image: small activations for its FLOPs, but the
+    partitioner's per-tap tables would be about 3 KB per column; refused from the imported
+    graph's shapes, before any of them is built."""
+    from coacto.server.store import partition_bytes
+    from coacto.onnx_import import import_model
+
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((2, 3, 7, 7)).astype(np.float32), "w")
+    g = helper.make_graph(
+        [helper.make_node("Conv", ["input", "w"], ["output"], name="/stem/Conv",
+                          kernel_shape=[7, 7], pads=[3, 3, 3, 3])], "torch_jit",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, 512, 512])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 2, 512, 512])], [w])
+    data = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    work = partition_bytes(import_model(data))
+    assert work == 64 * 49 * 512 * 512
+    limits = Limits(memory=1 << 30, inference_memory=work // 2)
+    with Server("tcp://127.0.0.1:0", threads=1, server_flops=1e9, limits=limits) as srv:
+        d = Device(ctx, srv.address)
+        try:
+            digest = hashlib.sha256(data).hexdigest()
+            e = d.error({"t": P.MODEL_UPLOAD, "graph_id": "0" * 64, "model_hash": digest,
+                         "params": {}}, data)
+            assert e["code"] == P.E_MODEL_TOO_LARGE and "partitioning" in e["text"], e
+            assert srv.store.stats()["models"] == 0
+        finally:
+            d.close()

@@ -97,6 +97,34 @@ def check_params(params) -> dict:
 INFERENCE_BYTES_PER_TILE = 32
 
 
+def activation_bytes(graph) -> int:
+    """What one inference's activations may hold: every layer's float32 buffer at once (the
+    runtime frees a layer when its last consumer is done, but the order tiles run in depends on
+    the threads: this bound holds for any order) and one copy of the outputs on their way to the
+    device. Known from the imported graph, before it is partitioned."""
+    acts = sum(int(np.prod(layer.shape, dtype=np.int64)) for layer in graph.layers)
+    outs = sum(int(np.prod(graph.layers[li].shape, dtype=np.int64))
+               for li in set(graph.outputs.values()))
+    return 4 * (acts + outs)
+
+
+#: The partitioner maps every (output column, window tap) pair of a layer to its input column
+#: with int64 index arrays and their temporaries: about this many bytes per pair at its peak
+#: (measured: 77 bytes per column for a 1x1 convolution, 575 for 3x3, 3,123 for 7x7).
+PARTITION_BYTES_PER_TAP = 64
+
+
+def partition_bytes(graph) -> int:
+    """A bound on what partitioning the imported graph allocates at its peak: the largest
+    layer's (column, window tap) pairs."""
+    worst = 0
+    for layer in graph.layers:
+        taps = int(layer.attrs.get("kh", 1)) * int(layer.attrs.get("kw", 1)) \
+            if layer.op in ("CONV", "POOL") else 1
+        worst = max(worst, layer.columns * max(1, taps))
+    return PARTITION_BYTES_PER_TAP * worst
+
+
 class GraphInfo:
     """What the server needs per tile graph, computed once: output tiles, input tiles, sizes."""
 
@@ -115,13 +143,7 @@ class GraphInfo:
         b = plan.tile_bounds.astype(np.int64)
         self.sizes = (b[:, 1] - b[:, 0]) * (b[:, 3] - b[:, 2])
         self.total_flops = float(tg.total_flops)
-        # What one inference may hold: every layer's float32 buffer at once (the runtime frees a
-        # layer when its last consumer is done, but in which order tiles run depends on the
-        # threads: this bound holds for any order), its per-tile state, and one copy of the
-        # outputs on their way to the device.
-        acts = sum(int(np.prod(layer.shape, dtype=np.int64)) for layer in g.layers)
-        outs = sum(int(np.prod(g.layers[li].shape, dtype=np.int64)) for li in set(g.outputs.values()))
-        self.inference_bytes = 4 * (acts + outs) + INFERENCE_BYTES_PER_TILE * n
+        self.inference_bytes = activation_bytes(g) + INFERENCE_BYTES_PER_TILE * n
 
 
 class GraphEntry:
@@ -392,10 +414,26 @@ class ModelStore:
                 if existing.owners is not None and owner is not None:
                     existing.owners.add(owner)
             return existing
-        from .. import compile as coacto_compile
+        from .. import partition_graph
+        from ..onnx_import import import_model
 
         try:
-            tg = coacto_compile(data, **kw)
+            graph = import_model(data, input_shapes=kw["input_shapes"])
+            # checked before partitioning, whose own tables grow with the layers' columns
+            need = activation_bytes(graph)
+            work = partition_bytes(graph)
+            if self.max_inference_bytes is not None and max(need, work) > self.max_inference_bytes:
+                self.refused += uploaded
+                what = (f"one inference of this model needs up to {need / 2**20:.0f} MiB of "
+                        f"activations" if need >= work else
+                        f"partitioning this model needs about {work / 2**20:.0f} MiB")
+                raise StoreError(P.E_MODEL_TOO_LARGE, (
+                    f"{what}; this server allows {self.max_inference_bytes / 2**20:.0f} MiB per "
+                    f"inference (coacto-server --memory-limit); compute it on the device"))
+            tg = partition_graph(graph, kw["tiles_per_layer"], kw["input_shapes"],
+                                 kw["layer_tiles"], kw["min_column_blocks"])
+        except StoreError:
+            raise
         except CoactoError as e:
             self.refused += uploaded
             raise StoreError(P.E_MODEL_INVALID, f"the model does not compile: {e}") from None
