@@ -381,7 +381,8 @@ def _ints(v, where: str, lo: int, hi: int = _INT32_MAX) -> list[int]:
 
 
 def _bounds(b, total: int, where: str) -> int:
-    """The number of blocks of a split stored as int64 bytes; checks 0 = b[0] < ... < b[-1] = total."""
+    """The number of blocks of a split stored as int64 bytes, checking that
+    0 = b[0] < ... < b[-1] = total."""
     if not isinstance(b, bytes) or len(b) % 8 or len(b) < 16:
         raise GraphFileError(f"{where} must hold at least two int64 values")
     a = np.frombuffer(b, "<i8")
@@ -459,6 +460,8 @@ def check_header(h, blob_size: int) -> None:
             if key == "inputs" and layers[li]["op"] != "INPUT":
                 raise GraphFileError(f"input {name!r} refers to layer {li}, a "
                                      f"{layers[li]['op']} layer, not an INPUT")
+            if layers[li].get("onnx_shape") is None:  # what callers feed and are given back
+                raise GraphFileError(f"{key[:-1]} {name!r}: layer {li} has no onnx_shape")
     if not h["outputs"]:
         raise GraphFileError("the graph has no outputs")
     _check_tiles(_need(h, "tiles", dict, "the header"), layers)

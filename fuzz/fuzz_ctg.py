@@ -64,7 +64,7 @@ def check(data: bytes) -> None:
             try:
                 graph = TileGraph.from_bytes(candidate, "<fuzz input>")
                 native_graph(graph)
-                graph.summary()
+                graph.summary(), graph.inputs, graph.outputs, graph.example_feeds()
             except CoactoError:
                 pass
     finally:

@@ -270,6 +270,7 @@ def test_an_unchanged_file_loads(ctg):
     (lambda h: _layer(h, "CONV").__setitem__("shape", [1, 4, 0, 8]), "has a value outside"),
     (lambda h: _layer(h, "CONV").__setitem__("onnx_shape", [1, 4, 8, 9]), "does not hold"),
     (lambda h: _layer(h, "CONV").__setitem__("layout", "diagonal"), "unknown layout"),
+    (lambda h: _layer(h, "INPUT").__setitem__("onnx_shape", None), "has no onnx_shape"),
     (lambda h: h.pop("layers"), "has no 'layers'"),
     (lambda h: h.__setitem__("layers", {}), "'layers' is a dict"),
     (lambda h: h["tiles"]["col_bounds"].pop(), "splits 3 and 4 layers"),
