@@ -41,7 +41,8 @@ def partition_graph(graph, tiles_per_layer: int | None = None, input_shapes: dic
     plan = partition(graph, tiles_per_layer, layer_tiles, min_column_blocks)
     params = {
         "tiles_per_layer": tiles_per_layer,
-        "input_shapes": {k: list(v) for k, v in sorted((input_shapes or {}).items())},
+        # plain ints: the parameters are JSON (and part of the graph id), numpy ints are not
+        "input_shapes": {k: [int(d) for d in v] for k, v in sorted((input_shapes or {}).items())},
     }
     if min_column_blocks:  # absent otherwise, like layer_tiles
         params["min_column_blocks"] = int(min_column_blocks)
