@@ -335,7 +335,8 @@ class NativeInference:
         WAIT_SLICE_S: Python runs signal handlers (Ctrl-C's KeyboardInterrupt) only between
         bytecodes, never inside one long native wait."""
         if threading.current_thread() is not threading.main_thread():
-            check(lib.coacto_inference_wait(self.handle, -1.0 if timeout is None else float(timeout)),
+            forever = timeout is None
+            check(lib.coacto_inference_wait(self.handle, -1.0 if forever else float(timeout)),
                   "running the inference")
             return
         deadline = None if timeout is None else time.monotonic() + float(timeout)

@@ -5,7 +5,8 @@ Each trial starts a long inference, stops it after a random delay (10-50% of a r
 measures from the call (cancel(), or the signal sent) until the caller has its exception
 ("raised"; for Runtime.run that includes waiting for the piece of work each computing thread is
 in) and until the work is gone ("settled": a client's native inference destroyed, which it does
-on another thread after raising, or the server's inference freed after its CANCEL). After each
+on another thread after raising, or the server's inference freed after its CANCEL); for `coacto
+run` (mode cli) from SIGINT until the process has exited with code 130. After each
 mode one more inference runs to completion and is compared with the first. The peer printed
 beside the latencies is the longest tile of the model: what a cancel checked only between tiles
 would have to wait for.
@@ -18,10 +19,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import signal
 import statistics
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -29,7 +33,7 @@ import numpy as np
 
 import coacto
 
-MODES = ("run", "sigint", "client", "client-sigint", "cloud", "cloud-sigint")
+MODES = ("run", "sigint", "client", "client-sigint", "cloud", "cloud-sigint", "cli")
 
 
 def long_model(layers: int = 2, channels: int = 512, side: int = 128, seed: int = 0):
@@ -115,6 +119,49 @@ def server_settled(server):
     return wait
 
 
+def computing(pid: int) -> bool:
+    """Whether a thread of process ``pid`` other than its main one has used 20 ms of CPU: its
+    computing threads are running inferences (they start before the weights are packed, and
+    idle threads sleep after a millisecond)."""
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            if int(tid) != pid:
+                with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                if int(fields[11]) + int(fields[12]) >= 2:  # utime + stime, in 10 ms ticks
+                    return True
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
+def cli_trial(ctg: str, threads: int, delay: float) -> tuple[float, float]:
+    """`coacto run` on a .ctg, SIGINT ``delay`` s after its computing threads began to run:
+    seconds from the signal to its exit (both columns), which must be code 130."""
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "coacto.cli", "run", ctg, "--random",
+                             "--threads", str(threads), "--repeat", "100000"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    try:
+        while not computing(proc.pid):
+            if proc.poll() is not None:
+                raise RuntimeError(f"coacto run ended: {proc.stderr.read().decode()}")
+            time.sleep(0.005)
+        time.sleep(delay)
+        t0 = time.perf_counter()
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+        took = time.perf_counter() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    err = proc.stderr.read().decode()
+    if proc.returncode != 130 or "Traceback" in err:
+        raise RuntimeError(f"coacto run exited {proc.returncode}: {err}")
+    return took, took
+
+
 def max_tile_seconds(rt, feeds) -> float:
     trace = rt.trace(feeds, runs=1)
     return max(e["dur_us"] for e in trace["events"]) * 1e-6
@@ -169,7 +216,13 @@ def main(argv=None) -> int:
     try:
         for mode in modes:
             samples = []
-            if mode in ("run", "sigint"):
+            if mode == "cli":
+                with tempfile.TemporaryDirectory() as tmp:
+                    ctg = os.path.join(tmp, "model.ctg")
+                    tg.save(ctg)
+                    samples = [cli_trial(ctg, args.threads, delay()) for _ in range(args.trials)]
+                check = ref
+            elif mode in ("run", "sigint"):
                 action = rt.cancel if mode == "run" else interrupt_main_thread
                 expect = coacto.InferenceCancelled if mode == "run" else KeyboardInterrupt
                 for _ in range(args.trials):

@@ -26,7 +26,7 @@ from coacto.server import Server
 from conftest import assert_close
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "experiments"))
-from bench_cancel import interrupt_main_thread, long_model  # noqa: E402
+from bench_cancel import computing, interrupt_main_thread, long_model  # noqa: E402
 
 #: How long a stopped inference may take to raise, from the cancel or the signal.
 STOP_S = 0.5
@@ -150,19 +150,23 @@ def test_client_infer_stops_an_offloaded_inference_and_the_server_frees_it(long_
     with Server("tcp://127.0.0.1:0", threads=1) as srv, \
             coacto.Client(srv.address, tg, threads=1, policy="cloud", model_bytes=data,
                           timeout=30) as client:
+
+        def cancelled_count():
+            return srv.stats().get("inferences_cancelled", 0)
+
         client.connect()
-        cancelled = srv.stats().get("inferences_cancelled", 0)
+        cancelled = cancelled_count()
         if how == "cancel":
             took = stopped(lambda: client.infer(feeds), client.cancel, coacto.InferenceCancelled)
         else:
             took = stopped(lambda: client.infer(feeds), interrupt_main_thread, KeyboardInterrupt)
         assert took < STOP_S, f"Client.infer ended {took:.3f} s after the {how}"
         deadline = time.monotonic() + 5
-        while (srv.stats()["inferences"] or srv.stats().get("inferences_cancelled", 0) == cancelled) \
-                and time.monotonic() < deadline:
+        while time.monotonic() < deadline and (
+                srv.stats()["inferences"] or cancelled_count() == cancelled):
             time.sleep(0.01)
         stats = srv.stats()
-        assert stats["inferences"] == 0 and stats["inferences_cancelled"] == cancelled + 1, stats
+        assert stats["inferences"] == 0 and cancelled_count() == cancelled + 1, stats
         out = client.infer(feeds)
         assert client.last_stats["finished_by"] == "server"
         assert_close(out, ref, rel=1e-5)
@@ -186,16 +190,14 @@ def test_coacto_run_exits_130_on_ctrl_c_without_a_traceback(long_run, tmp_path):
     _data, tg, _feeds, _ref, _s = long_run
     path = tmp_path / "long.ctg"
     tg.save(path)
-    # numpy's BLAS starts no threads of its own, so a second thread is the computing thread
     env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
            "MKL_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "coacto.cli", "run", str(path), "--random",
                              "--threads", "1", "--repeat", "1000"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
-        # the computing thread exists once the model is loaded: then it is running
         deadline = time.monotonic() + 60
-        while len(os.listdir(f"/proc/{proc.pid}/task")) < 2 and time.monotonic() < deadline:
+        while not computing(proc.pid) and time.monotonic() < deadline:
             assert proc.poll() is None, proc.communicate()
             time.sleep(0.02)
         time.sleep(STOP_AFTER_S)
