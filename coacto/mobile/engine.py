@@ -884,6 +884,8 @@ class Engine:
             self.est.goodput.forget((h.get("inf"), h.get("batch")))
         if "inf" in h and self._traced(h) is not None and "batch" not in h:
             self._trace_done(h.get("inf"), f"server error {code}: {text}")
+        if job is not None and job.server_done and code == P.E_UNKNOWN_INFERENCE:
+            return  # a batch that crossed the server's DONE: it had sent everything already
         if job is not None:
             job.server_done = True  # the server holds nothing more for it
             self._fallback(job, f"server error {code}: {text}")
