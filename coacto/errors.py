@@ -3,7 +3,11 @@ from __future__ import annotations
 
 
 class CoactoError(Exception):
-    """Base of every error coacto raises."""
+    """Base of every error coacto raises. ``internal`` is True when a check coacto lacks let
+    bad input reach code that failed on it: still reported as the input's fault, but a bug to
+    fix (the fuzzers treat it as a crash)."""
+
+    internal = False
 
 
 class ModelError(CoactoError):

@@ -138,6 +138,28 @@ def _uses_external_data(proto: onnx.ModelProto) -> bool:
     return any(external_data_helper.uses_external_data(t) for t in tensors)
 
 
+def _check_names(graph) -> None:
+    """Every name the importer matches on is text: protobuf hands a string field that is not valid
+    UTF-8 back as bytes, which no name or operator type compares equal to."""
+    def bad(value) -> bool:
+        return not isinstance(value, str)
+
+    for i, node in enumerate(graph.node):
+        if bad(node.op_type) or bad(node.domain) or bad(node.name) or \
+                any(bad(x) for x in (*node.input, *node.output)) or \
+                any(bad(a.name) for a in node.attribute):
+            raise ModelError(f"node {i} ({node.op_type!r}) has a name, operator type or "
+                             f"attribute name that is not valid UTF-8; the file is corrupt")
+    for vi in (*graph.input, *graph.output, *graph.value_info):
+        if bad(vi.name):
+            raise ModelError(f"graph input/output {vi.name!r} has a name that is not valid "
+                             f"UTF-8; the file is corrupt")
+    for t in graph.initializer:
+        if bad(t.name):
+            raise ModelError(f"initializer {t.name!r} has a name that is not valid UTF-8; the "
+                             f"file is corrupt")
+
+
 # -------------------------------------------------------------------------------------- importer
 
 def import_model(model, input_shapes: dict[str, tuple[int, ...]] | None = None) -> ir.Graph:
@@ -156,17 +178,22 @@ def import_model(model, input_shapes: dict[str, tuple[int, ...]] | None = None) 
     hasher.start()
     del data  # the hasher holds the bytes until it is done, not until the import is
     try:
+        _check_names(proto.graph)
         graph = _Importer(proto, dict(input_shapes or {})).run()
     except CoactoError:
         raise
-    except MemoryError as e:
-        raise ShapeError(f"could not import the model: it needs more memory than there is ({e}); "
-                         "check its dimensions and the input_shapes given") from e
+    except MemoryError as e:  # the size caps should have refused it first
+        err = ShapeError(f"could not import the model: it needs more memory than there is ({e}); "
+                         "check its dimensions and the input_shapes given")
+        err.internal = True
+        raise err from e
     except Exception as e:  # a check is missing: the model is still at fault, never the caller
         log.debug("import failed", exc_info=True)
-        raise ModelError(f"could not import the model (internal error: {type(e).__name__}: {e}); "
+        err = ModelError(f"could not import the model (internal error: {type(e).__name__}: {e}); "
                          "the model is malformed in a way coacto does not recognise: check it "
-                         "with onnx.checker.check_model, and report it if it passes") from e
+                         "with onnx.checker.check_model, and report it if it passes")
+        err.internal = True
+        raise err from e
     finally:
         hasher.join()
     graph.model_hash = digest.hexdigest()

@@ -487,12 +487,16 @@ def partition(graph: ir.Graph, tiles_per_layer: int | None = None,
         return _partition(graph, tiles_per_layer, layer_tiles, min_column_blocks)
     except CoactoError:
         raise
-    except MemoryError as e:
-        raise ShapeError(f"could not partition the model: it needs more memory than there is "
-                         f"({e}); check its dimensions and the input_shapes given") from e
+    except MemoryError as e:  # the size caps should have refused it first
+        err = ShapeError(f"could not partition the model: it needs more memory than there is "
+                         f"({e}); check its dimensions and the input_shapes given")
+        err.internal = True
+        raise err from e
     except Exception as e:  # the importer let an inconsistent graph through
-        raise ModelError(f"could not partition the model (internal error: {type(e).__name__}: "
-                         f"{e}); report it with the model") from e
+        err = ModelError(f"could not partition the model (internal error: {type(e).__name__}: "
+                         f"{e}); report it with the model")
+        err.internal = True
+        raise err from e
 
 
 def _partition(graph: ir.Graph, tiles_per_layer, layer_tiles, min_column_blocks) -> TilePlan:

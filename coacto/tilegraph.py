@@ -294,8 +294,10 @@ class TileGraph:
         except GraphFileError as e:
             raise GraphFileError(f"{origin} is inconsistent: {e}{redo}") from None
         except Exception as e:  # a check above is missing: still the file's fault, not a crash
-            raise GraphFileError(f"{origin} is inconsistent (internal error: "
-                                 f"{type(e).__name__}: {e}){redo}") from None
+            err = GraphFileError(f"{origin} is inconsistent (internal error: "
+                                 f"{type(e).__name__}: {e}){redo}")
+            err.internal = True
+            raise err from e
 
     @classmethod
     def _from_header(cls, h: dict, blob: bytes) -> "TileGraph":
@@ -305,7 +307,7 @@ class TileGraph:
             layers.append(ir.Layer(
                 name=ld["name"], op=ld["op"], inputs=list(ld["inputs"]), shape=tuple(ld["shape"]),
                 attrs=dict(ld["attrs"]),
-                onnx_shape=tuple(ld["onnx_shape"]) if ld["onnx_shape"] is not None else None,
+                onnx_shape=tuple(ld["onnx_shape"]) if ld.get("onnx_shape") is not None else None,
                 layout=ld.get("layout", ir.LAYOUT_CHANNELS)))
             arrays.append([ArraySpec(a[0], a[1], tuple(a[2]), int(a[3]), int(a[4]))
                            for a in ld["arrays"]])

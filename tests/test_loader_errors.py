@@ -37,9 +37,10 @@ def _conv_model(w_shape=(4, 3, 3, 3), x_shape=(1, 3, 8, 8), **attrs):
     return _model([node], [_weights("conv1.weight", w_shape)], x_shape=x_shape)
 
 
-def _compile_error(model, error=CoactoError, **kw):
+def _compile_error(model, error=CoactoError, internal=False, **kw):
     with pytest.raises(error) as e:
         coacto.compile(model, **kw)
+    assert e.value.internal == internal, f"refused by the safety net? {e.value}"
     return str(e.value)
 
 
@@ -190,7 +191,7 @@ def test_unexpected_failures_inside_the_importer_become_a_model_error(monkeypatc
         raise RuntimeError("boom")
 
     monkeypatch.setattr(imp, "fuse_layers", broken)
-    msg = _compile_error(_conv_model(), ModelError)
+    msg = _compile_error(_conv_model(), ModelError, internal=True)
     assert "could not import the model (internal error: RuntimeError: boom)" in msg
 
 
@@ -198,7 +199,7 @@ def test_unexpected_failures_inside_the_partitioner_become_a_model_error(monkeyp
     import coacto.partition as part
 
     monkeypatch.setattr(part, "choose_splits", lambda *a, **kw: 1 / 0)
-    msg = _compile_error(_conv_model(), ModelError)
+    msg = _compile_error(_conv_model(), ModelError, internal=True)
     assert "could not partition the model (internal error: ZeroDivisionError" in msg
 
 
@@ -225,6 +226,7 @@ def _load(header, blob, error=GraphFileError) -> str:
     data = frame(msgpack.packb(header, use_bin_type=True), blob)
     with pytest.raises(error) as e:
         native_graph(TileGraph.from_bytes(data, "g.ctg"))
+    assert not e.value.internal, f"refused only by the safety net: {e.value}"
     msg = str(e.value)
     assert "g.ctg" in msg and "coacto compile" in msg, msg
     return msg

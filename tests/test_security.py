@@ -270,7 +270,7 @@ def test_memory_budget_is_checked_before_allocation(ctx):
     from coacto.server.store import GraphInfo
 
     need = GraphInfo(tg).inference_bytes
-    limits = Limits(memory=64 << 20, inference_memory=need)
+    limits = Limits(memory=64 << 20, inference_memory=need, owner_memory_share=1.0)
     with Server("tcp://127.0.0.1:0", threads=1, server_flops=1e9, limits=limits) as srv:
         d = Device(ctx, srv.address)
         try:
@@ -525,7 +525,7 @@ def test_a_model_too_costly_to_partition_is_refused_before_partitioning(ctx):
     data = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
     work = partition_bytes(import_model(data))
     assert work == 64 * 49 * 512 * 512
-    limits = Limits(memory=1 << 30, inference_memory=work // 2)
+    limits = Limits(memory=1 << 30, inference_memory=work // 2, owner_memory_share=1.0)
     with Server("tcp://127.0.0.1:0", threads=1, server_flops=1e9, limits=limits) as srv:
         d = Device(ctx, srv.address)
         try:
@@ -536,3 +536,63 @@ def test_a_model_too_costly_to_partition_is_refused_before_partitioning(ctx):
             assert srv.store.stats()["models"] == 0
         finally:
             d.close()
+
+
+def test_a_graph_id_with_another_models_hash_reaches_nothing(keys, ctx, tmp_path):
+    """A device that names a private graph's id with the hash of a model it may use (a preloaded
+    one) is not given the graph: the hash must be the graph's own."""
+    public = conv_model(4, size=8, seed=11)
+    (tmp_path / "public.onnx").write_bytes(public)
+    private = conv_model(4, size=8, seed=12)
+    ptg = coacto.compile(private, tiles_per_layer=2)
+    with Server("tcp://127.0.0.1:0", threads=1, server_flops=1e9, models=tmp_path,
+                secret_key=keys["server"][3], allowed_keys=keys["allowed"]) as srv:
+        owner = Device(ctx, srv.address, curve=curve(keys, "dev1"))
+        thief = Device(ctx, srv.address, curve=curve(keys, "dev2"))
+        try:
+            assert upload(owner, ptg, private)["t"] == P.MODEL_READY
+            forged = {**query(ptg), "model_hash": hashlib.sha256(public).hexdigest()}
+            h, _ = thief.rpc({"t": P.MODEL_QUERY, **forged})
+            assert h["t"] == P.ERROR and h["code"] == P.E_MODEL_INVALID, h
+            h, _ = thief.rpc({"t": P.MODEL_UPLOAD, **forged}, public)
+            assert h["t"] == P.ERROR and h["code"] == P.E_MODEL_INVALID, h
+            e = thief.error({"t": P.BEGIN, "inf": 1, "graph_id": ptg.graph_id})
+            assert e["code"] == P.E_UNKNOWN_MODEL
+        finally:
+            owner.close()
+            thief.close()
+
+
+def test_a_routing_id_reused_by_another_device_gets_a_fresh_session(secure, keys, ctx, small):
+    """The victim's connection is gone but its session has not expired yet; another allowed
+    device that connects with the same routing id reaches none of its state."""
+    tg = small["tg"]
+    victim = Device(ctx, secure.address, identity=b"reused-1", curve=curve(keys, "dev1"))
+    assert upload(victim, tg, small["data"])["t"] == P.MODEL_READY
+    victim.send({"t": P.BEGIN, "inf": 5, "graph_id": tg.graph_id})
+    assert victim.silent(0.3)
+    victim.close()
+    time.sleep(0.3)
+    thief = Device(ctx, secure.address, identity=b"reused-1", curve=curve(keys, "dev2"))
+    try:
+        e = thief.error(*tiles_message(5, small["tiles"]))
+        assert e["code"] == P.E_UNKNOWN_INFERENCE, e
+        assert secure.tenants.sessions[b"reused-1"].owner == keys["dev2"][0].decode()
+    finally:
+        thief.close()
+
+
+def test_inferences_in_flight_per_device_over_its_connections(ctx, small):
+    limits = Limits.default(1 << 30, inferences_per_owner=2)
+    with Server("tcp://127.0.0.1:0", threads=1, server_flops=1e9, limits=limits) as srv:
+        a, b = Device(ctx, srv.address), Device(ctx, srv.address)  # one device: one address
+        try:
+            assert upload(a, small["tg"], small["data"])["t"] == P.MODEL_READY
+            for inf in (1, 2):
+                a.send({"t": P.BEGIN, "inf": inf, "graph_id": small["tg"].graph_id})
+            assert a.silent(0.3)
+            e = b.error({"t": P.BEGIN, "inf": 3, "graph_id": small["tg"].graph_id})
+            assert e["code"] == P.E_BUSY and e["limit"] == "inferences_per_owner", e
+        finally:
+            a.close()
+            b.close()

@@ -33,15 +33,14 @@ UPLOAD_TIMEOUT_MIN_S = 60.0
 #: Messages read per poll round.
 RECV_BATCH = 256
 EXPECTS_REPLY = frozenset({P.HELLO, P.MODEL_QUERY, P.MODEL_UPLOAD, P.TILES, P.HEARTBEAT})
-HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-                    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+# A refusal, not a dropped connection (libzmq reports those, a server restarting among them, as
+# HANDSHAKE_FAILED_NO_DETAIL: they reconnect at the usual pace).
+HANDSHAKE_FAILED = zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
 HANDSHAKE_TEXT = {
     zmq.EVENT_HANDSHAKE_FAILED_AUTH: "the server refused this device's key (is its .key file in "
                                      "the server's allowed-keys folder?)",
     zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "the security handshake failed (does the server use "
                                          "keys, and is --server-key its public key?)",
-    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "the security handshake failed (does the server use "
-                                          "keys, and is --server-key its public key?)",
 }
 
 

@@ -32,6 +32,9 @@ class Limits:
     inference ends with E_RESULTS_DROPPED. ``sessions_per_owner``: connections one device (one
     key; without keys, one IP address) may hold. ``uploads_per_owner``: models one device has
     uploaded that the store keeps (MODEL_UPLOAD beyond: E_BUSY until some are evicted).
+    ``inferences_per_device``: in flight per connection; ``inferences_per_owner``: over all of
+    one device's connections; ``owner_memory_share``: the share of ``memory`` one device's
+    inferences in flight may hold (one tenant cannot take the whole budget).
     ``idle_expiry_s``: without keys, a connection that has not begun an inference is forgotten
     after this long (a session-table flood then costs the flooder, not the devices at work)."""
 
@@ -42,6 +45,8 @@ class Limits:
     sessions_per_owner: int = 16
     uploads_per_owner: int = 8
     inferences_per_device: int = 8
+    inferences_per_owner: int = 64
+    owner_memory_share: float = 0.5
     idle_expiry_s: float | None = None
 
     @classmethod
@@ -63,6 +68,9 @@ class Limits:
                 continue
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
                 raise ServerError(f"limit {f.name} must be a positive number, got {v!r}")
+        if self.owner_memory_share > 1:
+            raise ServerError(f"owner_memory_share is a share of the memory limit (at most 1), "
+                              f"got {self.owner_memory_share!r}")
         if self.inference_memory > self.memory:
             raise ServerError(f"the per-inference memory limit ({self.inference_memory} bytes) "
                               f"exceeds the server's memory limit ({self.memory} bytes)")

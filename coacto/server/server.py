@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 
 #: Header frames larger than this are not even parsed.
 MAX_HEADER_BYTES = 64 * 1024
-#: Compilations queued at once, per device and in all (more: E_BUSY).
+#: Compilations queued at once, per device (owner: all its connections) and in all (more: E_BUSY).
 MAX_JOBS_PER_DEVICE = 4
 MAX_JOBS = 64
 #: Messages read per poll round before the report queue gets its turn.
@@ -47,6 +47,9 @@ FRAME_SLACK_BYTES = 64 << 20
 #: Messages ZeroMQ queues for one device that does not read before it drops more (results are
 #: bounded in bytes by Limits.results_per_device; this bounds the small ones: ACK, STATS).
 SNDHWM = 4096
+#: A connection must finish the ZMTP / CurveZMQ handshake within this long (ms): an
+#: unauthenticated peer cannot hold a descriptor for libzmq's default 30 s.
+HANDSHAKE_IVL_MS = 5000
 #: Without keys, a connection that has not begun an inference is forgotten after this long
 #: (at least): longer than a client's heartbeat period, so a device at rest keeps its session.
 IDLE_EXPIRY_MIN_S = 1.0
@@ -221,18 +224,20 @@ class Server:
         sock.setsockopt(zmq.ROUTER_HANDOVER, 0)
         sock.setsockopt(zmq.MAXMSGSIZE, self.max_model_bytes + FRAME_SLACK_BYTES)
         sock.setsockopt(zmq.SNDHWM, SNDHWM)
-        if self.secure:
-            from zmq.auth.thread import ThreadAuthenticator
-
-            self._auth = ThreadAuthenticator(ctx, log=logging.getLogger("coacto.server.auth"))
-            self._auth.start()
-            self._auth.configure_curve_callback(domain=ZAP_DOMAIN,
-                                                credentials_provider=self.allowed)
-            sock.setsockopt_string(zmq.ZAP_DOMAIN, ZAP_DOMAIN)
-            sock.curve_secretkey = self._secret_key
-            sock.curve_publickey = self._public_key
-            sock.curve_server = True
+        sock.setsockopt(zmq.HANDSHAKE_IVL, HANDSHAKE_IVL_MS)
         try:
+            if self.secure:
+                from zmq.auth.thread import ThreadAuthenticator
+
+                self._auth = ThreadAuthenticator(ctx,
+                                                 log=logging.getLogger("coacto.server.auth"))
+                self._auth.start()  # binds the context's ZAP endpoint: one per context
+                self._auth.configure_curve_callback(domain=ZAP_DOMAIN,
+                                                    credentials_provider=self.allowed)
+                sock.setsockopt_string(zmq.ZAP_DOMAIN, ZAP_DOMAIN)
+                sock.curve_secretkey = self._secret_key
+                sock.curve_publickey = self._public_key
+                sock.curve_server = True
             port = self.bind.rsplit(":", 1)[-1] if self.bind.startswith("tcp://") else ""
             if port.isdigit() and int(port) > 65535:  # libzmq would bind it modulo 65536
                 raise zmq.ZMQError(msg=f"port {port} is not from 0 to 65535")
@@ -241,6 +246,7 @@ class Server:
             sock.close(0)
             if self._auth is not None:
                 self._auth.stop()
+                self._auth = None
             if self._own_context:
                 ctx.term()
             self._rt.close()
@@ -418,18 +424,17 @@ class Server:
             pass
         while True:
             try:
-                identity, header, code_text = self._jobs_done.get_nowait()
+                session, header, error, nbytes = self._jobs_done.get_nowait()
             except queue.Empty:
                 return
             self._jobs_pending -= 1
-            session = self.tenants.sessions.get(identity)
-            if session is not None:
-                session.pending_jobs -= 1
-            if code_text is None:
-                self._send(identity, header)
+            session.pending_jobs -= 1  # this connection's, even if it was dropped meanwhile
+            self.tenants.job_done(session.owner, nbytes)
+            if error is None:
+                self._send(session.identity, header)
             else:
-                self._send_error(identity, code_text[0], code_text[1], re=header["re"],
-                                 graph_id=header["graph_id"])
+                self._send_error(session.identity, error.code, str(error), re=header["re"],
+                                 graph_id=header["graph_id"], limit=error.limit)
 
     # ------------------------------------------------------------------ messages
 
@@ -440,13 +445,23 @@ class Server:
         identity = frames[0].bytes
         t = now()
         session = self.tenants.sessions.get(identity)
+        owner, peer = self._owner(frames[1])
+        if session is not None and session.owner != owner:
+            # the routing id of a connection that has gone, claimed by another device before
+            # the old session expired: it gets none of that session's state
+            log.info("device %s: routing id reused by another device; its state is dropped",
+                     session.name)
+            self.tenants.drop(session, "routing id reused")
+            session = None
         if session is None:
-            owner, peer = self._owner(frames[1])
             session = self.tenants.session(identity, t, owner, peer)
             if session is None:
+                full = len(self.tenants.by_owner.get(owner, ())) >= \
+                    self.limits.sessions_per_owner
                 self._send_error(identity, P.E_BUSY, "this server holds as many connections as it "
                                                      "allows (for this device, or in all); try "
-                                                     "again later", limit="sessions")
+                                                     "again later",
+                                 limit="sessions_per_owner" if full else "sessions")
                 return
         else:
             session.last_seen = t
@@ -465,7 +480,8 @@ class Server:
                 raise Reject(P.E_BAD_MESSAGE, f"{kind!r} is sent by servers, not devices")
             handler(session, header, frames[2:])
         except StoreError as e:
-            self._reject(session, kind, Reject(e.code, str(e), graph_id=header.get("graph_id")))
+            self._reject(session, kind, Reject(e.code, str(e), graph_id=header.get("graph_id"),
+                                               limit=e.limit))
         except Reject as r:
             self._reject(session, kind, r)
         except Exception as e:
@@ -539,13 +555,15 @@ class Server:
         if len(frames[0]) > self.max_model_bytes:
             raise Reject(P.E_MODEL_TOO_LARGE, f"the model has {len(frames[0])} bytes; this server "
                                               f"takes at most {self.max_model_bytes} "
-                                              f"(coacto-server --max-model-mb)", graph_id=graph_id)
+                                              f"(coacto-server --max-model-mb)", graph_id=graph_id,
+                         limit="model_bytes")
         entry = self.store.graph(graph_id, session.owner)
         if entry is not None:
             self._send(session.identity, self._model_ready(entry))
             return
         check_params(h.get("params"))
-        held = self.store.owned_models(session.owner)
+        held = self.store.owned_models(session.owner) + \
+            self.tenants.uploads_pending.get(session.owner, 0)
         if held >= self.limits.uploads_per_owner:
             self._counts["uploads_refused"] += 1
             raise Reject(P.E_BUSY, f"this device already has {held} uploaded models on the "
@@ -562,29 +580,31 @@ class Server:
         self._submit(session, P.MODEL_UPLOAD, graph_id, model_hash, h["params"], frames[0].buffer)
 
     def _submit(self, session: Session, kind: str, graph_id, model_hash, params, data) -> None:
-        if session.pending_jobs >= MAX_JOBS_PER_DEVICE or self._jobs_pending >= MAX_JOBS:
+        if self.tenants.jobs_of(session.owner) >= MAX_JOBS_PER_DEVICE or \
+                self._jobs_pending >= MAX_JOBS:
             raise Reject(P.E_BUSY, "too many model compilations queued; retry later",
-                         graph_id=graph_id)
+                         graph_id=graph_id, limit="compilations")
+        nbytes = len(data) if data is not None else 0
         session.pending_jobs += 1
         self._jobs_pending += 1
-        self._executor.submit(self._job, session.identity, kind, graph_id, model_hash, params, data,
-                              session.owner)
+        self.tenants.job_queued(session.owner, nbytes)
+        self._executor.submit(self._job, session, kind, graph_id, model_hash, params, data, nbytes)
 
-    def _job(self, identity: bytes, kind: str, graph_id, model_hash, params, data,
-             owner: str) -> None:
+    def _job(self, session: Session, kind: str, graph_id, model_hash, params, data,
+             nbytes: int) -> None:
         """Worker thread: compile (if needed), then hand the reply to the I/O thread."""
         reply, error = None, None
         try:
-            entry = self.store.ensure_graph(graph_id, model_hash, params, data, owner)
+            entry = self.store.ensure_graph(graph_id, model_hash, params, data, session.owner)
             reply = self._model_ready(entry) if entry is not None else {
                 "t": P.MODEL_MISSING, "graph_id": graph_id, "model_hash": model_hash}
         except StoreError as e:
-            error = (e.code, str(e))
+            error = e
         except Exception as e:
             log.exception("compiling model %s failed", model_hash[:12])
-            error = (P.E_INTERNAL, f"compiling the model failed: {e}")
+            error = StoreError(P.E_INTERNAL, f"compiling the model failed: {e}")
         header = reply if error is None else {"re": kind, "graph_id": graph_id}
-        self._jobs_done.put((identity, header, error))
+        self._jobs_done.put((session, header, error, nbytes))
         self._wake()
 
     def _drain_reports(self) -> None:

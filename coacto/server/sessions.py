@@ -186,9 +186,10 @@ class Session:
 
     @property
     def idle(self) -> bool:
-        """Holds nothing the device waits for: may be evicted to make room (a later message
-        from it makes a fresh session; nothing in the protocol needs the old one)."""
-        return not self.inferences and not self.pending_jobs
+        """Holds nothing the device waits for, and no results ZeroMQ still queues for it (reap
+        first): may be evicted to make room (a later message from it makes a fresh session;
+        nothing in the protocol needs the old one)."""
+        return not self.inferences and not self.pending_jobs and not self.unsent
 
 
 class FlopEstimate:

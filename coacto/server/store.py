@@ -39,11 +39,13 @@ _HASH_RE = re.compile(r"^[0-9a-f]{64}$")
 
 
 class StoreError(CoactoError):
-    """A model request the store refuses; ``code`` is the protocol error code to answer with."""
+    """A model request the store refuses; ``code`` is the protocol error code to answer with,
+    ``limit`` the server limit that refused it (docs/SECURITY.md), if one did."""
 
-    def __init__(self, code: int, message: str):
+    def __init__(self, code: int, message: str, limit: str | None = None):
         super().__init__(message)
         self.code = code
+        self.limit = limit
 
 
 def is_hash(value) -> bool:
@@ -391,7 +393,8 @@ class ModelStore:
         if uploaded:
             if len(data) > self.max_model_bytes:
                 raise StoreError(P.E_MODEL_TOO_LARGE, f"the model has {len(data)} bytes; the "
-                                                      f"limit is {self.max_model_bytes}")
+                                                      f"limit is {self.max_model_bytes}",
+                                 limit="model_bytes")
             digest = hashlib.sha256(data).hexdigest()
             if digest != model_hash:
                 raise StoreError(P.E_MODEL_INVALID, f"the uploaded bytes hash to {digest}, not "
@@ -407,7 +410,10 @@ class ModelStore:
         with self._lock:
             public = model_hash in self._pinned_onnx
             existing = self._graphs.get(graph_id)
-        if existing is not None:  # compiled for another device: the upload proved this one has it
+        # Compiled for another device: the bytes this one showed (or may use) are that model's,
+        # so it may use the graph too. A graph of another model is never handed out this way:
+        # its id is computable from a hash anyone may know.
+        if existing is not None and existing.tg.model_hash == model_hash:
             if uploaded:
                 self.put_model(data, model_hash, owner=owner)
             with self._lock:
@@ -429,7 +435,8 @@ class ModelStore:
                         f"partitioning this model needs about {work / 2**20:.0f} MiB")
                 raise StoreError(P.E_MODEL_TOO_LARGE, (
                     f"{what}; this server allows {self.max_inference_bytes / 2**20:.0f} MiB per "
-                    f"inference (coacto-server --memory-limit); compute it on the device"))
+                    f"inference (coacto-server --memory-limit); compute it on the device"),
+                    limit="inference_memory")
             tg = partition_graph(graph, kw["tiles_per_layer"], kw["input_shapes"],
                                  kw["layer_tiles"], kw["min_column_blocks"])
         except StoreError:
@@ -440,7 +447,8 @@ class ModelStore:
         except MemoryError:
             self.refused += uploaded
             raise StoreError(P.E_MODEL_TOO_LARGE, "compiling the model ran out of memory; "
-                                                  "compute it on the device") from None
+                                                  "compute it on the device",
+                             limit="inference_memory") from None
         if tg.graph_id != graph_id:
             self.refused += uploaded
             raise StoreError(P.E_MODEL_INVALID, (
@@ -458,7 +466,8 @@ class ModelStore:
             raise StoreError(P.E_MODEL_TOO_LARGE, (
                 f"one inference of this model needs up to {need / 2**20:.0f} MiB of activations; "
                 f"this server allows {self.max_inference_bytes / 2**20:.0f} MiB per inference "
-                f"(coacto-server --memory-limit); compute it on the device"))
+                f"(coacto-server --memory-limit); compute it on the device"),
+                limit="inference_memory")
         if uploaded:  # kept only now that it is known to be usable
             self.put_model(data, model_hash, owner=owner)
         elif owner is not None and not public:

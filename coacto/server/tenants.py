@@ -49,6 +49,14 @@ def echo(value):
     return None
 
 
+def _decrement(counts: dict, key, by: int = 1) -> None:
+    left = counts.get(key, 0) - by
+    if left > 0:
+        counts[key] = left
+    else:
+        counts.pop(key, None)
+
+
 class Tenants:
     """Sessions by identity, inferences by tag, and the load and memory they put on the server."""
 
@@ -67,6 +75,16 @@ class Tenants:
         self.all_computing = LoadAverage(now())
         self.inference_bytes = 0  # bound on what the inferences in flight hold (admission)
         self.unsent_bytes = 0     # result bytes handed to ZeroMQ, not yet sent
+        # per owner (Session.owner): inferences in flight and their bytes, compilations queued,
+        # uploads among them and their bytes
+        self.owner_inferences: dict[str, int] = {}
+        self.owner_bytes: dict[str, int] = {}
+        self.jobs: dict[str, int] = {}
+        self.uploads_pending: dict[str, int] = {}
+        self.upload_bytes = 0
+        # frames queued for connections whose sessions were dropped: still in ZeroMQ's pipe
+        # until the peer reads them or disconnects, so still counted (owner, tracker, bytes)
+        self.orphans: list = []
         self.freed_since_trim = 0
         self._tags = itertools.count(1)
 
@@ -98,6 +116,9 @@ class Tenants:
         return session
 
     def _evict_idle(self, candidates, why: str) -> bool:
+        candidates = list(candidates)
+        for s in candidates:
+            self._reap(s)
         idle = [s for s in candidates if s.idle]
         if not idle:
             return False
@@ -121,11 +142,18 @@ class Tenants:
                 log.info("device %s silent for %.1f s: freeing it (%d inference(s))",
                          session.name, silent, n)
                 self.drop(session, "expired")
-            elif fast is not None and not session.began and session.idle and silent > fast:
-                self.counts["sessions_expired_idle"] += 1
-                self.drop(session, "idle")
             else:
                 self._reap(session)
+                if fast is not None and not session.began and session.idle and silent > fast:
+                    self.counts["sessions_expired_idle"] += 1
+                    self.drop(session, "idle")
+        kept = []
+        for owner, tracker, nbytes in self.orphans:
+            if tracker.done:
+                self.unsent_bytes -= nbytes
+            else:
+                kept.append((owner, tracker, nbytes))
+        self.orphans = kept
 
     def drop(self, session: Session, why: str) -> None:
         for si in list(session.inferences.values()):
@@ -136,8 +164,8 @@ class Tenants:
             mine.discard(session.identity)
             if not mine:
                 del self.by_owner[session.owner]
-        # frames still queued for it are freed by ZeroMQ (LINGER 0 pipes, or when sent)
-        self.unsent_bytes -= session.unsent_bytes
+        self._reap(session)
+        self.orphans.extend((session.owner, t, n) for t, n, _tag in session.unsent)
         session.unsent.clear()
         session.unsent_bytes = 0
 
@@ -150,8 +178,27 @@ class Tenants:
         self.unsent_bytes -= before - session.reap()
 
     def memory_in_use(self) -> int:
-        """What the admission check counts: the store, inferences in flight, queued results."""
-        return self.store.nbytes() + self.inference_bytes + self.unsent_bytes
+        """What the admission check counts: the store, inferences in flight, queued results,
+        uploads waiting to be compiled."""
+        return self.store.nbytes() + self.inference_bytes + self.unsent_bytes + self.upload_bytes
+
+    def orphaned_bytes(self, owner: str) -> int:
+        return sum(n for o, t, n in self.orphans if o == owner and not t.done)
+
+    def jobs_of(self, owner: str) -> int:
+        return self.jobs.get(owner, 0)
+
+    def job_queued(self, owner: str, upload_bytes: int) -> None:
+        self.jobs[owner] = self.jobs.get(owner, 0) + 1
+        if upload_bytes:
+            self.uploads_pending[owner] = self.uploads_pending.get(owner, 0) + 1
+            self.upload_bytes += upload_bytes
+
+    def job_done(self, owner: str, upload_bytes: int) -> None:
+        _decrement(self.jobs, owner)
+        if upload_bytes:
+            _decrement(self.uploads_pending, owner)
+            self.upload_bytes -= upload_bytes
 
     # ------------------------------------------------------------------ messages
 
@@ -171,7 +218,7 @@ class Tenants:
             raise Reject(P.E_UNKNOWN_MODEL, f"graph {graph_id[:12]} is not loaded here; send "
                                             f"MODEL_QUERY (and MODEL_UPLOAD) first", inf=inf_id)
         if len(session.inferences) >= self.max_inferences_per_device:
-            raise Reject(P.E_BUSY, f"this device already has {len(session.inferences)} "
+            raise Reject(P.E_BUSY, f"this connection already has {len(session.inferences)} "
                                    f"inferences in flight (the limit)", inf=inf_id,
                          limit="inferences_per_device")
         need = entry.info.inference_bytes
@@ -180,6 +227,11 @@ class Tenants:
                                               f"{need / 2**20:.0f} MiB; this server allows "
                                               f"{self.limits.inference_memory / 2**20:.0f} MiB",
                          inf=inf_id, limit="inference_memory")
+        owner = session.owner
+        if self.owner_inferences.get(owner, 0) >= self.limits.inferences_per_owner:
+            raise Reject(P.E_BUSY, f"this device already has {self.owner_inferences[owner]} "
+                                   f"inferences in flight over all its connections (the limit)",
+                         inf=inf_id, limit="inferences_per_owner")
         self._reap(session)
         used = self.memory_in_use()
         if used + need > self.limits.memory:
@@ -188,6 +240,14 @@ class Tenants:
                                    f"{self.limits.memory / 2**20:.0f} MiB; this inference needs "
                                    f"up to {need / 2**20:.0f}); compute locally or retry later",
                          inf=inf_id, limit="memory")
+        held = self.owner_bytes.get(owner, 0)
+        if held + need > self.limits.memory * self.limits.owner_memory_share:
+            self.counts["memory_refused"] += 1
+            raise Reject(P.E_BUSY, f"this device's inferences in flight hold up to "
+                                   f"{held / 2**20:.0f} MiB, its share of the server's memory is "
+                                   f"{self.limits.memory * self.limits.owner_memory_share / 2**20:.0f}"
+                                   f" MiB; compute locally or retry later", inf=inf_id,
+                         limit="owner_memory")
         tag = next(self._tags)
         native = NativeInference(self.rt, entry.tg, tag)
         traced = h.get("trace") is True  # recorded only when asked: others pay nothing
@@ -212,6 +272,8 @@ class Tenants:
         session.began += 1
         self.by_tag[tag] = si
         self.inference_bytes += need
+        self.owner_inferences[owner] = self.owner_inferences.get(owner, 0) + 1
+        self.owner_bytes[owner] = self.owner_bytes.get(owner, 0) + need
         if entry.info.n_inputs == 0:
             self._start_computing(si)
 
@@ -363,7 +425,8 @@ class Tenants:
             # an inference's own results always fit (else a model with larger outputs could
             # never run); what is still queued from earlier ones may not exceed the limit
             if session.unsent_bytes > self.limits.results_per_device and \
-                    session.unsent_before(si.tag) > self.limits.results_per_device:
+                    session.unsent_before(si.tag) + self.orphaned_bytes(session.owner) > \
+                    self.limits.results_per_device:
                 self._drop_results(si)
                 return
             t_out = now()
@@ -446,7 +509,10 @@ class Tenants:
             del session.inferences[si.inf_id]
             session.recent_freed.append(si.inf_id)
         if self.by_tag.pop(si.tag, None) is not None:
-            self.inference_bytes -= si.entry.info.inference_bytes
+            need = si.entry.info.inference_bytes
+            self.inference_bytes -= need
+            _decrement(self.owner_inferences, session.owner)
+            _decrement(self.owner_bytes, session.owner, need)
             self.freed_since_trim += 1
         si.native.close()  # cancels its tiles and waits for those running
         log.debug("inference %r of device %s freed (%s)", si.inf_id, session.name, why)
