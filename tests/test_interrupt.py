@@ -213,3 +213,30 @@ def test_coacto_run_exits_130_on_ctrl_c_without_a_traceback(long_run, tmp_path):
     assert "Traceback" not in err, err
     assert "interrupted" in err
     assert took < 2 * STOP_S, f"coacto run exited {took:.3f} s after Ctrl-C"
+
+
+def test_tiles_run_in_pieces_equal_onnxruntime():
+    """One-tile layers far over the piece size (a 3x3 convolution of 0.6 GFLOP with a bias and
+    ReLU, then a 1x1 one, as PyTorch exports them), computed piece by piece, against onnxruntime:
+    the pieces must cover the tile exactly once."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(3)
+    inits = [numpy_helper.from_array(rng.standard_normal(s).astype(np.float32) * 0.1, n)
+             for n, s in (("w1", (128, 64, 3, 3)), ("b1", (128,)), ("w2", (96, 128, 1, 1)))]
+    nodes = [helper.make_node("Conv", ["input", "w1", "b1"], ["c1"], name="/conv1/Conv",
+                              kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"], name="/relu/Relu"),
+             helper.make_node("Conv", ["r1", "w2"], ["output"], name="/conv2/Conv",
+                              kernel_shape=[1, 1])]
+    g = helper.make_graph(nodes, "torch_jit",
+                          [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 64, 64, 64])],
+                          [helper.make_tensor_value_info("output", TensorProto.FLOAT, None)], inits)
+    data = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    tg = coacto.compile(data, tiles_per_layer=1)
+    assert tg.total_flops > 4 * 128e6  # the first layer alone runs in several pieces
+    x = {"input": rng.standard_normal((1, 64, 64, 64)).astype(np.float32)}
+    ref = {"output": ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, x)[0]}
+    for threads in (1, 2):
+        assert_close(coacto.Runtime(tg, threads=threads).run(x), ref)

@@ -24,8 +24,9 @@ examples:
   coacto-server --bind tcp://*:5555 --secret-key keys/server.key_secret --allowed-keys allowed/ \\
                 --threads 4 --models models/
         serve the .onnx / .ctg files of models/ to the devices whose public keys are in
-        allowed/ (encrypted and authenticated with CurveZMQ; add or remove a .key file there
-        while the server runs); the device runs
+        allowed/ (encrypted and authenticated with CurveZMQ; a .key file added there while
+        the server runs is served, one removed is refused from its next connection); the
+        device runs
         coacto-client --server tcp://HOST:5555 --server-key keys/server.key \\
                       --client-key keys/phone1.key_secret ...
   coacto-server --bind tcp://127.0.0.1:0 --threads 2 -v

@@ -308,8 +308,8 @@ static int scratch_reserve(worker *w, size_t floats) {
 
 /* A tile of more than this many FLOPs runs in pieces, and a cancelled (or failed) inference stops
  * between two of them. The partitioner caps a layer's tile count, so one tile of a very large
- * layer, or of a graph cut into few tiles per layer, can take seconds on one thread, and a cancel
- * used to wait for it. 128 MFLOP is 1-3 ms on a desktop core and about 15 ms on a Raspberry Pi 4
+ * layer, or of a graph cut into few tiles per layer, can take seconds on one thread, which a
+ * cancel would otherwise wait out. 128 MFLOP is 1-3 ms on a desktop core and about 15 ms on a Raspberry Pi 4
  * core; the partitioner's own tiles (about 100 MFLOP, see DEFAULT_TILE_FLOPS) stay whole. */
 #define CANCEL_PIECE_FLOPS 128e6
 /* Row pieces start on a multiple of this from the tile's first row: a multiple of every GEMM
