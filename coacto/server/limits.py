@@ -60,7 +60,7 @@ class Limits:
         return out
 
     def check(self) -> None:
-        from .server import ServerError
+        from .security import ServerError
 
         for f in fields(self):
             v = getattr(self, f.name)

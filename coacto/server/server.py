@@ -24,11 +24,10 @@ import zmq
 
 from .. import __version__
 from .. import protocol as P
-from ..errors import CoactoError
 from ..inference import ReportQueue, now
 from ..runtime import NativeRuntime, default_threads
-from .. import keys as K
 from .limits import STORE_SHARE, Limits
+from .security import Security, ServerError  # noqa: F401 (ServerError: re-exported)
 from .sessions import FlopEstimate, Session, calibrate_flops
 from .store import ModelStore, StoreError, check_params, is_hash
 from .tenants import Reject, Tenants
@@ -58,28 +57,6 @@ IDLE_EXPIRY_MIN_S = 1.0
 #: not between two inferences of a device that runs one a second.
 TRIM_AFTER_IDLE_S = 2.0
 DEFAULT_BIND = "tcp://127.0.0.1:5555"
-#: The ZAP domain of the server's socket (the authenticator answers for it only).
-ZAP_DOMAIN = "coacto"
-
-
-class ServerError(CoactoError):
-    """The server cannot start (bad bind address, models folder) or was used wrongly."""
-
-
-def is_local_endpoint(endpoint: str) -> bool:
-    """True for endpoints only this machine can reach: loopback TCP, ipc://, inproc://."""
-    if not isinstance(endpoint, str):
-        return False
-    if endpoint.startswith(("ipc://", "inproc://")):
-        return True
-    if not endpoint.startswith("tcp://"):
-        return False
-    host = endpoint[len("tcp://"):].rsplit(":", 1)[0].strip("[]")
-    if ";" in host:  # tcp://SOURCE;HOST:PORT binds HOST
-        host = host.split(";", 1)[1]
-    return host == "localhost" or host == "::1" or host.startswith("127.")
-
-
 def _malloc_trim() -> None:
     """Hands the heap's free pages back to the OS (glibc; elsewhere nothing to do)."""
     global _trim
@@ -143,14 +120,14 @@ class Server:
         self.models = models
         self.max_model_bytes = int(max_model_bytes)
         self.heartbeat_timeout = float(heartbeat_timeout)
-        self._security(secret_key, allowed_keys, insecure)
+        self.guard = Security(bind, secret_key, allowed_keys, insecure)
         if limits is None:
             limits = Limits.default(
                 memory_limit, inferences_per_device=int(max_inferences_per_device),
                 sessions=int(max_devices),
-                sessions_per_owner=None if self.secure else 64,
-                idle_expiry_s=None if self.secure else max(IDLE_EXPIRY_MIN_S,
-                                                           self.heartbeat_timeout / 2))
+                sessions_per_owner=None if self.guard.secure else 64,
+                idle_expiry_s=None if self.guard.secure else max(IDLE_EXPIRY_MIN_S,
+                                                                 self.heartbeat_timeout / 2))
         self.limits = limits
         self.max_inferences_per_device = limits.inferences_per_device
         self.max_devices = limits.sessions
@@ -161,7 +138,6 @@ class Server:
         self._given_flops = server_flops
         self._context = context
         self._own_context = context is None
-        self._auth = None
         self.loaded_models: list[dict] = []
         self.bound: str | None = None
         self._thread: threading.Thread | None = None
@@ -176,34 +152,20 @@ class Server:
             "sessions_refused", "sessions_evicted", "sessions_expired_idle", "memory_refused",
             "results_dropped", "uploads_refused", "trims"), 0)
 
-    def _security(self, secret_key, allowed_keys, insecure: bool) -> None:
-        secret_key = secret_key if secret_key is not None else K.from_env(K.ENV_SECRET_KEY)
-        allowed_keys = allowed_keys if allowed_keys is not None else \
-            K.from_env(K.ENV_ALLOWED_KEYS)
-        if (secret_key is None) != (allowed_keys is None):
-            raise ServerError("give both the server's secret key and the allowed devices' keys "
-                              "(--secret-key and --allowed-keys), or neither; " + K.HOW_TO_MAKE)
-        self.secure = secret_key is not None
-        self.insecure = bool(insecure) and not self.secure
-        if self.secure:
-            self._public_key, self._secret_key = K.load_pair(secret_key, "server's secret key")
-            self.allowed = K.AllowedKeys(allowed_keys)
-            for line in self.allowed.skipped:
-                log.warning("allowed keys: skipping %s", line)
-            if not len(self.allowed):
-                log.warning("no device keys in the allowed keys folder yet: every device is "
-                            "refused until one is added")
-        elif not is_local_endpoint(self.bind) and not self.insecure:
-            raise ServerError(
-                f"refusing to serve {self.bind!r} without authentication: anyone who reaches "
-                f"it could use this machine. {K.HOW_TO_MAKE[0].upper()}{K.HOW_TO_MAKE[1:]}, "
-                f"then pass --secret-key keys/server.key_secret --allowed-keys DIR; or bind "
-                f"tcp://127.0.0.1:PORT; or pass --insecure on a network you trust")
-
     @property
     def public_key(self) -> str | None:
         """The server's CurveZMQ public key (Z85), what devices pass as their server key."""
-        return self._public_key.decode("ascii") if self.secure else None
+        return self.guard.public_key
+
+    @property
+    def secure(self) -> bool:
+        return self.guard.secure
+
+    @property
+    def security(self) -> str:
+        """How devices are authenticated: "curve", "none (local endpoint)" or "none
+        (insecure)"."""
+        return self.guard.label
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -226,27 +188,14 @@ class Server:
         sock.setsockopt(zmq.SNDHWM, SNDHWM)
         sock.setsockopt(zmq.HANDSHAKE_IVL, HANDSHAKE_IVL_MS)
         try:
-            if self.secure:
-                from zmq.auth.thread import ThreadAuthenticator
-
-                self._auth = ThreadAuthenticator(ctx,
-                                                 log=logging.getLogger("coacto.server.auth"))
-                self._auth.start()  # binds the context's ZAP endpoint: one per context
-                self._auth.configure_curve_callback(domain=ZAP_DOMAIN,
-                                                    credentials_provider=self.allowed)
-                sock.setsockopt_string(zmq.ZAP_DOMAIN, ZAP_DOMAIN)
-                sock.curve_secretkey = self._secret_key
-                sock.curve_publickey = self._public_key
-                sock.curve_server = True
+            self.guard.configure(ctx, sock)
             port = self.bind.rsplit(":", 1)[-1] if self.bind.startswith("tcp://") else ""
             if port.isdigit() and int(port) > 65535:  # libzmq would bind it modulo 65536
                 raise zmq.ZMQError(msg=f"port {port} is not from 0 to 65535")
             sock.bind(self.bind)
         except zmq.ZMQError as e:
             sock.close(0)
-            if self._auth is not None:
-                self._auth.stop()
-                self._auth = None
+            self.guard.stop()
             if self._own_context:
                 ctx.term()
             self._rt.close()
@@ -273,8 +222,8 @@ class Server:
                  P.PROTOCOL_VERSION, self.threads, flops / 1e9,
                  "given" if self._given_flops else "calibrated", len(self.loaded_models),
                  self.security, self.limits.memory / 2**20)
-        if self.insecure:
-            log.warning("%s", self.insecure_warning)
+        if self.guard.warning:
+            log.warning("%s", self.guard.warning)
         return self
 
     @property
@@ -300,25 +249,10 @@ class Server:
         for fd in (self._wake_r, self._wake_w):
             os.close(fd)
         self._rt.close()
-        if self._auth is not None:
-            self._auth.stop()
+        self.guard.stop()
         if self._own_context:
             self._context.term()
         log.info("server stopped")
-
-    @property
-    def security(self) -> str:
-        """How devices are authenticated: "curve", "none (local endpoint)" or "none
-        (insecure)"."""
-        if self.secure:
-            return "curve"
-        return "none (insecure)" if self.insecure else "none (local endpoint)"
-
-    @property
-    def insecure_warning(self) -> str:
-        return (f"this server serves {self.bind} WITHOUT authentication or encryption "
-                f"(--insecure): anyone who reaches it can use it and read the tiles; "
-                f"{K.HOW_TO_MAKE}")
 
     def __enter__(self) -> "Server":
         if self._thread is None:
@@ -445,7 +379,7 @@ class Server:
         identity = frames[0].bytes
         t = now()
         session = self.tenants.sessions.get(identity)
-        owner, peer = self._owner(frames[1])
+        owner, peer = self.guard.owner(frames[1])
         if session is not None and session.owner != owner:
             # the routing id of a connection that has gone, claimed by another device before
             # the old session expired: it gets none of that session's state
@@ -488,20 +422,6 @@ class Server:
             log.exception("internal error on a %r message from device %s", kind, session.name)
             self._send_error(identity, P.E_INTERNAL, f"internal server error: {e}", re=kind)
 
-    def _owner(self, frame) -> tuple[str, str]:
-        """(owner, peer address) of a new connection: its CURVE public key when the server has
-        keys (ZeroMQ passes the key the authenticator accepted as User-Id), else its address."""
-        try:
-            peer = frame.get("Peer-Address")
-        except (zmq.ZMQError, AttributeError):
-            peer = ""
-        if self.secure:
-            try:
-                return frame.get("User-Id"), peer
-            except (zmq.ZMQError, AttributeError):  # cannot happen behind CURVE + ZAP
-                return "unauthenticated", peer
-        return ("addr:" + peer) if peer else "", peer
-
     def _reject(self, session: Session, kind: str, r: Reject) -> None:
         self._counts["rejected"] += 1
         log.debug("device %s: %r rejected (%d): %s", session.name, kind, r.code, r.text)
@@ -526,8 +446,8 @@ class Server:
             "heartbeat_s": self.heartbeat_timeout / 3, "heartbeat_timeout": self.heartbeat_timeout,
             "server": f"coacto {__version__}", "trace": True,
             "transfer": [m for m in P.TRANSFER_MODES if m != "raw"], "security": self.security}
-        if self.insecure:
-            reply["warning"] = self.insecure_warning
+        if self.guard.warning:
+            reply["warning"] = self.guard.warning
         self._send(session.identity, reply)
 
     def _model_ready(self, entry) -> dict:
