@@ -1,0 +1,120 @@
+"""The shape of the tree: no import cycle among coacto's modules at import time, no include cycle
+among native/src's files (docs/ARCHITECTURE.md). A cycle is how a module that should be a leaf
+starts depending on everything; these tests name the modules on it."""
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _modules() -> dict[str, Path]:
+    mods = {}
+    for p in (ROOT / "coacto").rglob("*.py"):
+        parts = p.relative_to(ROOT).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        mods[name] = p
+    return mods
+
+
+def _module_level_imports(tree: ast.Module) -> list[ast.stmt]:
+    """Imports that run when the module is imported: its body, inside if / try blocks too, not
+    inside functions (an import in a function runs when it is called)."""
+    out = []
+
+    def visit(body):
+        for n in body:
+            if isinstance(n, (ast.Import, ast.ImportFrom)):
+                out.append(n)
+            elif isinstance(n, (ast.If, ast.Try)):
+                for block in (n.body, n.orelse, getattr(n, "finalbody", [])):
+                    visit(block)
+                for h in getattr(n, "handlers", []):
+                    visit(h.body)
+
+    visit(tree.body)
+    return out
+
+
+def _targets(mods: dict, current: str, node: ast.stmt) -> set[str]:
+    package = current if mods[current].name == "__init__.py" else current.rpartition(".")[0]
+    found = set()
+    if isinstance(node, ast.ImportFrom):
+        if node.level:
+            parts = package.split(".")
+            parts = parts[:len(parts) - (node.level - 1)]
+            base = ".".join(parts + ([node.module] if node.module else []))
+        else:
+            base = node.module or ""
+        for alias in node.names:
+            sub = f"{base}.{alias.name}"
+            found.add(sub if sub in mods else base)
+    else:
+        found.update(alias.name for alias in node.names)
+    return {m for m in found if m in mods and m != current}
+
+
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one node (Tarjan)."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+    counter = [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in sorted(edges[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_cycle_finder_finds_a_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycle_in_coacto():
+    mods = _modules()
+    edges = {m: set() for m in mods}
+    for name, path in mods.items():
+        for node in _module_level_imports(ast.parse(path.read_text())):
+            edges[name] |= _targets(mods, name, node)
+    assert _cycles(edges) == []
+
+
+def test_no_include_cycle_in_native_src():
+    src = ROOT / "native" / "src"
+    files = {p.relative_to(src).as_posix(): p for p in src.rglob("*.[ch]")}
+    edges = {}
+    for name, path in files.items():
+        includes = re.findall(r'^\s*#\s*include\s+"([^"]+)"', path.read_text(), re.M)
+        here = Path(name).parent
+        targets = set()
+        for inc in includes:
+            for cand in ((here / inc).as_posix(), inc):  # relative to the file, or to src/
+                if cand in files:
+                    targets.add(cand)
+                    break
+        edges[name] = targets - {name}
+    assert _cycles(edges) == []
