@@ -95,7 +95,10 @@ Activations (``attrs['act']``): ``ACT_NONE``, ``ACT_RELU``, ``ACT_CLIP`` (alpha 
 + beta))``), ``ACT_HARDSWISH`` (``x * max(0, min(1, x / 6 + 1 / 2))``), ``ACT_TANH``, ``ACT_SQRT``,
 ``ACT_ERF``, ``ACT_GELU`` (``x * (1 + erf(x / sqrt 2)) / 2``), ``ACT_GELU_TANH`` (``x * (1 +
 tanh(sqrt(2 / pi) * (x + 0.044715 x^3))) / 2``), ``ACT_RECIPROCAL``, ``ACT_EXP``, ``ACT_ISNAN``
-(1.0 or 0.0). The numeric codes are shared with the native runtime (``native/include/coacto.h``).
+(1.0 or 0.0), ``ACT_ELU`` (alpha: ``x > 0 ? x : alpha * (e^x - 1)``), ``ACT_SELU`` (alpha, beta:
+``beta * elu(x)``, beta being ONNX's gamma), ``ACT_CELU`` (alpha: ``x > 0 ? x : alpha * (e^(x /
+alpha) - 1)``), ``ACT_SOFTPLUS`` (``log(1 + e^x)``), ``ACT_SOFTSIGN`` (``x / (1 + |x|)``),
+``ACT_THRESHOLDED_RELU`` (alpha: ``x > alpha ? x : 0``). The numeric codes are shared with the native runtime (``native/include/coacto.h``).
 """
 from __future__ import annotations
 
@@ -172,6 +175,12 @@ ACT_GELU_TANH = 11
 ACT_RECIPROCAL = 12
 ACT_EXP = 13
 ACT_ISNAN = 14
+ACT_ELU = 15
+ACT_SELU = 16
+ACT_CELU = 17
+ACT_SOFTPLUS = 18
+ACT_SOFTSIGN = 19
+ACT_THRESHOLDED_RELU = 20
 
 POOL_MAX = 0
 POOL_AVG = 1

@@ -332,6 +332,12 @@ def _activation(act, alpha_attr=None, alpha=0.0, beta_attr=None, beta=0.0):
     return run
 
 
+def _celu(imp, ins):
+    if imp._attr("alpha", 1.0) == 0.0:
+        raise ShapeError("Celu with alpha 0 (it divides by alpha)")
+    return _activation(ir.ACT_CELU, "alpha", 1.0)(imp, ins)
+
+
 def _clip(imp, ins):
     x = ins[0]
     lo, hi = clip_bounds(imp, ins)
@@ -643,6 +649,12 @@ COMPUTE = {
     "Sigmoid": _activation(ir.ACT_SIGMOID), "Tanh": _activation(ir.ACT_TANH),
     "HardSigmoid": _activation(ir.ACT_HARDSIGMOID, "alpha", 0.2, "beta", 0.5),
     "HardSwish": _activation(ir.ACT_HARDSWISH),
+    "Elu": _activation(ir.ACT_ELU, "alpha", 1.0), "Celu": _celu,
+    # the defaults are the ONNX spec's float32 values of the self-normalising constants
+    "Selu": _activation(ir.ACT_SELU, "alpha", 1.67326319217681884765625, "gamma",
+                        1.05070102214813232421875),
+    "Softplus": _activation(ir.ACT_SOFTPLUS), "Softsign": _activation(ir.ACT_SOFTSIGN),
+    "ThresholdedRelu": _activation(ir.ACT_THRESHOLDED_RELU, "alpha", 1.0),
     "MaxPool": _pool(ir.POOL_MAX), "AveragePool": _pool(ir.POOL_AVG),
     "GlobalAveragePool": _global_pool(ir.POOL_AVG), "GlobalMaxPool": _global_pool(ir.POOL_MAX),
     "ReduceMean": _reduce(ir.POOL_AVG), "ReduceMax": _reduce(ir.POOL_MAX),

@@ -112,6 +112,18 @@ def activation(x: np.ndarray, act: int, alpha: float = 0.0, beta: float = 0.0) -
             return np.exp(x)
         if act == ir.ACT_ISNAN:
             return np.isnan(x).astype(np.float64)
+        if act == ir.ACT_ELU:
+            return np.where(x > 0, x, alpha * np.expm1(np.minimum(x, 0.0)))
+        if act == ir.ACT_SELU:
+            return beta * np.where(x > 0, x, alpha * np.expm1(np.minimum(x, 0.0)))
+        if act == ir.ACT_CELU:
+            return np.where(x > 0, x, alpha * np.expm1(np.minimum(x, 0.0) / alpha))
+        if act == ir.ACT_SOFTPLUS:
+            return np.logaddexp(0.0, x)
+        if act == ir.ACT_SOFTSIGN:
+            return x / (1.0 + np.abs(x))
+        if act == ir.ACT_THRESHOLDED_RELU:
+            return np.where(x > alpha, x, 0.0)
     raise ValueError(f"unknown activation {act}")
 
 

@@ -97,7 +97,7 @@ static inline void ops_window_taps(int64_t i0, int64_t k, int64_t d, int64_t n, 
 /* Activations. NONE, RELU and CLIP are clamps (fused into GEMM epilogues and direct loops); the
  * others are applied to the finished values. */
 static inline int ops_act_valid(int32_t act) {
-    return act >= COACTO_ACT_NONE && act <= COACTO_ACT_ISNAN;
+    return act >= COACTO_ACT_NONE && act < COACTO_ACT_COUNT;
 }
 
 static inline int ops_act_is_clamp(int32_t act) {

@@ -111,6 +111,12 @@ static inline double act_ref(double v, int act, double alpha, double beta) {
     case COACTO_ACT_RECIPROCAL: return 1.0 / v;
     case COACTO_ACT_EXP: return exp(v);
     case COACTO_ACT_ISNAN: return v != v ? 1.0 : 0.0;
+    case COACTO_ACT_ELU: return v > 0 ? v : alpha * expm1(v);
+    case COACTO_ACT_SELU: return beta * (v > 0 ? v : alpha * expm1(v));
+    case COACTO_ACT_CELU: return v > 0 ? v : alpha * expm1(v / alpha);
+    case COACTO_ACT_SOFTPLUS: return v > 0 ? v + log1p(exp(-v)) : log1p(exp(v));
+    case COACTO_ACT_SOFTSIGN: return v / (1.0 + fabs(v));
+    case COACTO_ACT_THRESHOLDED_RELU: return v > alpha ? v : 0.0;
     default: return v;
     }
 }

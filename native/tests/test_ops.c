@@ -353,7 +353,7 @@ static void binary_cases(void) {
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) test_binary(&cases[i]);
 
     /* AFFINE with every activation. */
-    for (int act = 0; act <= COACTO_ACT_ISNAN; act++) {
+    for (int act = 0; act < COACTO_ACT_COUNT; act++) {
         tensor x = t_rand(2, 29, 3, 4, -3, 3);
         float sc[29], sh[29];
         for (int i = 0; i < 29; i++) sc[i] = frand(-2, 2), sh[i] = frand(-1, 1);
@@ -620,7 +620,7 @@ static void rejections(void) {
     t = bin, t.in_c[1] = 3, expect_reject("binary non-broadcast channels", t);
     t = bin, t.in_h[0] = 12, expect_reject("binary input larger than output", t);
     t = bin, t.iparams[0] = 10, expect_reject("binary kind", t);
-    t = bin, t.iparams[1] = 15, expect_reject("binary act", t);
+    t = bin, t.iparams[1] = COACTO_ACT_COUNT, expect_reject("binary act", t);
     t = bin, set_array(&t, 0, zeros, 32), expect_reject("binary constant with two inputs", t);
     layer bc = mk(COACTO_OP_BINARY, 2, 8, 6, 6);
     set_input(&bc, 0, &a);
@@ -642,7 +642,7 @@ static void rejections(void) {
     t = af, t.array_bytes[1] = 28, expect_reject("affine shift bytes", t);
     t = af, set_array(&t, 1, NULL, 0), expect_reject("affine shift missing", t);
     t = af, t.in_w[0] = 5, expect_reject("affine dims", t);
-    t = af, t.iparams[0] = 15, expect_reject("affine act", t);
+    t = af, t.iparams[0] = COACTO_ACT_COUNT, expect_reject("affine act", t);
 
     layer cat = mk(COACTO_OP_CONCAT, 2, 16, 6, 6);
     set_input(&cat, 0, &a);

@@ -1,0 +1,140 @@
+"""Operators beyond the zoo's, as PyTorch's and TensorFlow's exporters emit them (opsets 17 and 18,
+weights as initializers, node names like "/act/Elu"): the native runtime at 1, 3 and the default
+tiles per layer, 1 and 2 threads, and the numpy reference, each against onnxruntime."""
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import coacto
+from coacto import ir
+from coacto.onnx_import import import_model
+from coacto.reference import run_reference
+
+F = TensorProto.FLOAT
+TILES = (1, 3, None)
+THREADS = (1, 2)
+
+
+def rand(*shape, seed=0, scale=1.0):
+    return (np.random.default_rng(seed).standard_normal(shape) * scale).astype(np.float32)
+
+
+def make(nodes, inputs, outputs, inits=None, opset=17):
+    graph = helper.make_graph(
+        nodes, "torch_jit",
+        [helper.make_tensor_value_info(n, F, s) for n, s in inputs.items()],
+        [helper.make_tensor_value_info(o, F, None) for o in outputs],
+        initializer=[numpy_helper.from_array(np.asarray(v), k) for k, v in (inits or {}).items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    return model
+
+
+def onnxruntime_run(model, feeds):
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    return dict(zip(names, sess.run(names, feeds)))
+
+
+def max_error(got: dict, ref: dict) -> float:
+    """The largest |got - ref| relative to max |ref| over the outputs; shapes must agree."""
+    assert set(got) == set(ref), (sorted(got), sorted(ref))
+    worst = 0.0
+    for k in ref:
+        assert got[k].shape == ref[k].shape, (k, got[k].shape, ref[k].shape)
+        scale = max(float(np.abs(ref[k]).max()), 1e-30)
+        worst = max(worst, float(np.abs(got[k].astype(np.float64) - ref[k]).max()) / scale)
+    return worst
+
+
+def check(model, feeds, rel=2e-6, tiles=TILES, threads=THREADS):
+    """The reference and the native runtime (every tile and thread count) equal onnxruntime
+    within ``rel`` * max |onnxruntime|; returns the imported graph."""
+    ref = onnxruntime_run(model, feeds)
+    graph = import_model(model)
+    err = max_error(run_reference(graph, feeds), ref)
+    assert err <= rel, f"reference: max |error| {err:.3g} * max |ref| > {rel}"
+    for t in tiles:
+        tg = coacto.compile(model, tiles_per_layer=t)
+        for th in threads:
+            with coacto.Runtime(tg, threads=th) as rt:
+                err = max_error(rt.run(feeds, timeout=60), ref)
+            assert err <= rel, f"tiles={t} threads={th}: max |error| {err:.3g} * max |ref| > {rel}"
+    return graph
+
+
+def ops(graph):
+    return [layer.op for layer in graph.layers]
+
+
+# --------------------------------------------------------------------------------- activations
+
+# (op type, attributes, the IR activation): the defaults of the ONNX spec, then other values
+ACTIVATIONS = [
+    ("Elu", {}, ir.ACT_ELU),
+    ("Elu", {"alpha": 0.3}, ir.ACT_ELU),
+    ("Selu", {}, ir.ACT_SELU),
+    ("Selu", {"alpha": 1.5, "gamma": 2.0}, ir.ACT_SELU),
+    ("Celu", {}, ir.ACT_CELU),
+    ("Celu", {"alpha": 0.4}, ir.ACT_CELU),
+    ("Softplus", {}, ir.ACT_SOFTPLUS),
+    ("Softsign", {}, ir.ACT_SOFTSIGN),
+    ("ThresholdedRelu", {}, ir.ACT_THRESHOLDED_RELU),
+    ("ThresholdedRelu", {"alpha": -0.25}, ir.ACT_THRESHOLDED_RELU),
+]
+ACT_IDS = [f"{op}-{'-'.join(f'{k}{v}' for k, v in attrs.items()) or 'default'}"
+           for op, attrs, _ in ACTIVATIONS]
+
+
+@pytest.mark.parametrize("op,attrs,act", ACTIVATIONS, ids=ACT_IDS)
+@pytest.mark.parametrize("shape", [(1, 3, 7, 9), (2, 5, 11, 6)])
+def test_activation_after_conv(op, attrs, act, shape):
+    """Conv -> activation: the activation fuses into the convolution's epilogue."""
+    n, c, h, w = shape
+    nodes = [helper.make_node("Conv", ["x", "conv.weight", "conv.bias"], ["/conv/Conv_output_0"],
+                              name="/conv/Conv", kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             helper.make_node(op, ["/conv/Conv_output_0"], ["y"], name=f"/act/{op}", **attrs)]
+    model = make(nodes, {"x": list(shape)}, ["y"],
+                 {"conv.weight": rand(13, c, 3, 3, seed=1, scale=0.5),
+                  "conv.bias": rand(13, seed=2)})
+    # the convolution's sums round differently from onnxruntime's: a looser bound than alone
+    graph = check(model, {"x": rand(*shape, seed=3, scale=3.0)}, rel=1e-5)
+    assert ops(graph) == ["INPUT", "CONV"]
+    assert graph.layers[1].attrs["act"] == act
+
+
+@pytest.mark.parametrize("op,attrs,act", ACTIVATIONS, ids=ACT_IDS)
+@pytest.mark.parametrize("shape", [(2, 7, 13), (1, 37)])
+def test_activation_standalone(op, attrs, act, shape):
+    """An activation of a graph input (an AFFINE layer), over values from -30 to 30 so that the
+    saturated ends of e^x are reached too."""
+    model = make([helper.make_node(op, ["x"], ["y"], name=f"/act/{op}", **attrs)],
+                 {"x": list(shape)}, ["y"], opset=18)
+    x = rand(*shape, seed=4, scale=3.0)
+    x.reshape(-1)[:4] = [-30.0, 30.0, 0.0, -1e-3]
+    graph = check(model, {"x": x})
+    assert ops(graph) == ["INPUT", "AFFINE"]
+    assert graph.layers[1].attrs["act"] == act
+
+
+def test_activation_in_a_sequence_model():
+    """Softplus between two matrix products with weights, on (B, S, D) activations."""
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["/fc1/MatMul_output_0"], name="/fc1/MatMul"),
+             helper.make_node("Softplus", ["/fc1/MatMul_output_0"], ["/act/Softplus_output_0"],
+                              name="/act/Softplus"),
+             helper.make_node("MatMul", ["/act/Softplus_output_0", "w2"], ["y"],
+                              name="/fc2/MatMul")]
+    model = make(nodes, {"x": [2, 9, 17]}, ["y"],
+                 {"w1": rand(17, 23, seed=5, scale=0.5), "w2": rand(23, 11, seed=6, scale=0.3)})
+    check(model, {"x": rand(2, 9, 17, seed=7)}, rel=1e-5)
+
+
+def test_celu_alpha_zero_is_refused():
+    model = make([helper.make_node("Celu", ["x"], ["y"], alpha=0.0)], {"x": [1, 4]}, ["y"])
+    with pytest.raises(coacto.CoactoError, match="alpha 0"):
+        import_model(model)
