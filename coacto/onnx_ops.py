@@ -546,11 +546,14 @@ def _reduce(kind, total=False):
         keep = bool(imp._attr("keepdims", 1))
         out = tuple(1 if i in axes else d for i, d in enumerate(v.shape) if keep or i not in axes)
         rows = {i for i in axes if v.shape[i] != 1}
-        if len(rows) == 1 and r >= 2 and axes - rows <= {i for i in axes if v.shape[i] == 1}:
+        if not rows:  # over axes of size 1 only (or none, noop_with_empty_axes): the input
+            return [imp._reshaped(v, out)]
+        if len(rows) == 1 and r >= 2:
             # over one axis: the rows of a sequence's last axis, or a CNN's channels
             axis = rows.pop()
             if axis in (r - 1, 1):
                 return [_row_reduce(imp, v, axis, kind, total, out)]
+            return [_reduce_moved(imp, v, axis, kind, total, out)]
         x = imp._act(v, CHANNELS)
         spatial = set(range(2, r))
         ones = {i for i in spatial if x.shape[i] == 1}
@@ -568,13 +571,29 @@ def _reduce(kind, total=False):
 def _row_reduce(imp, v, axis, kind, total, out):
     """A reduction over the row axis of a layout (the last axis, or a CNN's channels): one value
     per column. The result keeps the input's columns."""
-    r = len(v.shape)
+    shape = shape_of(v)
+    r = len(shape)
     lay = LAST if axis == r - 1 else CHANNELS
     x = imp._act_rows(v) if lay == LAST else imp._act(v, CHANNELS)
     red = ir.REDUCE_SUM if total else _ROW_REDUCE[kind]
-    kept = tuple(1 if i == axis else d for i, d in enumerate(v.shape))
+    kept = tuple(1 if i == axis else d for i, d in enumerate(shape))
     y = imp._emit_rows(imp._node_name(), "ROW_REDUCE", x, 1, kept, {"kind": red})
     return y if tuple(out) == kept else imp._reshaped(y, out)
+
+
+def _reduce_moved(imp, v, axis, kind, total, out):
+    """A reduction over another single axis (a CNN's height or width, the batch, a sequence's
+    tokens): that axis moved last, which copies the tensor once through a GATHER, then reduced
+    as rows. The copy costs about what the reduction does, and one ROW_REDUCE then serves every
+    axis (a POOL window over H or W alone would need none, but only for those two axes)."""
+    view = imp._as_view(v)
+    index = np.ascontiguousarray(np.moveaxis(view.index, axis, -1))
+    # one copy straight into rows, not a copy in the input's layout and another into rows
+    moved = imp._act(View(view.srcs, index, view.fill, view.name), LAST)
+    kept = index.shape[:-1] + (1,)
+    y = _row_reduce(imp, moved, index.ndim - 1, kind, total, kept)
+    # the reduced axis has size 1 now: moving it back changes no element's place
+    return imp._reshaped(y, out)
 
 
 def _lrn(imp, ins):

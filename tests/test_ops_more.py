@@ -138,3 +138,56 @@ def test_celu_alpha_zero_is_refused():
     model = make([helper.make_node("Celu", ["x"], ["y"], alpha=0.0)], {"x": [1, 4]}, ["y"])
     with pytest.raises(coacto.CoactoError, match="alpha 0"):
         import_model(model)
+
+
+# ---------------------------------------------------------------------------------- reductions
+
+def _reduce_model(op, shape, axis, keepdims, opset):
+    """ReduceMean / ReduceSum over one axis: axes an attribute up to opset 17 (ReduceSum: 12),
+    an input from opset 18 (ReduceSum: 13), as the exporters write them."""
+    inits = {}
+    if op == "ReduceSum" and opset >= 13 or opset >= 18:
+        inits["/reduce/Constant_output_0"] = np.array([axis], np.int64)
+        n = helper.make_node(op, ["x", "/reduce/Constant_output_0"], ["y"], name=f"/reduce/{op}",
+                             keepdims=keepdims)
+    else:
+        n = helper.make_node(op, ["x"], ["y"], name=f"/reduce/{op}", axes=[axis],
+                             keepdims=keepdims)
+    return make([n], {"x": list(shape)}, ["y"], inits, opset=opset)
+
+
+REDUCTIONS = [  # (shape, axis): every axis of ranks 2 to 4, negative axes, odd sizes
+    ((2, 5, 7, 9), 0), ((2, 5, 7, 9), 1), ((1, 5, 7, 9), 2), ((2, 5, 7, 9), -1),
+    ((2, 3, 11, 1), 2), ((2, 9, 13), 1), ((1, 9, 13), -3), ((3, 9, 13), 2), ((7, 13), 0),
+    ((7, 13), -1),
+]
+
+
+@pytest.mark.parametrize("op", ["ReduceMean", "ReduceSum"])
+@pytest.mark.parametrize("shape,axis", REDUCTIONS, ids=[f"{s}-{a}" for s, a in REDUCTIONS])
+@pytest.mark.parametrize("keepdims", [0, 1])
+@pytest.mark.parametrize("opset", [13, 18])
+def test_reduce_one_axis(op, shape, axis, keepdims, opset):
+    model = _reduce_model(op, shape, axis, keepdims, opset)
+    check(model, {"x": rand(*shape, seed=8)}, rel=1e-5)
+
+
+def test_reduce_over_height_of_a_conv_output():
+    """ReduceMean over H of a feature map (a pooling over rows, as in CRNN text recognisers),
+    then a Conv over the result: the reduction reads a computed layer."""
+    nodes = [
+        helper.make_node("Conv", ["x", "c1.weight"], ["/c1/Conv_output_0"], name="/c1/Conv",
+                         kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        helper.make_node("ReduceMean", ["/c1/Conv_output_0", "axes"], ["/ReduceMean_output_0"],
+                         name="/ReduceMean", keepdims=1),
+        helper.make_node("Relu", ["/ReduceMean_output_0"], ["y"], name="/act/Relu")]
+    model = make(nodes, {"x": [2, 3, 10, 13]}, ["y"],
+                 {"c1.weight": rand(6, 3, 3, 3, seed=9), "axes": np.array([2], np.int64)},
+                 opset=18)
+    check(model, {"x": rand(2, 3, 10, 13, seed=10)}, rel=1e-5)
+
+
+def test_reduce_over_axes_of_size_one_is_the_input():
+    model = _reduce_model("ReduceMean", (2, 1, 5), 1, 0, 18)
+    graph = check(model, {"x": rand(2, 1, 5, seed=11)})
+    assert ops(graph) == ["INPUT", "GATHER"]  # the copy every graph output that is an input gets
