@@ -67,16 +67,27 @@ def free_port() -> int:
 
 # ------------------------------------------------------------------------------ units
 
-def test_parse_rate_speaks_tc_units():
+def test_parse_rate_says_bits_or_bytes():
     assert parse_rate("20mbit") == pytest.approx(2.5e6)
+    assert parse_rate("20Mbit/s") == parse_rate("20MBIT") == pytest.approx(2.5e6)
     assert parse_rate("500kbit") == pytest.approx(62500)
     assert parse_rate("1gbit") == pytest.approx(1.25e8)
-    assert parse_rate("2mbps") == pytest.approx(2e6)  # tc: bps = bytes per second
-    assert parse_rate("100kbps") == pytest.approx(1e5)
-    assert parse_rate("8000") == pytest.approx(1000)  # bare numbers are bits/s
-    assert parse_rate(8e6) == pytest.approx(1e6)
+    assert parse_rate("8Mibit") == pytest.approx(1024 ** 2)
+    assert parse_rate("2.5MB/s") == parse_rate("2.5MByte/s") == pytest.approx(2.5e6)
+    assert parse_rate("100kB/s") == pytest.approx(1e5)
+    assert parse_rate("1MiB/s") == pytest.approx(1024 ** 2)
+    assert parse_rate(8e6) == pytest.approx(1e6)  # a Python number is bits/s
     assert parse_rate(" 1.5 Mbit ") == pytest.approx(187500)
-    for bad in ("fast", "20 furlongs", "-5mbit", "0mbit", "", "10bit", None):
+    # forms whose bits-or-bytes depends on who reads them are refused with both spellings
+    for ambiguous in ("20Mbps", "20mbps", "20MBps", "20Mb/s"):
+        with pytest.raises(RateError, match=r"ambiguous.*'20Mbit/s' for 20 Mbit/s \(2.5 MB/s\)"
+                                            r".*'20MB/s' for 20 MB/s \(160 Mbit/s\)"):
+            parse_rate(ambiguous)
+    with pytest.raises(RateError, match="no unit.*'8000bit'"):
+        parse_rate("8000")
+    with pytest.raises(RateError, match="a size, not a rate.*'20MB/s'"):
+        parse_rate("20MB")
+    for bad in ("fast", "20 furlongs", "-5mbit", "0mbit", "", "10bit", None, "100kbps"):
         with pytest.raises(RateError):
             parse_rate(bad)
 

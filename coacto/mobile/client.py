@@ -67,18 +67,22 @@ def _release(engine, runtime) -> None:
 
 
 def normalize_address(server: str) -> str:
-    """'host:port' or a ZeroMQ endpoint -> a ZeroMQ endpoint."""
+    """'host:port' or a ZeroMQ endpoint -> a ZeroMQ endpoint. A tcp port must lie in 1..65535:
+    libzmq would connect to port 99999 modulo 65536 (34463) without a word."""
     if not isinstance(server, str) or not server.strip():
         raise CoactoError(f"the server address must be a string like tcp://host:5555, "
                           f"got {server!r}")
     server = server.strip()
-    if "://" in server:
-        return server
-    host, sep, port = server.rpartition(":")
-    if not sep or not port.isdigit():
+    scheme, sep, rest = server.partition("://")
+    if sep and scheme != "tcp":
+        return server  # ipc://, inproc://, ...: no port to check
+    host, colon, port = (rest if sep else server).rpartition(":")
+    if not colon or not host or not port.isdigit():
         raise CoactoError(f"cannot read server address {server!r}: write tcp://host:5555 or "
-                          "host:5555")
-    return f"tcp://{host}:{port}"
+                          "host:5555 (a port number after the last ':')")
+    if not 1 <= int(port) <= 65535:
+        raise CoactoError(f"server address {server!r}: port {port} is not from 1 to 65535")
+    return f"tcp://{host}:{int(port)}"
 
 
 def resolve_model(model, tiles_per_layer=None, input_shapes=None, model_bytes=None,

@@ -1,4 +1,4 @@
-"""The client's own bandwidth cap: tc-style rate strings and a token bucket per direction.
+"""The client's own bandwidth cap: rates that say bits or bytes, a token bucket per direction.
 
 Without root (no network namespaces, no ``tc``), ``coacto-client --bandwidth 20mbit`` emulates a
 slow link inside the client: every frame it sends waits in a token bucket before it reaches the
@@ -22,52 +22,94 @@ import re
 
 from ..errors import CoactoError
 
-__all__ = ["RateError", "parse_rate", "parse_schedule", "format_rate", "TokenBucket", "UNCAPPED"]
+__all__ = ["RateError", "parse_rate", "parse_schedule", "format_rate", "format_bytes_rate",
+           "describe_schedule", "TokenBucket", "UNCAPPED"]
 
-#: Multipliers to bytes per second, tc's units (``man tc``: bit = bits/s, bps = bytes/s).
-_UNITS = {
-    "bit": 1 / 8, "kbit": 1e3 / 8, "mbit": 1e6 / 8, "gbit": 1e9 / 8, "tbit": 1e12 / 8,
-    "kibit": 1024 / 8, "mibit": 1024 ** 2 / 8, "gibit": 1024 ** 3 / 8, "tibit": 1024 ** 4 / 8,
-    "bps": 1.0, "kbps": 1e3, "mbps": 1e6, "gbps": 1e9, "tbps": 1e12,
-    "kibps": 1024.0, "mibps": 1024.0 ** 2, "gibps": 1024.0 ** 3, "tibps": 1024.0 ** 4,
-}
-_RATE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
+#: How a prefix is written back in messages.
+_PREFIX_TEXT = {"": "", "k": "k", "m": "M", "g": "G", "t": "T", "ki": "Ki", "mi": "Mi", "gi": "Gi",
+                "ti": "Ti"}
+#: Unit prefixes, read in any case: decimal (k = 1000) and binary (Ki = 1024).
+_PREFIXES = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12,
+             "ki": 1024.0, "mi": 1024.0 ** 2, "gi": 1024.0 ** 3, "ti": 1024.0 ** 4}
+_P = "(|k|m|g|t|ki|mi|gi|ti)"
+_RATE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z/]*)\s*$", re.IGNORECASE)
+_BITS_RE = re.compile(rf"^{_P}bits?(/s)?$")            # matched against the lower-cased unit
+_BYTE_WORDS_RE = re.compile(rf"^{_P}bytes?/s$")        # likewise
+_BYTE_LETTER_RE = re.compile(r"^([kKmMgGtT][iI]?|)B/s$")  # any-case prefix, a capital B
+_BPS_RE = re.compile(rf"^{_P}bps$")
+_LOWER_B_RE = re.compile(rf"^{_P}b/s$")
+_SIZE_RE = re.compile(rf"^{_P}(b|bytes?)$")
+ACCEPTED_UNITS = ("bit, kbit, Mbit, Gbit (also Kibit, Mibit, ...; '/s' optional) for bits per "
+                  "second; B/s, kB/s, MB/s, GB/s, KiB/s, MiB/s (or byte/s, kbyte/s, ...) for bytes "
+                  "per second")
 
 
 class RateError(CoactoError, ValueError):
-    """A bandwidth that cannot be parsed or is not positive."""
+    """A bandwidth that cannot be parsed, is ambiguous, or is not positive."""
 
 
 def parse_rate(rate) -> float:
-    """A tc-style rate -> bytes per second.
+    """A rate -> bytes per second. Every accepted string has one meaning, whatever its case.
 
-    Strings: ``"20mbit"`` (bits: bit, kbit, mbit, gbit, tbit and the binary kibit, mibit, ...),
-    ``"2.5MBps"`` / ``"100kbps"`` (bytes: bps, kbps, mbps, gbps, as tc reads them), a bare number
-    (bits per second, tc's default unit). Numbers (int / float) are bits per second too.
+    Bits per second: ``"20mbit"``, ``"20Mbit/s"``, ``"500kbit"``, ``"1gbit"`` (tc's spelling, with
+    or without ``/s``), binary ``"8Mibit"``. Bytes per second: ``"2.5MB/s"``, ``"100kB/s"``,
+    ``"1MiB/s"``, ``"2.5MByte/s"``. Prefixes are read in any case (k = 1000, Ki = 1024).
+
+    Refused, with a message that says what to write: the ``bps`` family (``"20Mbps"``,
+    ``"20mbps"``, ``"20MBps"``), because networking reads ``Mbps`` as megabits while tc reads
+    ``mbps`` as megabytes, so the same letters differ eightfold by who reads them; a lower-case
+    ``b/s`` (``"20Mb/s"``), whose bits-or-bytes hangs on the case of one letter; a size without
+    ``/s`` (``"20MB"``); and a string without a unit (``"8000"``: tc would read bits, the
+    simulator's ``--bandwidth`` reads Mbit/s).
+
+    A Python number (int or float) is bits per second, tc's default unit.
     """
     if isinstance(rate, bool):
         raise RateError(f"bandwidth must be a rate such as '20mbit', not {rate!r}")
     if isinstance(rate, (int, float)):
-        value, unit = float(rate), "bit"
+        bps = float(rate) / 8
     elif isinstance(rate, str):
-        m = _RATE_RE.match(rate)
-        if not m:
-            raise RateError(f"cannot read bandwidth {rate!r}: write a number and a tc unit, e.g. "
-                            "'20mbit', '500kbit', '1gbit' (bits/s) or '2mbps' (bytes/s)")
-        value, unit = float(m.group(1)), (m.group(2).lower() or "bit")
-        if unit not in _UNITS:
-            raise RateError(f"unknown bandwidth unit {m.group(2)!r} in {rate!r}; use one of "
-                            + ", ".join(sorted(_UNITS)) + " (tc's units)")
+        bps = _parse_rate_text(rate)
     else:
         raise RateError(f"bandwidth must be a string such as '20mbit' or a number of bits/s, "
                         f"not {type(rate).__name__}")
-    bps = value * _UNITS[unit]
     if not (bps > 0) or math.isinf(bps):
         raise RateError(f"bandwidth {rate!r} must be positive and finite")
     if bps < 100:
         raise RateError(f"bandwidth {rate!r} is below 800 bit/s: nothing useful gets through; "
-                        "check the unit (bare numbers are bits/s)")
+                        "check the unit")
     return bps
+
+
+def _parse_rate_text(rate: str) -> float:
+    m = _RATE_RE.match(rate)
+    if not m:
+        raise RateError(f"cannot read bandwidth {rate!r}: write a number and a unit, e.g. "
+                        "'20mbit' or '20Mbit/s' (bits/s), '2.5MB/s' (bytes/s)")
+    number, unit = m.group(1), m.group(2)
+    value, low = float(number), unit.lower()
+    if not unit:
+        raise RateError(f"bandwidth {rate!r} has no unit: write '{number}bit' (bits/s) or "
+                        f"'{number}B/s' (bytes/s); e.g. '20mbit' for 20 megabits per second")
+    if (hit := _BITS_RE.match(low)):
+        return value * _PREFIXES[hit.group(1)] / 8
+    if (hit := _BYTE_WORDS_RE.match(low)) or (hit := _BYTE_LETTER_RE.match(unit)):
+        return value * _PREFIXES[hit.group(1).lower()]
+    hit = _BPS_RE.match(low) or (unit.endswith("b/s") and _LOWER_B_RE.match(low))
+    if hit:
+        bits = value * _PREFIXES[hit.group(1)]
+        pre = _PREFIX_TEXT[hit.group(1)]
+        why = (f"networking reads {unit} as bits per second, tc as bytes per second"
+               if low.endswith("bps") else "bits or bytes hangs on the case of one letter")
+        raise RateError(f"bandwidth {rate!r} is ambiguous ({why}): write '{number}{pre}bit/s' for "
+                        f"{format_rate(bits / 8)} ({format_bytes_rate(bits / 8)}) or "
+                        f"'{number}{pre}B/s' for {format_bytes_rate(bits)} "
+                        f"({format_rate(bits)})")
+    if (hit := _SIZE_RE.match(low)):
+        pre = _PREFIX_TEXT[hit.group(1)]
+        raise RateError(f"bandwidth {rate!r} is a size, not a rate: write '{number}{pre}B/s' "
+                        f"(bytes per second) or '{number}{pre}bit' (bits per second)")
+    raise RateError(f"unknown bandwidth unit {unit!r} in {rate!r}; use {ACCEPTED_UNITS}")
 
 
 def parse_schedule(spec) -> list[tuple[float, float]]:
@@ -75,7 +117,7 @@ def parse_schedule(spec) -> list[tuple[float, float]]:
 
     ``"20mbit"``: one rate. ``"100mbit,5mbit@2.5,100mbit@6"``: 100 Mbit/s from the start, 5 from
     2.5 s, 100 again from 6 s (times since the client was created, increasing; an ``s`` after
-    the number is allowed). Numbers are bits/s, as in parse_rate.
+    the number is allowed). Each rate is read by parse_rate.
     """
     if not isinstance(spec, str) or "," not in spec and "@" not in spec:
         return [(0.0, parse_rate(spec))]
@@ -116,6 +158,24 @@ def format_rate(bytes_per_s: float) -> str:
         if bits >= scale:
             return f"{bits / scale:.3g} {unit}"
     return f"{bits:.3g} bit/s"
+
+
+def format_bytes_rate(bytes_per_s: float) -> str:
+    """Bytes per second -> a short human string in bytes (``"2.5 MB/s"``)."""
+    for unit, scale in (("GB/s", 1e9), ("MB/s", 1e6), ("kB/s", 1e3)):
+        if bytes_per_s >= scale:
+            return f"{bytes_per_s / scale:.3g} {unit}"
+    return f"{bytes_per_s:.3g} B/s"
+
+
+def describe_schedule(steps: list[tuple[float, float]]) -> str:
+    """parse_schedule's steps in words, bits and bytes both: what a command echoes at start, so
+    a unit read otherwise than meant shows before any result does."""
+    parts = []
+    for i, (t, rate) in enumerate(steps):
+        text = f"{format_rate(rate)} ({format_bytes_rate(rate)})"
+        parts.append(text if i == 0 else f"{text} from {t:g} s")
+    return ", then ".join(parts)
 
 
 #: The rate of a link that only adds delay (``--rtt-ms`` without ``--bandwidth``): no frame waits
