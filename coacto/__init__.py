@@ -5,6 +5,7 @@ together with a server.
     graph = coacto.compile("model.onnx")            # ONNX -> tile graph
     with coacto.Runtime(graph, threads=2) as rt:
         outputs = rt.run({"data": image})            # {output name: numpy array}
+        probs, = rt.run(None, {"data": image})       # onnxruntime's form: [numpy array, ...]
 """
 from __future__ import annotations
 
@@ -61,6 +62,9 @@ def __getattr__(name):
     if name == "Runtime":
         from .runtime import Runtime
         return Runtime
+    if name == "NodeArg":
+        from .runtime import NodeArg
+        return NodeArg
     if name == "Client":
         from .mobile.client import Client
         return Client
@@ -75,7 +79,7 @@ def __getattr__(name):
 
 
 __all__ = [
-    "compile", "load", "Runtime", "Client", "Server", "TileGraph", "CoactoError", "ModelError",
-    "UnsupportedOperatorError", "ShapeError", "GraphFileError", "InputError", "NativeError",
-    "InferenceTimeout", "InferenceCancelled",
+    "compile", "load", "Runtime", "NodeArg", "Client", "Server", "TileGraph", "CoactoError",
+    "ModelError", "UnsupportedOperatorError", "ShapeError", "GraphFileError", "InputError",
+    "NativeError", "InferenceTimeout", "InferenceCancelled",
 ]

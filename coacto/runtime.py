@@ -5,6 +5,8 @@ import logging
 import os
 import threading
 import weakref
+from dataclasses import dataclass
+from typing import overload
 
 import numpy as np
 
@@ -212,6 +214,84 @@ class NativeRuntime:
         self._finalizer()
 
 
+# ---------------------------------------------------------------------------- onnxruntime's API
+
+#: ONNX element type -> onnxruntime's type string, for the element types coacto's inputs take
+#: (outputs are always float32: the importer refuses others).
+_ORT_TYPES = {1: "tensor(float)", 2: "tensor(uint8)", 3: "tensor(int8)", 4: "tensor(uint16)",
+              5: "tensor(int16)", 6: "tensor(int32)", 7: "tensor(int64)", 9: "tensor(bool)",
+              12: "tensor(uint32)"}
+
+
+@dataclass(frozen=True)
+class NodeArg:
+    """A graph input or output as onnxruntime's ``InferenceSession.get_inputs()`` describes it:
+    ``name``, ``shape`` (a list of ints; a compiled graph's shapes are all fixed, so where
+    onnxruntime shows a symbolic dimension such as ``"batch"`` this holds the compiled size) and
+    ``type`` (onnxruntime's string: ``"tensor(float)"``, or ``"tensor(int64)"`` and the like for
+    token ids and masks). ``dtype`` is the same type as numpy's, to build feeds with."""
+
+    name: str
+    shape: list
+    type: str
+
+    @property
+    def dtype(self) -> np.dtype:
+        element = self.type[len("tensor("):-1]
+        return np.dtype({"float": "float32"}.get(element, element))
+
+
+def graph_inputs(tg: TileGraph) -> list[NodeArg]:
+    """The inputs of a tile graph in the ONNX model's order, as NodeArgs."""
+    g = tg.graph
+    return [NodeArg(name, [int(d) for d in g.layers[li].onnx_shape],
+                    _ORT_TYPES[int(g.layers[li].attrs.get("dtype", 1))])
+            for name, li in g.inputs.items()]
+
+
+def graph_outputs(tg: TileGraph) -> list[NodeArg]:
+    """The outputs of a tile graph in the ONNX model's order, as NodeArgs."""
+    g = tg.graph
+    return [NodeArg(name, [int(d) for d in g.layers[li].onnx_shape], _ORT_TYPES[1])
+            for name, li in g.outputs.items()]
+
+
+def output_selection(tg: TileGraph, output_names) -> list[str]:
+    """onnxruntime's ``output_names`` checked against the graph: None means every output in
+    the model's order."""
+    known = list(tg.graph.outputs)
+    if output_names is None:
+        return known
+    if isinstance(output_names, str) or not isinstance(output_names, (list, tuple)) or \
+            not all(isinstance(n, str) for n in output_names):
+        raise InputError(f"output_names must be a list of output names or None (every output), "
+                         f"got {output_names!r}; the model's outputs are {known}")
+    unknown = [n for n in output_names if n not in tg.graph.outputs]
+    if unknown:
+        raise InputError(f"unknown output name(s) {unknown}; the model's outputs are {known}")
+    return list(output_names)
+
+
+def select_outputs(outputs: dict[str, np.ndarray], names: list[str]) -> list[np.ndarray]:
+    """The arrays of ``names`` in that order; a name asked for twice gets its own copy."""
+    seen: set[str] = set()
+    out = []
+    for name in names:
+        out.append(outputs[name].copy() if name in seen else outputs[name])
+        seen.add(name)
+    return out
+
+
+class _FeedsOnly:
+    """The default of Runtime.run's first parameter: run(feeds=...) is the dict form."""
+
+    def __repr__(self) -> str:
+        return "<feeds only>"
+
+
+_FEEDS_ONLY = _FeedsOnly()
+
+
 # ---------------------------------------------------------------------------- Runtime
 
 def default_threads() -> int:
@@ -223,7 +303,9 @@ class Runtime:
 
     ``threads`` computing threads (default: the CPUs this process may use); pass ``share=other``
     to run on another Runtime's threads and ready pool (several models, one pool). ``run`` may be
-    called from several Python threads at once: each call is one inference in flight.
+    called from several Python threads at once: each call is one inference in flight. As in
+    onnxruntime, ``get_inputs()`` / ``get_outputs()`` describe the model and
+    ``run(output_names, feeds)`` returns a list; ``run(feeds)`` returns a dict.
 
     ``cancel()`` (from any thread, or a signal handler) stops the runs in flight: each raises
     InferenceCancelled. Ctrl-C during ``run`` on the main thread stops the native work too and
@@ -282,7 +364,7 @@ class Runtime:
     def _check_feeds(self, feeds) -> dict[int, np.ndarray]:
         if not isinstance(feeds, dict):
             raise InputError("run() takes a dict {input_name: numpy array}; the model's inputs are "
-                             + _describe(self.graph.inputs))
+                             + _describe(self.graph))
         expected = self.graph.inputs
         unknown = [k for k in feeds if k not in expected]
         missing = [k for k in expected if k not in feeds]
@@ -292,7 +374,7 @@ class Runtime:
                 parts.append(f"unknown input(s) {unknown}")
             if missing:
                 parts.append(f"missing input(s) {missing}")
-            raise InputError("; ".join(parts) + "; the model's inputs are " + _describe(expected))
+            raise InputError("; ".join(parts) + "; the model's inputs are " + _describe(self.graph))
         out = {}
         for name, value in feeds.items():
             arr = value if isinstance(value, np.ndarray) else None
@@ -389,8 +471,44 @@ class Runtime:
         return {"wall_us": wall * 1e6, "threads": self.threads, "runs": max(1, runs),
                 "busy_us": busy, "events": events, "waits": wait_rows}
 
-    def run(self, feeds: dict, timeout: float | None = None) -> dict[str, np.ndarray]:
-        """One inference: {input name: array} -> {output name: array}, ONNX names and shapes."""
+    def get_inputs(self) -> list[NodeArg]:
+        """The model's inputs (name, shape, type), as onnxruntime's InferenceSession has them."""
+        return graph_inputs(self.graph)
+
+    def get_outputs(self) -> list[NodeArg]:
+        """The model's outputs (name, shape, type), as onnxruntime's InferenceSession has them."""
+        return graph_outputs(self.graph)
+
+    @overload
+    def run(self, feeds: dict, timeout: float | None = None) -> dict[str, np.ndarray]: ...
+
+    @overload
+    def run(self, output_names: list[str] | None, feeds: dict,
+            timeout: float | None = None) -> list[np.ndarray]: ...
+
+    def run(self, output_names=_FEEDS_ONLY, feeds=None, timeout=None):
+        """One inference, in either of two forms (told apart by the first argument's type):
+
+        ``run(feeds)`` -> {output name: array}: {input name: array} in, ONNX names and shapes.
+        ``run(output_names, feeds)`` -> [array, ...]: onnxruntime's form, the arrays in the
+        order of ``output_names`` (None: every output in the model's order); an unknown name
+        raises InputError before anything runs.
+
+        ``timeout``: seconds before the run stops with InferenceTimeout (None: no limit)."""
+        if output_names is _FEEDS_ONLY:  # run(feeds=...)
+            return self._run(feeds, timeout)
+        if isinstance(output_names, dict):  # run(feeds) or run(feeds, timeout)
+            if feeds is not None:
+                if timeout is not None or not isinstance(feeds, (int, float)):
+                    raise InputError("run() takes run(feeds) or run(output_names, feeds), with "
+                                     "output_names a list of names or None; got a dict, then "
+                                     f"{type(feeds).__name__}")
+                timeout = feeds
+            return self._run(output_names, timeout)
+        names = output_selection(self.graph, output_names)
+        return select_outputs(self._run(feeds, timeout), names)
+
+    def _run(self, feeds: dict, timeout: float | None) -> dict[str, np.ndarray]:
         if self._closed:
             raise CoactoError("this Runtime is closed; create a new one")
         rt = self._rt  # held for the whole inference, even if close() runs meanwhile
@@ -437,5 +555,5 @@ def chrome_trace(trace: dict) -> dict:
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 
-def _describe(shapes: dict) -> str:
-    return ", ".join(f"{k!r} {tuple(v)} float32" for k, v in shapes.items())
+def _describe(tg: TileGraph) -> str:
+    return ", ".join(f"{a.name!r} {tuple(a.shape)} {a.dtype}" for a in graph_inputs(tg))

@@ -11,6 +11,7 @@ lost inference (the stats then say ``fallback: true``).
 """
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import os
@@ -25,7 +26,8 @@ from .. import protocol as P
 from ..errors import CoactoError, ModelError
 from ..inference import now
 from ..partition import OFFLOAD_MIN_COLUMN_BLOCKS
-from ..runtime import Runtime
+from ..runtime import NodeArg, Runtime, graph_inputs, graph_outputs, output_selection, \
+    select_outputs
 from ..tilegraph import MAGIC, TileGraph
 from . import policies
 from .engine import Engine
@@ -284,6 +286,43 @@ class Client:
                 self._engine.cancel(future)
             raise
 
+    def run(self, output_names: list[str] | None, feeds: dict) -> list[np.ndarray]:
+        """onnxruntime's ``run``: ``infer(feeds)`` with the outputs as a list in the order of
+        ``output_names`` (None: every output in the model's order); an unknown name raises
+        InputError before anything is sent. Unlike ``Runtime.run``, the dict form is ``infer``."""
+        names = output_selection(self.graph, output_names)
+        return select_outputs(self.infer(feeds), names)
+
+    def get_inputs(self) -> list[NodeArg]:
+        """The model's inputs (name, shape, type), as onnxruntime's InferenceSession has them."""
+        return graph_inputs(self.graph)
+
+    def get_outputs(self) -> list[NodeArg]:
+        """The model's outputs (name, shape, type), as onnxruntime's InferenceSession has them."""
+        return graph_outputs(self.graph)
+
+    async def ainfer(self, feeds: dict, policy: str | None = None,
+                     trace=None) -> dict[str, np.ndarray]:
+        """``infer`` for asyncio: awaits the inference without blocking the event loop, so any
+        number may be awaited together (``asyncio.gather``). Cancelling the awaiting task stops
+        the inference as ``cancel(future)`` does (the server is told, the client stays usable),
+        and the task raises CancelledError."""
+        if self._closed:
+            raise CoactoError("this Client is closed; create a new one")
+        self._runtime._check_feeds(feeds)
+        policy = self.policy if policy is None else self._check_policy(policy)
+        if policy in ("split", "fl", "dynamic") and self._estimates.device_flops is None:
+            # the first such inference measures the device with local runs: not on the loop
+            await asyncio.get_running_loop().run_in_executor(None, self.calibrate)
+        future = self.infer_async(feeds, policy, trace)
+        try:
+            return await asyncio.wrap_future(future)
+        except asyncio.CancelledError:
+            # wrap_future cancels the Future itself only before the engine took it; a running
+            # inference stops through the engine
+            self.cancel(future)
+            raise
+
     #: the id of the last inference submitted (cancel() without a Future stops it and older ones)
     _last_id = 0
 
@@ -302,7 +341,8 @@ class Client:
 
     def infer_async(self, feeds: dict, policy: str | None = None, trace=None) -> Future:
         """Submits an inference; the Future's result is the outputs, its ``stats`` attribute the
-        inference's statistics once done. Any number may be in flight.
+        inference's statistics once done. Any number may be in flight. The Future is a
+        concurrent.futures one: asyncio code awaits ``ainfer`` instead.
 
         ``trace`` (default: the client's): a path to write a Chrome trace-event JSON of this
         inference to (a ``{n}`` in it becomes the inference's number), True to keep it only as
