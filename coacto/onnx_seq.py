@@ -144,8 +144,8 @@ def _operand(imp, v, dims4, contiguous):
     raise AssertionError("a row-major layer is always a strided operand")
 
 
-def _matmul_acts(imp, a, b):
-    """MATMUL: a batched product of two activations."""
+def _matmul_acts(imp, a, b, scale: float = 1.0):
+    """MATMUL: a batched product of two activations, times ``scale``."""
     sa, sb = shape_of(a), shape_of(b)
     out = matmul_shape(sa, sb)
     if len(sa) == 1:
@@ -164,7 +164,7 @@ def _matmul_acts(imp, a, b):
     attrs = dict(batch0=b0, batch1=b1, m=m, n=n, k=k, a_off=a_off, a_s0=a_st[0], a_s1=a_st[1],
                  a_si=a_st[2], b_off=b_off, b_s0=b_st[0], b_s1=b_st[1], b_sk=b_st[2],
                  b_sj=b_st[3], out_mode=0, causal=0, offset=0, has_mask=0, m_off=0, m_s0=0,
-                 m_s1=0, m_si=0, m_sj=0, scale=1.0, fill=0.0)
+                 m_s1=0, m_si=0, m_sj=0, scale=float(scale), fill=0.0)
     y = imp._emit(imp._node_name(), "MATMUL", [la, lb], batch + (m, n), attrs, layout=LAST)
     return y if y.shape == out else imp._reshaped(y, out)
 

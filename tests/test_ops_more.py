@@ -191,3 +191,62 @@ def test_reduce_over_axes_of_size_one_is_the_input():
     model = _reduce_model("ReduceMean", (2, 1, 5), 1, 0, 18)
     graph = check(model, {"x": rand(2, 1, 5, seed=11)})
     assert ops(graph) == ["INPUT", "GATHER"]  # the copy every graph output that is an input gets
+
+
+# ------------------------------------------------------------------------ Gemm of activations
+
+GEMMS = [  # (M, K, N, transA, transB, alpha, beta, C: None, "row", "full", "scalar" or "act")
+    (1, 7, 5, 0, 0, 1.0, 1.0, None),
+    (2, 13, 9, 0, 1, 1.0, 1.0, "row"),
+    (5, 8, 11, 1, 0, 0.5, 1.0, "full"),
+    (7, 3, 6, 1, 1, -1.25, 0.75, "scalar"),
+    (3, 17, 4, 0, 1, 2.0, -0.5, "act"),
+]
+
+
+def _c_value(kind, m, n):
+    return {"row": rand(n, seed=12), "full": rand(m, n, seed=12), "scalar": rand(1, seed=12),
+            "act": None, None: None}[kind]
+
+
+@pytest.mark.parametrize("m,k,n,ta,tb,alpha,beta,ckind", GEMMS,
+                         ids=[f"{g[0]}x{g[1]}x{g[2]}-tA{g[3]}-tB{g[4]}-C{g[7]}" for g in GEMMS])
+def test_gemm_with_computed_b(m, k, n, ta, tb, alpha, beta, ckind):
+    """Gemm whose B is an activation: a Relu of a second input (so B is a computed layer)."""
+    sa = [k, m] if ta else [m, k]
+    sb = [n, k] if tb else [k, n]
+    inputs = {"a": sa, "b": sb}
+    inits = {}
+    ins = ["a", "/act/Relu_output_0"]
+    if ckind == "act":
+        inputs["c"] = [m, n]
+        ins.append("c")
+    elif ckind is not None:
+        inits["fc.bias"] = _c_value(ckind, m, n)
+        ins.append("fc.bias")
+    nodes = [helper.make_node("Relu", ["b"], ["/act/Relu_output_0"], name="/act/Relu"),
+             helper.make_node("Gemm", ins, ["y"], name="/fc/Gemm", alpha=alpha, beta=beta,
+                              transA=ta, transB=tb)]
+    model = make(nodes, inputs, ["y"], inits)
+    feeds = {name: rand(*shape, seed=13 + i) for i, (name, shape) in enumerate(inputs.items())}
+    graph = check(model, feeds, rel=1e-5)
+    assert "MATMUL" in ops(graph)
+
+
+def test_gemm_with_constant_a_and_computed_b():
+    nodes = [helper.make_node("Sigmoid", ["b"], ["/Sigmoid_output_0"], name="/Sigmoid"),
+             helper.make_node("Gemm", ["w", "/Sigmoid_output_0", "bias"], ["y"], name="/Gemm",
+                              alpha=0.5, transA=1)]
+    model = make(nodes, {"b": [6, 5]}, ["y"],
+                 {"w": rand(6, 4, seed=14), "bias": rand(4, 5, seed=15)})
+    check(model, {"b": rand(6, 5, seed=16)}, rel=1e-5)
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_gemm_with_weights_and_transposed_a(batch):
+    """transA with constant B (it was refused): A's transpose is a view read by the CONV."""
+    nodes = [helper.make_node("Gemm", ["a", "fc.weight", "fc.bias"], ["y"], name="/fc/Gemm",
+                              transA=1, transB=1)]
+    model = make(nodes, {"a": [10, batch]}, ["y"],
+                 {"fc.weight": rand(7, 10, seed=17), "fc.bias": rand(7, seed=18)})
+    check(model, {"a": rand(10, batch, seed=19)}, rel=1e-5)
