@@ -1,7 +1,7 @@
-"""The `coacto` command: compile, run, bench, tune, demo, profile.
+"""The `coacto` command: compile, run, bench, tune, demo, profile, keygen.
 
-Exit codes: 0 success; 1 a coacto error (message on stderr); 2 bad usage; 3 outputs disagree
-with onnxruntime."""
+Exit codes (coacto.cli_common): 0 success; 1 an error (message on stderr); 2 bad usage; 3 outputs
+disagree with onnxruntime (run --check, bench, demo)."""
 from __future__ import annotations
 
 import argparse
@@ -15,12 +15,12 @@ from pathlib import Path
 
 import numpy as np
 
-from . import benchmark
+from . import __version__, benchmark
+from .cli_common import (EXIT_MISMATCH, UsageError, exit_codes_help, positive,
+                         rate_schedule, usage_error, warn)
 from .errors import CoactoError, InputError
 
 log = logging.getLogger("coacto.cli")
-
-EXIT_MISMATCH = 3
 
 EPILOG_MAIN = """\
 examples:
@@ -32,7 +32,10 @@ examples:
   coacto bench --models resnet50,vgg16,mobilenetv2 --threads 1,2
   coacto tune model.onnx --threads 2            tile counts measured for this machine
   coacto profile --name my-laptop               this machine's profile for the simulator
-"""
+
+{exit_codes}.
+""".format(exit_codes=exit_codes_help("3 outputs differ from onnxruntime (run --check, bench, "
+                                     "demo)"))
 
 
 def _para(text: str) -> str:
@@ -95,6 +98,23 @@ def resolve_model(spec: str, tiles_per_layer=None, input_shapes=None, image_size
     return tg, data
 
 
+def ignored_model_flags(spec: str, tiles=None, shape=None, image_size=None,
+                        no_tuned: bool = False) -> list[str]:
+    """Why each model flag given goes unused with this model, one sentence per flag: a .ctg's
+    tiles and shapes were fixed when it was compiled, and only zoo models are built at a size."""
+    path = Path(spec)
+    if path.suffix == ".ctg":
+        given = [flag for flag, value in (("--tiles", tiles), ("--shape", shape),
+                                          ("--image-size", image_size)) if value]
+        given += ["--no-tuned"] if no_tuned else []
+        return [f"{flag} is ignored with {spec}: a .ctg's tiles and input shapes were fixed when "
+                f"it was compiled (`coacto compile` takes {flag})" for flag in given]
+    if image_size and (path.exists() or path.suffix == ".onnx"):
+        return [f"--image-size is ignored with {spec}: it sizes zoo models only (an ONNX file "
+                "with dynamic dimensions takes --shape NAME=1,3,H,W)"]
+    return []
+
+
 def parse_shapes(items) -> dict | None:
     if not items:
         return None
@@ -106,7 +126,7 @@ def parse_shapes(items) -> dict | None:
                 raise ValueError
             out[name] = tuple(int(d) for d in dims.replace("x", ",").split(","))
         except ValueError:
-            raise InputError(f"--shape {item!r}: write NAME=1,3,224,224") from None
+            raise UsageError(f"--shape {item!r}: write NAME=1,3,224,224") from None
     return out
 
 
@@ -164,6 +184,7 @@ def format_layer_profile(layers: list[dict], runs: int, top: int = 20) -> str:
 
 
 def cmd_compile(args) -> int:
+    _check_model_flags(args)
     tg, _ = resolve_model(args.model, args.tiles, parse_shapes(args.shape), args.image_size,
                           args.threads, not args.no_tuned)
     out = Path(args.output) if args.output else Path(Path(args.model).stem + ".ctg")
@@ -191,21 +212,79 @@ def format_trace_summary(trace: dict, path: str, top: int = 8) -> str:
     return "\n".join(lines)
 
 
+def _check_model_flags(args, shapes_allowed: bool = True) -> None:
+    """The model flags every command shares: values, and a warning for each one unused."""
+    positive(getattr(args, "threads", None), "--threads")
+    positive(getattr(args, "tiles", None), "--tiles")
+    positive(getattr(args, "image_size", None), "--image-size")
+    for message in ignored_model_flags(args.model, getattr(args, "tiles", None),
+                                       getattr(args, "shape", None),
+                                       getattr(args, "image_size", None),
+                                       getattr(args, "no_tuned", False)):
+        warn("coacto", message)
+
+
+def check_reference(onnx_bytes: bytes | None, tg, reference: str | None) -> bytes:
+    """The ONNX model run --check compares against: the one the model came from, or --reference
+    (which must be the ONNX the tile graph was compiled from: its sha256 is in the graph)."""
+    if reference is None:
+        return onnx_bytes
+    if not Path(reference).is_file():
+        raise CoactoError(f"--reference {reference}: no such file")
+    data = Path(reference).read_bytes()
+    if hashlib.sha256(data).hexdigest() != tg.model_hash:
+        raise CoactoError(f"--reference {reference} is not the ONNX model this tile graph was "
+                          "compiled from (sha256 differs); pass that same .onnx file")
+    return data
+
+
+def compare_outputs(outputs: dict, reference: dict) -> dict:
+    """Each output against onnxruntime's: max |error| within 1e-4 of max |reference|."""
+    rows = {}
+    for name, value in outputs.items():
+        err, scale = benchmark.max_error(value, reference[name])
+        rows[name] = {"max_error": err, "max_reference": scale, "match": bool(err <= 1e-4 * scale)}
+    return rows
+
+
 def cmd_run(args) -> int:
     from .runtime import Runtime
 
-    tg, _ = resolve_model(args.model, args.tiles, parse_shapes(args.shape), args.image_size,
-                          args.threads, not args.no_tuned)
+    positive(args.repeat, "--repeat")
+    positive(args.warmup, "--warmup", 0)
+    positive(args.profile, "--profile", 0)
+    if args.timeout is not None and not args.timeout > 0:
+        raise UsageError("--timeout must be positive (seconds)")
+    _check_model_flags(args)
+    if args.reference is not None and not args.check:
+        warn("coacto", "--reference is ignored without --check")
+    if args.seed and not args.random:
+        warn("coacto", "--seed is ignored without --random")
+    shapes = parse_shapes(args.shape)
+    if args.check and args.reference is None and Path(args.model).suffix == ".ctg":
+        raise UsageError("--check with a .ctg model needs --reference MODEL.onnx, the ONNX file "
+                         "it was compiled from (a .ctg holds no ONNX model for onnxruntime)")
+    tg, onnx_bytes = resolve_model(args.model, args.tiles, shapes, args.image_size,
+                                   args.threads, not args.no_tuned)
+    reference_model = check_reference(onnx_bytes, tg, args.reference) if args.check else None
     feeds = load_inputs(args.input, tg, args.random, args.seed)
     with Runtime(tg, threads=args.threads) as rt:
+        # The first runs pay for page faults, cold caches and threads waking up: they are run
+        # but not reported, so the latency is what a serving loop sees.
+        for _ in range(args.warmup):
+            rt.run(feeds, timeout=args.timeout)
         times = []
-        for _ in range(max(1, args.repeat)):
+        for _ in range(args.repeat):
             t0 = time.perf_counter()
             outputs = rt.run(feeds, timeout=args.timeout)
             times.append(time.perf_counter() - t0)
         stats = rt.last_stats
         layers = rt.profile(feeds, args.profile) if args.profile else None
         trace = rt.trace(feeds) if args.trace else None
+    check = None
+    if reference_model is not None:
+        ref, _ = benchmark.onnxruntime_run(reference_model, feeds, rt.threads, 0)
+        check = compare_outputs(outputs, ref)
     if trace is not None:
         from .runtime import chrome_trace
 
@@ -213,10 +292,14 @@ def cmd_run(args) -> int:
     if args.output:
         np.savez(args.output, **outputs)
     result = {
-        "latency_s": float(np.median(times)), "repeat": len(times), "threads": rt.threads,
-        "tiles": tg.n_tiles, "outputs": {k: list(v.shape) for k, v in outputs.items()},
+        "latency_s": float(np.median(times)), "latency_min_s": min(times),
+        "latency_max_s": max(times), "repeat": len(times), "warmup": args.warmup,
+        "threads": rt.threads, "tiles": tg.n_tiles,
+        "outputs": {k: list(v.shape) for k, v in outputs.items()},
         "peak_activation_bytes": stats.get("peak_activation_bytes"),
     }
+    if check is not None:
+        result["check"] = {"match": all(c["match"] for c in check.values()), "outputs": check}
     if layers is not None:
         result["layers"] = layers
     if trace is not None:
@@ -231,14 +314,22 @@ def cmd_run(args) -> int:
             top = np.argsort(flat)[::-1][:5] if flat.size <= 100000 else []
             print(f"{name}: shape {tuple(value.shape)}, mean {flat.mean():.5g}, "
                   f"max {flat.max():.5g} at {[int(i) for i in top[:5]]}")
-        print(f"latency {result['latency_s'] * 1e3:.2f} ms (median of {len(times)}), "
+        warm = f"after {args.warmup} warm-up run{'s' if args.warmup != 1 else ''}"
+        print(f"latency {result['latency_s'] * 1e3:.2f} ms median of {len(times)} "
+              f"({warm}; min {min(times) * 1e3:.2f}, max {max(times) * 1e3:.2f} ms), "
               f"{rt.threads} threads, {tg.n_tiles} tiles")
+        for name, c in (check or {}).items():
+            print(f"output {name}: max |error| {c['max_error']:.3g} vs max |reference| "
+                  f"{c['max_reference']:.3g} -> "
+                  f"{'matches onnxruntime' if c['match'] else 'MISMATCH with onnxruntime'}")
         if layers is not None:
             print(format_layer_profile(layers, args.profile))
         if trace is not None:
             print(format_trace_summary(trace, args.trace))
         if args.output:
             print(f"outputs written to {args.output}")
+    if check is not None and not result["check"]["match"]:
+        return EXIT_MISMATCH
     return 0
 
 
@@ -248,17 +339,23 @@ def _int_list(text: str, what: str) -> list[int]:
     except ValueError:
         values = []
     if not values or min(values) < 1:
-        raise InputError(f"{what} {text!r}: write positive integers separated by commas, e.g. 1,2")
+        raise UsageError(f"{what} {text!r}: write positive integers separated by commas, e.g. 1,2")
     return values
 
 
 def cmd_bench(args) -> int:
     specs = [m.strip() for m in args.models.split(",") if m.strip()] if args.models else [args.model]
     if not specs:
-        raise InputError("--models is empty: name models separated by commas, e.g. resnet50,vgg16")
+        raise UsageError("--models is empty: name models separated by commas, e.g. resnet50,vgg16")
     threads = _int_list(args.threads, "--threads")
-    if args.repeat < 1:
-        raise InputError("--repeat must be at least 1")
+    positive(args.repeat, "--repeat")
+    positive(args.memory_runs, "--memory-runs")
+    positive(args.tiles, "--tiles")
+    positive(args.image_size, "--image-size")
+    for spec in specs:
+        for message in ignored_model_flags(spec, args.tiles, None, args.image_size,
+                                           args.no_tuned):
+            warn("coacto", message)
     if len(specs) == 1 and specs[0].endswith(".ctg"):
         tg, _ = resolve_model(specs[0])
         rows = []
@@ -267,7 +364,7 @@ def cmd_bench(args) -> int:
             rows.append(benchmark.compare(tg, None, t, args.repeat, name=specs[0]))
     else:
         if args.shape:
-            raise InputError("--shape is not supported by bench: give the ONNX model static shapes")
+            raise UsageError("--shape is not supported by bench: give the ONNX model static shapes")
         rows = benchmark.bench_models(specs, threads, args.repeat, tiles=args.tiles,
                                       image_size=args.image_size, use_tuned=not args.no_tuned,
                                       memory=args.memory, memory_runs=args.memory_runs,
@@ -285,6 +382,11 @@ def cmd_tune(args) -> int:
     from . import tune
     from .runtime import default_threads
 
+    positive(args.threads, "--threads")
+    positive(args.budget, "--budget", 0)
+    positive(args.runs, "--runs")
+    for message in ignored_model_flags(args.model, image_size=args.image_size):
+        warn("coacto", message)
     threads = args.threads or default_threads()
     path = Path(args.model)
     if path.exists() or path.suffix == ".onnx":
@@ -332,8 +434,16 @@ def cmd_tune(args) -> int:
 
 def cmd_demo(args) -> int:
     from . import zoo
+    from .mobile.shaper import describe_schedule
     from .runtime import Runtime, gemm_kernel_name
 
+    positive(args.repeat, "--repeat")
+    positive(args.threads, "--threads")
+    positive(args.tiles, "--tiles")
+    positive(args.image_size, "--image-size")
+    for bw in (b.strip() for b in args.bandwidths.split(",") if b.strip()):
+        # each cap as read, in bits and bytes, before minutes of work
+        _progress(f"link cap {bw}: {describe_schedule(rate_schedule(bw, '--bandwidths'))}")
     name = args.model
     _progress(f"building {name} from coacto's zoo (seeded random weights, no download) ...")
     t0 = time.perf_counter()
@@ -465,6 +575,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="coacto", description="Run ONNX models as fine-grained tile dataflow graphs.",
         epilog=EPILOG_MAIN, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-v", "--verbose", action="store_true", help="log what coacto does")
+    p.add_argument("--version", action="version", version=f"coacto {__version__}",
+                   help="print the version and exit")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
     def model_args(sp, tiles_help=True):
@@ -494,22 +606,40 @@ def build_parser() -> argparse.ArgumentParser:
     tuned_arg(c)
     c.set_defaults(func=cmd_compile)
 
-    r = sub.add_parser("run", help="run a model on the tile runtime",
-                       formatter_class=argparse.RawDescriptionHelpFormatter,
-                       epilog="examples:\n  coacto run model.onnx --input data=img.npy --threads 2\n"
-                              "  coacto run model.ctg --input inputs.npz --output out.npz --json\n"
-                              "  coacto run squeezenet --random --repeat 10\n"
-                              "  coacto run resnet50 --random --threads 1 --profile 20   # where "
-                              "the time goes\n"
-                              "  coacto run bert --random --threads 2 --trace bert.json   # idle "
-                              "threads, tile by tile")
+    r = sub.add_parser(
+        "run", help="run a model on the tile runtime",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=_para("Runs a model on the tile runtime and reports its latency: the median "
+                          "of --repeat timed runs after --warmup untimed ones (the first runs pay "
+                          "for page faults and cold caches), with the fastest and slowest. "
+                          "--check compares the outputs with onnxruntime's. Flags the model does "
+                          "not use (--tiles with a .ctg, --image-size with an ONNX file) are "
+                          "named in a warning."),
+        epilog="examples:\n  coacto run model.onnx --input data=img.npy --threads 2\n"
+               "  coacto run model.ctg --input inputs.npz --output out.npz --json\n"
+               "  coacto run squeezenet --random --repeat 20 --warmup 3\n"
+               "  coacto run model.onnx --random --check        # outputs vs onnxruntime\n"
+               "  coacto run model.ctg --random --check --reference model.onnx\n"
+               "  coacto run resnet50 --random --threads 1 --profile 20   # where the time goes\n"
+               "  coacto run bert --random --threads 2 --trace bert.json   # idle threads, tile "
+               "by tile\n\n"
+               + exit_codes_help("3 with --check: an output differs from onnxruntime's by more "
+                                 "than 1e-4 of its largest value"))
     r.add_argument("model", help="an .onnx or .ctg file, or a zoo model name")
     r.add_argument("--input", action="append", metavar="NAME=FILE.npy|FILE.npz",
                    help="an input array (repeatable); a .npz holds several by name")
     r.add_argument("--random", action="store_true", help="fill missing inputs with seeded noise")
-    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--seed", type=int, default=0, help="the noise's seed (with --random)")
     r.add_argument("--threads", type=int, default=None, help="computing threads (default: all CPUs)")
-    r.add_argument("--repeat", type=int, default=1, help="run this many times, report the median")
+    r.add_argument("--repeat", type=int, default=5, metavar="N",
+                   help="timed runs; the latency reported is their median (default 5)")
+    r.add_argument("--warmup", type=int, default=1, metavar="K",
+                   help="untimed runs before them (default 1)")
+    r.add_argument("--check", action="store_true",
+                   help="compare the outputs with onnxruntime's (needs onnxruntime); exit 3 when "
+                        "one differs by more than 1e-4 of its largest value")
+    r.add_argument("--reference", metavar="MODEL.onnx",
+                   help="with --check and a .ctg model: the ONNX file it was compiled from")
     r.add_argument("--timeout", type=float, default=None, help="seconds before giving up")
     r.add_argument("--output", help="write the outputs (ONNX names) to this .npz")
     r.add_argument("--profile", type=int, default=0, metavar="RUNS",
@@ -542,7 +672,8 @@ def build_parser() -> argparse.ArgumentParser:
                "  coacto bench --models squeezenet --memory off        # latency only\n"
                "  coacto bench --models resnet50 --memory onnx         # coacto compiles in the "
                "measured process\n"
-               "exit codes: 0 done, 1 no model could run, 3 an output disagrees with onnxruntime")
+               "\n" + exit_codes_help("3 an output differs from onnxruntime's (a model that "
+                                      "cannot run is a row that says why; 1 when none could)"))
     b.add_argument("model", nargs="?", default="resnet50",
                    help="an .onnx or .ctg file or a zoo model name (default resnet50)")
     b.add_argument("--models", help="comma-separated models instead of MODEL (files or zoo names)")
@@ -605,7 +736,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--threads", type=int, default=None)
     d.add_argument("--repeat", type=int, default=5)
     d.add_argument("--bandwidths", default="5mbit,20mbit,100mbit",
-                   help="link caps for the offloading part ('' skips it)")
+                   help="link caps for the offloading part, comma-separated: bits as 20mbit, "
+                        "bytes as 2.5MB/s (as coacto-client --bandwidth; '' skips it)")
     d.set_defaults(func=cmd_demo)
 
     pr = sub.add_parser(
@@ -666,6 +798,9 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--out", default=".", metavar="DIR", help="folder to write to (default: here)")
     k.add_argument("--force", action="store_true", help="replace an existing pair of that name")
     k.set_defaults(func=cmd_keygen)
+    for sp in (c, t, pr, k):
+        sp.epilog += "\n\n" + exit_codes_help()
+    d.epilog += "\n\n" + exit_codes_help("3 an output differs from onnxruntime's")
     return p
 
 
@@ -689,6 +824,8 @@ def main(argv=None) -> int:
         return 2
     try:
         return args.func(args)
+    except UsageError as e:
+        return usage_error("coacto", e, f"coacto {args.command}")
     except CoactoError as e:
         print(f"coacto: error: {e}", file=sys.stderr)
         return 1

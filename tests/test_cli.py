@@ -8,13 +8,36 @@ import sys
 
 import numpy as np
 import onnx
+import pytest
 
+import coacto as coacto_pkg
 from coacto import zoo
+from coacto.protocol import PROTOCOL_VERSION
 
 
 def coacto(*args, timeout=600, env=None):
     return subprocess.run([sys.executable, "-m", "coacto.cli", *map(str, args)], capture_output=True,
                           text=True, timeout=timeout, env=env)
+
+
+def server_cli(*args, timeout=60):
+    return subprocess.run([sys.executable, "-m", "coacto.server.cli", *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def client_cli(*args, timeout=120):
+    return subprocess.run([sys.executable, "-m", "coacto.mobile.cli", *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def squeezenet_files(tmp_path_factory):
+    """A small model as the user holds it: sq.onnx, and sq.ctg compiled from it at 4 tiles."""
+    folder = tmp_path_factory.mktemp("sq")
+    onnx.save(zoo.build("squeezenet", image_size=32), folder / "sq.onnx")
+    r = coacto("compile", folder / "sq.onnx", "-o", folder / "sq.ctg", "--tiles", 4, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return folder / "sq.onnx", folder / "sq.ctg"
 
 
 def test_help_teaches():
@@ -134,7 +157,7 @@ def _int_input_model():
 
 def test_bench_rejects_bad_thread_lists():
     r = coacto("bench", "squeezenet", "--threads", "1,x")
-    assert r.returncode == 1 and "--threads" in r.stderr and "Traceback" not in r.stderr
+    assert r.returncode == 2 and "--threads" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_run_profile_shows_where_the_time_goes():
@@ -174,3 +197,158 @@ def test_memory_child_usage_and_report(tmp_path):
     assert rep["model_peak_bytes"] > 0 and rep["peak_bytes"] >= rep["baseline_bytes"]
     rep = peak_memory("coacto", tmp_path / "m.onnx", tmp_path / "in.npz", threads=1, runs=1)
     assert rep["runtime"] == "coacto" and rep["model_peak_bytes"] > 0
+
+
+# ------------------------------------------------------------------------------ conventions
+
+def test_version_on_every_command():
+    v = coacto_pkg.__version__
+    r = coacto("--version", timeout=60)
+    assert r.returncode == 0 and r.stdout == f"coacto {v}\n", r.stdout + r.stderr
+    r = server_cli("--version")
+    assert r.returncode == 0 and r.stdout == f"coacto-server {v} (protocol {PROTOCOL_VERSION})\n"
+    r = client_cli("--version")
+    assert r.returncode == 0 and r.stdout == f"coacto-client {v} (protocol {PROTOCOL_VERSION})\n"
+
+
+def test_every_help_lists_the_exit_codes():
+    for cmd in ((), ("compile",), ("run",), ("bench",), ("tune",), ("demo",), ("profile",),
+                ("keygen",)):
+        r = coacto(*cmd, "--help", timeout=60)
+        assert r.returncode == 0 and "exit codes: 0 success" in r.stdout, cmd
+        assert "2 bad usage" in r.stdout, cmd
+    assert "3 with --check" in coacto("run", "--help", timeout=60).stdout
+    for run in (server_cli, client_cli):
+        text = run("--help").stdout
+        assert "exit codes: 0" in text and "2 bad usage" in text
+
+
+def test_rates_say_bits_or_bytes():
+    from coacto.mobile.shaper import RateError, describe_schedule, parse_schedule
+
+    assert parse_schedule("20Mbit/s") == parse_schedule("2.5MB/s") == [(0.0, 2.5e6)]
+    steps = parse_schedule("2.5MB/s,5mbit@2")
+    assert steps == [(0.0, 2.5e6), (2.0, 625e3)]
+    assert describe_schedule(steps) == "20 Mbit/s (2.5 MB/s), then 5 Mbit/s (625 kB/s) from 2 s"
+    with pytest.raises(RateError, match="ambiguous"):
+        parse_schedule("100mbit,20Mbps@1")
+    # the Python API reads rates with the same parser, before it loads anything
+    with pytest.raises(RateError, match="'20Mbit/s'.*'20MB/s'"):
+        coacto_pkg.Client(None, "absent.onnx", policy="local", bandwidth="20Mbps")
+
+
+def test_client_refuses_ambiguous_rates_and_echoes_the_one_it_read(squeezenet_files):
+    sq_onnx, _ = squeezenet_files
+    for rate in ("20Mbps", "20mbps", "20MBps", "20Mb/s"):
+        r = client_cli("--server", "tcp://127.0.0.1:1", "--model", sq_onnx, "--random",
+                       "--bandwidth", rate)
+        assert r.returncode == 2 and "ambiguous" in r.stderr, (rate, r.stderr)
+        assert "'20Mbit/s'" in r.stderr and "'20MB/s'" in r.stderr and "Traceback" not in r.stderr
+    # nothing listens on port 1: the device finishes alone, after saying what link it emulates
+    r = client_cli("--server", "tcp://127.0.0.1:1", "--model", sq_onnx, "--random",
+                   "--timeout", 1, "--bandwidth", "2.5MB/s", "--threads", 1)
+    assert r.returncode == 0, r.stderr
+    assert "coacto-client: link capped at 20 Mbit/s (2.5 MB/s)" in r.stderr
+
+
+def test_ports_out_of_range_are_refused(squeezenet_files):
+    from coacto.errors import CoactoError
+    from coacto.mobile.client import normalize_address
+
+    assert normalize_address("gpu-box:5555") == "tcp://gpu-box:5555"
+    assert normalize_address("tcp://[::1]:65535") == "tcp://[::1]:65535"
+    assert normalize_address("ipc:///tmp/coacto.sock") == "ipc:///tmp/coacto.sock"
+    for bad in ("tcp://gpu-box:99999", "gpu-box:65536", "tcp://gpu-box:0", "tcp://gpu-box"):
+        with pytest.raises(CoactoError, match="65535|port number"):
+            normalize_address(bad)
+    sq_onnx, _ = squeezenet_files
+    r = client_cli("--server", "tcp://127.0.0.1:99999", "--model", sq_onnx, "--random")
+    assert r.returncode == 2 and "port 99999 is not from 1 to 65535" in r.stderr, r.stderr
+    r = server_cli("--bind", "tcp://127.0.0.1:99999", "--threads", 1)
+    assert r.returncode == 2 and "port 99999 is not from 0 to 65535" in r.stderr, r.stderr
+
+
+def test_ignored_flags_are_named(squeezenet_files):
+    sq_onnx, sq_ctg = squeezenet_files
+    r = coacto("run", sq_ctg, "--random", "--tiles", 3, "--image-size", 64, "--repeat", 1,
+               "--threads", 1)
+    assert r.returncode == 0, r.stderr
+    assert "coacto: warning: --tiles is ignored with" in r.stderr
+    assert "coacto: warning: --image-size is ignored with" in r.stderr
+    r = coacto("run", sq_onnx, "--random", "--image-size", 64, "--repeat", 1, "--threads", 1)
+    assert r.returncode == 0 and "--image-size is ignored" in r.stderr and "zoo" in r.stderr
+    r = coacto("run", sq_onnx, "--random", "--repeat", 1, "--threads", 1)
+    assert r.returncode == 0 and "warning" not in r.stderr, r.stderr
+    r = client_cli("--model", sq_ctg, "--policy", "local", "--random", "--threads", 1,
+                   "--bandwidth", "20mbit", "--tiles", 3, "--server", "tcp://127.0.0.1:1")
+    assert r.returncode == 0, r.stderr
+    for flag in ("--bandwidth", "--server", "--tiles"):
+        assert f"coacto-client: warning: {flag} is ignored" in r.stderr, (flag, r.stderr)
+    assert "link capped" not in r.stderr  # no link to cap on the device alone
+
+
+def test_usage_errors_exit_2_and_errors_exit_1(squeezenet_files, tmp_path):
+    sq_onnx, sq_ctg = squeezenet_files
+    usage = [
+        coacto("run", sq_onnx, "--random", "--repeat", 0),
+        coacto("run", sq_onnx, "--random", "--warmup", -1),
+        coacto("run", sq_onnx, "--random", "--threads", 0),
+        coacto("run", sq_onnx, "--random", "--shape", "x"),
+        coacto("run", sq_ctg, "--random", "--check"),  # a .ctg holds no ONNX to compare with
+        coacto("bench", "squeezenet", "--repeat", 0),
+        coacto("demo", "--bandwidths", "20Mbps"),
+        client_cli("--model", sq_onnx, "--random", "--repeat", 0, "--policy", "local"),
+        client_cli("--model", sq_onnx, "--random"),  # dynamic needs --server
+        client_cli("--model", sq_onnx, "--random", "--policy", "local", "--rtt-ms", -1),
+        server_cli("--threads", 0),
+        server_cli("--max-model-mb", 0),
+    ]
+    for r in usage:
+        assert r.returncode == 2, r.args[3:] + [r.stderr]
+        assert "error:" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    errors = [
+        coacto("run", tmp_path / "absent.onnx", "--random"),
+        coacto("run", sq_ctg, "--random", "--check", "--reference", tmp_path / "absent.onnx"),
+        client_cli("--model", tmp_path / "absent.onnx", "--policy", "local", "--random"),
+    ]
+    for r in errors:
+        assert r.returncode == 1 and "error:" in r.stderr and "Traceback" not in r.stderr, \
+            r.args[3:] + [r.stderr]
+
+
+def test_run_reports_the_median_after_warm_up(squeezenet_files):
+    sq_onnx, _ = squeezenet_files
+    r = coacto("run", sq_onnx, "--random", "--threads", 1, "--json")
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)
+    assert res["repeat"] == 5 and res["warmup"] == 1  # the defaults
+    assert 0 < res["latency_min_s"] <= res["latency_s"] <= res["latency_max_s"]
+    r = coacto("run", sq_onnx, "--random", "--threads", 1, "--repeat", 3, "--warmup", 2)
+    assert r.returncode == 0, r.stderr
+    assert "median of 3 (after 2 warm-up runs; min" in r.stdout and "max" in r.stdout
+
+
+def test_run_check_against_onnxruntime(squeezenet_files, tmp_path):
+    sq_onnx, sq_ctg = squeezenet_files
+    r = coacto("run", sq_onnx, "--random", "--threads", 1, "--repeat", 1, "--check")
+    assert r.returncode == 0 and "matches onnxruntime" in r.stdout, r.stdout + r.stderr
+    r = coacto("run", sq_ctg, "--random", "--threads", 1, "--repeat", 1, "--check",
+               "--reference", sq_onnx, "--json")
+    assert r.returncode == 0, r.stderr
+    check = json.loads(r.stdout)["check"]
+    assert check["match"] is True and all(c["max_error"] <= 1e-4 * c["max_reference"]
+                                          for c in check["outputs"].values())
+    # the ONNX a .ctg was not compiled from is refused, not compared
+    onnx.save(zoo.build("squeezenet", image_size=64), tmp_path / "other.onnx")
+    r = coacto("run", sq_ctg, "--random", "--repeat", 1, "--check", "--reference",
+               tmp_path / "other.onnx")
+    assert r.returncode == 1 and "sha256 differs" in r.stderr
+    # outputs that disagree exit 3: onnxruntime's reference, shifted, in a real process
+    shifted = ("import sys; import coacto.benchmark as b; real = b.onnxruntime_run; "
+               "b.onnxruntime_run = lambda *a: ({k: v + 1e-2 * abs(v).max() "
+               "for k, v in real(*a)[0].items()}, 0.0); "
+               "from coacto.cli import main; sys.exit(main(sys.argv[1:]))")
+    r = subprocess.run([sys.executable, "-c", shifted, "run", str(sq_onnx), "--random",
+                        "--threads", "1", "--repeat", "1", "--check"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 3 and "MISMATCH" in r.stdout, r.stdout + r.stderr

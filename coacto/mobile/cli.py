@@ -1,17 +1,21 @@
 """The `coacto-client` command: run inferences of a model on this device with a coacto server.
 
-Exit codes: 0 success; 1 bad input or a coacto error (message on stderr); 2 bad usage."""
+Exit codes (coacto.cli_common): 0 success; 1 an error (a file, the model, the server); 2 bad usage
+(a flag's value or combination)."""
 from __future__ import annotations
 
 import argparse
 import json
 import logging
 import sys
+import textwrap
 import time
 from pathlib import Path
 
 import numpy as np
 
+from ..cli_common import (RATE_HELP, exit_codes_help, UsageError, add_version, positive,
+                          rate_schedule, usage_error, warn, warn_ignored)
 from ..errors import CoactoError, InputError
 from ..partition import OFFLOAD_MIN_COLUMN_BLOCKS
 from .policies import POLICIES
@@ -32,15 +36,17 @@ examples:
                 --compute-cgroup /sys/fs/cgroup/cpu/slow-device     (a throttled device)
   coacto-client --server tcp://127.0.0.1:5555 --model resnet50 --random --policy dynamic \\
                 --bandwidth 20mbit --trace t.json       (then open t.json in ui.perfetto.dev)
-  coacto-client --server tcp://127.0.0.1:5555 --model resnet50 --random --transfer f16 \
+  coacto-client --server tcp://127.0.0.1:5555 --model resnet50 --random --transfer f16 \\
                 --bandwidth 5mbit       (half the bytes; outputs within float16 rounding)
+  coacto-client --server tcp://127.0.0.1:5555 --model resnet50 --random --bandwidth 2.5MB/s
+                (the same cap as 20mbit, written in bytes)
 
 policies: local (this device alone), cloud (send the whole input, then the server infers),
 split (one split layer chosen from the estimates, its tensor sent whole), fl (fused-layer: the
 first layers split spatially), dynamic (CoActo: tile by tile, transmission and computation
 overlapped on both sides).
---bandwidth takes tc's units: bit, kbit, mbit, gbit (bits/s); bps, kbps, mbps (bytes/s); a bare
-number is bits/s. With --json every inference prints one JSON object on stdout (latency_s,
+{rate_help}
+With --json every inference prints one JSON object on stdout (latency_s,
 tiles_local, tiles_sent, tiles_from_server, bytes_sent, tile_bytes_raw / tile_bytes_wire (the
 sent tiles as float32 and as encoded), fallback, bandwidth_est_mbps, ...).
 --trace writes the last inference (with --repeat) as one Chrome trace-event JSON of both sides on
@@ -49,8 +55,12 @@ RESULT on the link with arrows from the tile sent to its first use, the schedule
 with both completion times, the estimates, the clock offset used. Open it in
 https://ui.perfetto.dev or chrome://tracing, or draw it: experiments/plot_trace.py t.json.
 
-exit codes: 0 success, 1 bad input or an error (message on stderr), 2 bad usage.
-"""
+Flags a mode does not use are named in a warning on stderr: with --policy local, the link flags
+(--server, --bandwidth, --rtt-ms, --transfer, --timeout, the keys); with a .ctg model, --tiles and
+--image-size (its tiles were fixed when it was compiled).
+
+{exit_codes}.
+""".format(rate_help=textwrap.fill(RATE_HELP, 99), exit_codes=exit_codes_help(width=99))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -59,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run a model on this device, offloading to a coacto server. The device can "
                     "always finish alone: a missing or stalled server means a local run "
                     "(\"fallback\": true), never a lost inference.")
+    add_version(p, "coacto-client", protocol=True)
     p.add_argument("--server", metavar="ADDR",
                    help="the server's endpoint, tcp://host:port (not needed with --policy local)")
     p.add_argument("--server-key", metavar="KEY",
@@ -79,18 +90,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None, metavar="N",
                    help="computing threads on this device (default: all CPUs)")
     p.add_argument("--bandwidth", metavar="RATE",
-                   help="cap this client's link, e.g. 20mbit; a schedule changes it over time: "
-                        "100mbit,5mbit@2.5 (5 Mbit/s from 2.5 s after start)")
-    p.add_argument("--rtt-ms", type=float, default=0.0, metavar="MS",
+                   help="cap this client's link, e.g. 20mbit or 2.5MB/s (units below); a "
+                        "schedule changes it over time: 100mbit,5mbit@2.5 (5 Mbit/s from 2.5 s "
+                        "after start)")
+    p.add_argument("--rtt-ms", type=float, default=None, metavar="MS",
                    help="add this round-trip delay to the link, half each way (emulates a "
                         "distant server; with or without --bandwidth)")
-    p.add_argument("--transfer", default="lossless", choices=["lossless", "f16", "int8", "raw"],
+    p.add_argument("--transfer", default=None, choices=["lossless", "f16", "int8", "raw"],
                    help="how tiles travel to the server: lossless (default: each tile's zeros "
                         "masked out, bit-exact), f16 or int8 (lossy, a half / a quarter of the "
                         "bytes; outputs differ by what the rounding costs), raw (float32)")
     p.add_argument("--repeat", type=int, default=1, metavar="R",
                    help="inferences to run (default 1)")
-    p.add_argument("--timeout", type=float, default=5.0, metavar="S",
+    p.add_argument("--timeout", type=float, default=None, metavar="S",
                    help="seconds without news from the server before finishing alone (default 5)")
     p.add_argument("--tiles", type=int, default=None, metavar="T",
                    help="tiles per layer (the server compiles the same; default: heuristic)")
@@ -127,24 +139,57 @@ def join_cgroup(folder: Path, tids: list[int]) -> None:
     log.info("computing threads %s moved into %s", tids, folder)
 
 
+def check_usage(args) -> None:
+    """Every flag's value and combination, before any model is loaded: a usage error exits 2.
+    Flags the chosen mode does not use are named in a warning."""
+    from ..cli import ignored_model_flags
+    from .client import normalize_address
+    from .shaper import describe_schedule
+
+    if args.policy not in POLICIES:
+        raise UsageError(f"unknown policy {args.policy!r} (--policy); choose one of "
+                         f"{', '.join(POLICIES)}")
+    positive(args.repeat, "--repeat")
+    positive(args.threads, "--threads")
+    positive(args.tiles, "--tiles")
+    positive(args.image_size, "--image-size")
+    if args.rtt_ms is not None and not (0 <= args.rtt_ms < 60_000):
+        raise UsageError("--rtt-ms must lie between 0 and 60000 (milliseconds)")
+    if args.timeout is not None and not args.timeout > 0:
+        raise UsageError("--timeout must be positive (seconds)")
+    steps = rate_schedule(args.bandwidth) if args.bandwidth is not None else None
+    local = args.policy == "local"
+    if args.server is None and not local:
+        raise UsageError(f"--policy {args.policy} needs --server tcp://host:port "
+                         "(or use --policy local)")
+    if args.server is not None:
+        try:
+            normalize_address(args.server)
+        except CoactoError as e:
+            raise UsageError(f"--server: {e}") from None
+    for message in ignored_model_flags(args.model, tiles=args.tiles, image_size=args.image_size):
+        warn("coacto-client", message)
+    if local:
+        link_flags = [flag for flag, value in (
+            ("--server", args.server), ("--bandwidth", args.bandwidth),
+            ("--rtt-ms", args.rtt_ms), ("--transfer", args.transfer),
+            ("--timeout", args.timeout), ("--server-key", args.server_key),
+            ("--client-key", args.client_key), ("--model-bytes", args.model_bytes))
+            if value is not None]
+        warn_ignored("coacto-client", link_flags, "with --policy local (nothing is sent)")
+    elif steps is not None or args.rtt_ms:
+        # The rate as read, in bits and bytes both: a unit read otherwise than meant shows
+        # here, before any latency does.
+        link = f"capped at {describe_schedule(steps)}" if steps else "uncapped"
+        delay = f", {args.rtt_ms:g} ms added round trip" if args.rtt_ms else ""
+        print(f"coacto-client: link {link}{delay}", file=sys.stderr, flush=True)
+
+
 def run(args) -> int:
     from ..cli import load_inputs, resolve_model
     from .client import Client, ServerUnavailable
-    from .shaper import parse_schedule
 
-    if args.policy not in POLICIES:
-        raise InputError(f"unknown policy {args.policy!r}; choose one of {', '.join(POLICIES)}")
-    if args.bandwidth is not None:
-        parse_schedule(args.bandwidth)  # a bad rate fails before any model is loaded
-    if args.repeat < 1:
-        raise InputError("--repeat must be at least 1")
-    if not (0 <= args.rtt_ms < 60_000):
-        raise InputError("--rtt-ms must lie between 0 and 60000 (milliseconds)")
-    if args.timeout <= 0:
-        raise InputError("--timeout must be positive")
-    if args.server is None and args.policy != "local":
-        raise InputError(f"--policy {args.policy} needs --server tcp://host:port "
-                         "(or use --policy local)")
+    check_usage(args)
     if args.model_bytes is not None and not Path(args.model_bytes).is_file():
         raise InputError(f"--model-bytes {args.model_bytes}: no such file")
     if args.trace is not None and not Path(args.trace).resolve().parent.is_dir():
@@ -156,10 +201,13 @@ def run(args) -> int:
                                    threads=args.threads, use_tuned=alone,
                                    min_column_blocks=0 if alone else OFFLOAD_MIN_COLUMN_BLOCKS)
     feeds = load_inputs(args.input, tg, args.random)
-    with Client(args.server, tg, threads=args.threads, policy=args.policy,
-                bandwidth=args.bandwidth, timeout=args.timeout, rtt_ms=args.rtt_ms,
-                model_bytes=args.model_bytes or onnx_bytes, transfer=args.transfer,
-                server_key=args.server_key, client_key=args.client_key) as client:
+    with Client(None if alone else args.server, tg, threads=args.threads, policy=args.policy,
+                bandwidth=None if alone else args.bandwidth,
+                timeout=5.0 if args.timeout is None else args.timeout,
+                rtt_ms=0.0 if alone or args.rtt_ms is None else args.rtt_ms,
+                model_bytes=args.model_bytes or onnx_bytes, transfer=args.transfer or "lossless",
+                server_key=None if alone else args.server_key,
+                client_key=None if alone else args.client_key) as client:
         if args.compute_cgroup:
             join_cgroup(Path(args.compute_cgroup), client.compute_threads)
         if args.server is not None and args.policy != "local":
@@ -185,9 +233,11 @@ def run(args) -> int:
                       + (f" (fallback: {stats['fallback_reason']})" if stats["fallback"] else ""),
                       file=sys.stderr, flush=True)
         if not args.json:
-            print(f"{args.repeat} inference(s) in {time.perf_counter() - t0:.2f} s; goodput "
-                  f"{client.estimates['bandwidth_est_mbps']:.3g} Mbit/s, RTT "
-                  f"{client.estimates['rtt_est_ms']:.3g} ms", file=sys.stderr)
+            # on the device alone the link estimates are the untouched defaults: not shown
+            link = "" if alone else (f"; goodput {client.estimates['bandwidth_est_mbps']:.3g} "
+                                     f"Mbit/s, RTT {client.estimates['rtt_est_ms']:.3g} ms")
+            print(f"{args.repeat} inference(s) in {time.perf_counter() - t0:.2f} s{link}",
+                  file=sys.stderr)
     if args.output:
         out = Path(args.output)
         np.savez(out, **outputs)
@@ -205,6 +255,8 @@ def main(argv=None) -> int:
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
     try:
         return run(args)
+    except UsageError as e:
+        return usage_error("coacto-client", e)
     except (CoactoError, ValueError, OSError) as e:
         print(f"coacto-client: error: {e}", file=sys.stderr)
         return 1

@@ -1,7 +1,7 @@
 """The `coacto-server` command: serve offloaded inferences to any number of devices on one port.
 
-Exit codes: 0 stopped by SIGINT/SIGTERM; 1 cannot start (bad bind address, models folder, ...);
-2 bad usage."""
+Exit codes (coacto.cli_common): 0 stopped by SIGINT/SIGTERM; 1 cannot start (the bind fails, a
+models folder or key cannot be read, ...); 2 bad usage (a flag's value, a port out of range)."""
 from __future__ import annotations
 
 import argparse
@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 
+from ..cli_common import UsageError, add_version, positive, usage_error, warn
 from ..errors import CoactoError
 from .server import DEFAULT_BIND
 
@@ -39,6 +40,10 @@ examples:
 Without --secret-key / --allowed-keys (or COACTO_SECRET_KEY / COACTO_ALLOWED_KEYS) the server
 binds loopback only, unless --insecure. Limits and the threat model: docs/SECURITY.md.
 Devices connect with coacto-client --server tcp://HOST:5555 (protocol: docs/PROTOCOL.md).
+
+exit codes: 0 stopped by SIGINT or SIGTERM, 1 cannot start (the bind fails, a models folder or a
+key cannot be read; message in the log), 2 bad usage (a flag's value, a --bind port outside
+0..65535).
 """
 
 
@@ -58,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="coacto-server", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Serve collaborative inference to edge devices: one ZeroMQ port, many devices, "
                     "many models, one shared tile runtime.")
+    add_version(p, "coacto-server", protocol=True)
     p.add_argument("--bind", default=DEFAULT_BIND, metavar="ENDPOINT",
                    help=f"ZeroMQ endpoint to listen on (default {DEFAULT_BIND}; port 0 picks "
                         f"one; another interface needs keys or --insecure)")
@@ -118,17 +124,41 @@ def _raise_fd_limit() -> None:
         log.debug("keeping the file descriptor limit: %s", e)
 
 
+def check_bind(bind: str) -> None:
+    """A tcp port above 65535 is a usage error: libzmq would bind port 99999 as 34463 without a
+    word. Other endpoints the bind itself judges (it says why it cannot bind, exit 1)."""
+    if bind.startswith("tcp://"):
+        port = bind.rpartition(":")[2]
+        if port.isdigit() and int(port) > 65535:
+            raise UsageError(f"--bind {bind!r}: port {port} is not from 0 to 65535 (0 picks a "
+                             "free one)")
+
+
+def check_usage(args) -> None:
+    if args.threads is not None and not 1 <= args.threads <= 1024:
+        raise UsageError("--threads must be from 1 to 1024")
+    positive(args.max_inferences, "--max-inferences")
+    for flag, value in (("--max-model-mb", args.max_model_mb),
+                        ("--heartbeat-timeout", args.heartbeat_timeout),
+                        ("--memory-limit", args.memory_limit),
+                        ("--server-flops", args.server_flops)):
+        if value is not None and not value > 0:
+            raise UsageError(f"{flag} must be positive, got {value:g}")
+    if not args.stats_every >= 0:
+        raise UsageError("--stats-every must be 0 (only at exit) or a positive number of seconds")
+    check_bind(args.bind)
+    if args.insecure and args.secret_key is not None:
+        warn("coacto-server", "--insecure is ignored with --secret-key: connections are "
+                              "encrypted and authenticated")
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     _setup_logging(args.json_log, args.verbose)
-    if args.threads is not None and not 1 <= args.threads <= 1024:
-        log.error("--threads must be from 1 to 1024")
-        return 2
-    if args.max_model_mb <= 0 or args.heartbeat_timeout <= 0 or args.max_inferences < 1 or \
-            (args.memory_limit is not None and args.memory_limit <= 0):
-        log.error("--max-model-mb, --heartbeat-timeout, --max-inferences and --memory-limit "
-                  "must be positive")
-        return 2
+    try:
+        check_usage(args)
+    except UsageError as e:
+        return usage_error("coacto-server", e)
 
     from .server import Server
 
