@@ -1,4 +1,4 @@
-"""The send rule (DESIGN.md §5) as the runtime exports it for the simulator, against hand-computed
+"""The send rule (docs/ARCHITECTURE.md §5) as the runtime exports it for the simulator, against hand-computed
 completion times, and the per-inference trace that logs each decision the runtime takes with it."""
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ first). ACKs feed the goodput and RTT estimates, which are pushed into every dyn
 Whichever side completes the exit tiles first wins; the loser's work is cancelled (CANCEL to the
 server, or closing the native inference here).
 
-The device always finishes (DESIGN.md §5, "Faults"). Connections follow the Lazy Pirate pattern:
+The device always finishes (docs/ARCHITECTURE.md §5, "Faults"). Connections follow the Lazy Pirate pattern:
 every request that expects an answer arms a reply timer; silence for ``timeout`` seconds, or the
 TCP connection dropping, closes the socket (LINGER 0) and opens a fresh one after an exponential,
 capped back-off, HELLO and model query again. Inferences attached to the lost connection finish on

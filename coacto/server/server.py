@@ -1,5 +1,5 @@
 """coacto's server: one ROUTER socket for any number of devices, one I/O thread, one shared native
-runtime that executes every tenant's inferences together (DESIGN.md §5, docs/PROTOCOL.md).
+runtime that executes every tenant's inferences together (docs/ARCHITECTURE.md §5, docs/PROTOCOL.md).
 
     with coacto.server.Server("tcp://*:5555", threads=8, models="models/") as server:
         print(server.address)

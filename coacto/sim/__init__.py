@@ -1,4 +1,4 @@
-"""coacto.sim: a discrete-event simulator of devices offloading to a server (DESIGN.md §8).
+"""coacto.sim: a discrete-event simulator of devices offloading to a server (docs/ARCHITECTURE.md §8).
 
     from coacto import sim
     result = sim.simulate("resnet50", "dynamic", device="raspberry-pi-4",

@@ -1,7 +1,7 @@
 """Machine profiles for the simulator: sustained FLOP rates per op class and thread count, the
 per-tile overhead, and optionally the link a profile was measured over.
 
-A profile is JSON in ``profiles/`` (DESIGN.md §6), written by ``coacto profile`` on the machine
+A profile is JSON in ``profiles/`` (docs/ARCHITECTURE.md §6), written by ``coacto profile`` on the machine
 itself or derived from public figures (then its ``source`` says so)::
 
     {
@@ -41,7 +41,7 @@ from ..errors import CoactoError
 
 log = logging.getLogger(__name__)
 
-#: Op classes a profile rates separately (DESIGN.md §6: "sustained FLOP/s per operator class").
+#: Op classes a profile rates separately (docs/ARCHITECTURE.md §6: "sustained FLOP/s per operator class").
 OP_CLASSES = ("conv", "gemm", "depthwise", "elementwise", "other")
 CONV, GEMM, DEPTHWISE, ELEMENTWISE, OTHER = range(len(OP_CLASSES))
 PROFILE_FORMAT = 1

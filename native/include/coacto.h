@@ -203,7 +203,7 @@ void coacto_inference_cancel(coacto_inference *inf);
 /* Cancels if still running and waits for tiles in flight on the computing threads. */
 void coacto_inference_destroy(coacto_inference *inf);
 
-/* ------------------------------------------------------------------ offloading (DESIGN.md §5)
+/* ------------------------------------------------------------------ offloading (docs/ARCHITECTURE.md §5)
  *
  * An inference can carry a per-tile plan: which tiles this runtime may compute (the others are
  * parked when they become ready, until they arrive from outside or coacto_inference_compute_all

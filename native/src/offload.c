@@ -1,4 +1,4 @@
-/* Offloading support of the runtime (DESIGN.md §5): per-tile plans, the ECT send decision, the
+/* Offloading support of the runtime (docs/ARCHITECTURE.md §5): per-tile plans, the ECT send decision, the
  * send queue, and the report queue the communication engine polls. Per-tile work here is C: the
  * decision, the copy into the send queue and the announcement cost well under 5 us per tile. */
 #define _GNU_SOURCE
