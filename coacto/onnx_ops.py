@@ -169,6 +169,60 @@ def _conv(imp, ins):
                       {"w": wt, "b": b.copy()})]
 
 
+def _conv_transpose(imp, ins):
+    """ConvTranspose (2-D, group 1, dilations 1) as what it equals: the input with stride - 1
+    zeros between its values and k - 1 - pad zeros around them (one GATHER, a view of the
+    input), then a stride-1 Conv with the kernel flipped and its in / out axes swapped. Exact;
+    the Conv multiplies the inserted zeros too, stride^2 times the transposed convolution's
+    work (4x at stride 2), which a dedicated op would save."""
+    x = imp._resolve(ins[0])
+    w = np.asarray(imp._const(ins[1], "the weight input W"), dtype=np.float32)
+    if w.ndim != 4 or len(x.shape) != 4:
+        raise Unsupported(f"{w.ndim - 2}-D ConvTranspose; coacto runs 2-D ones")
+    if int(imp._attr("group", 1)) != 1:
+        raise Unsupported("ConvTranspose with groups")
+    if imp._attr("dilations", [1, 1]) != [1, 1]:
+        raise Unsupported("ConvTranspose with dilations")
+    if imp._attr("auto_pad", "NOTSET") != "NOTSET" or imp._attr("output_shape") is not None:
+        raise Unsupported("ConvTranspose with auto_pad or output_shape; give pads instead")
+    n, c, h, wd = x.shape
+    cin, m, kh, kw = w.shape
+    if c != cin:
+        raise ShapeError(f"input of {c} channels for weights of shape {w.shape}")
+    strides = list(imp._attr("strides", [1, 1]))
+    pads = list(imp._attr("pads", [0, 0, 0, 0]))
+    extra = list(imp._attr("output_padding", [0, 0]))
+    _check_window([kh, kw], strides, [1, 1], pads, 2)
+    if len(extra) != 2 or any(not 0 <= e < max(s, 1) for e, s in zip(extra, strides)):
+        raise ShapeError(f"output_padding {extra} (each must be below its stride {strides})")
+    maps = []
+    for size, k, s, pb, pe, e in ((h, kh, strides[0], pads[0], pads[2], extra[0]),
+                                  (wd, kw, strides[1], pads[1], pads[3], extra[1])):
+        out = (size - 1) * s + k - pb - pe + e
+        if out <= 0:
+            raise ShapeError(f"ConvTranspose output size {out} from input size {size}")
+        # position p of the zero-stuffed, padded input holds input (p - (k - 1 - pb)) / s
+        q = np.arange(out + k - 1) - (k - 1 - pb)
+        maps.append(np.where((q >= 0) & (q % s == 0) & (q // s < size), q // s, -1))
+    _check_taps(n, [len(maps[0]) - kh + 1, len(maps[1]) - kw + 1], [kh, kw])
+    view = imp._as_view(x)
+    if (view.index < 0).any() and view.fill != 0.0:
+        view = imp._as_view(imp._materialize(view))
+    rows, cols = maps
+    index = view.index[:, :, np.maximum(rows, 0)][:, :, :, np.maximum(cols, 0)]
+    index = np.where((rows[:, None] >= 0) & (cols[None, :] >= 0), index, -1)
+    stuffed = imp._act(View(view.srcs, np.ascontiguousarray(index), 0.0,
+                            imp._node_name() + "/stuffed"), CHANNELS)
+    wc = np.ascontiguousarray(w.transpose(1, 0, 2, 3)[:, :, ::-1, ::-1])
+    b = np.zeros(m, np.float32) if len(ins) < 3 or ins[2] is None else \
+        np.asarray(imp._const(ins[2], "the bias input B"), np.float32).reshape(m)
+    attrs = dict(kh=kh, kw=kw, sh=1, sw=1, pt=0, pl=0, pb=0, pr=0, dh=1, dw=1, group=1,
+                 act=ir.ACT_NONE, alpha=0.0, beta=0.0)
+    out = (n, m, len(rows) - kh + 1, len(cols) - kw + 1)
+    return [imp._emit(imp._node_name(), "CONV", [stuffed.layer], out, attrs,
+                      {"w": conv_weights(wc, 1), "b": b.copy()})]
+
+
 def _fc(imp, a, bmat: np.ndarray, bias, name=None):
     """``a @ bmat + bias`` with constant ``bmat`` (F, O): a CONV. Over the last axis of ``a``
     (a 1x1 convolution over its layer's columns), or, for the flatten of a whole layer, with a
@@ -691,7 +745,8 @@ def _concat(imp, ins):
 
 
 COMPUTE = {
-    "Conv": _conv, "Gemm": _gemm, "BatchNormalization": _batch_norm,
+    "Conv": _conv, "ConvTranspose": _conv_transpose, "Gemm": _gemm,
+    "BatchNormalization": _batch_norm,
     "Add": _binary, "Sub": _binary, "Mul": _binary, "Div": _binary, "Sum": _sum, "Mean": _sum,
     "Equal": _binary, "Less": _binary, "Greater": _binary,
     "Pow": _pow, "Neg": _neg, "Max": _min_max, "Min": _min_max,

@@ -250,3 +250,40 @@ def test_gemm_with_weights_and_transposed_a(batch):
     model = make(nodes, {"a": [10, batch]}, ["y"],
                  {"fc.weight": rand(7, 10, seed=17), "fc.bias": rand(7, seed=18)})
     check(model, {"a": rand(10, batch, seed=19)}, rel=1e-5)
+
+
+# ------------------------------------------------------------------------------ ConvTranspose
+
+CONV_TRANSPOSES = [  # (input shape, C_out, kernel, strides, pads, output_padding, bias)
+    ((1, 3, 5, 7), 4, (3, 3), (1, 1), (0, 0, 0, 0), (0, 0), True),
+    ((2, 4, 6, 5), 3, (4, 4), (2, 2), (1, 1, 1, 1), (0, 0), True),  # DCGAN / U-Net upsampling
+    ((1, 5, 7, 6), 6, (3, 3), (2, 2), (1, 1, 1, 1), (1, 1), False),
+    ((2, 2, 4, 9), 5, (2, 3), (2, 3), (0, 1, 0, 2), (1, 2), True),
+    ((1, 3, 3, 4), 2, (5, 3), (3, 1), (4, 2, 3, 0), (0, 0), True),  # pads beyond k - 1: a crop
+    ((1, 16, 9, 9), 8, (2, 2), (2, 2), (0, 0, 0, 0), (0, 0), True),
+]
+
+
+@pytest.mark.parametrize("shape,m,k,s,p,op,bias", CONV_TRANSPOSES,
+                         ids=[f"{c[0]}-k{c[2]}-s{c[3]}-p{c[4]}-op{c[5]}" for c in CONV_TRANSPOSES])
+def test_conv_transpose(shape, m, k, s, p, op, bias):
+    c = shape[1]
+    inits = {"up.weight": rand(c, m, *k, seed=20, scale=0.5)}
+    ins = ["/act/Relu_output_0", "up.weight"]
+    if bias:
+        inits["up.bias"] = rand(m, seed=21)
+        ins.append("up.bias")
+    nodes = [helper.make_node("Relu", ["x"], ["/act/Relu_output_0"], name="/act/Relu"),
+             helper.make_node("ConvTranspose", ins, ["y"], name="/up/ConvTranspose",
+                              kernel_shape=list(k), strides=list(s), pads=list(p),
+                              output_padding=list(op), dilations=[1, 1], group=1)]
+    model = make(nodes, {"x": list(shape)}, ["y"], inits)
+    graph = check(model, {"x": rand(*shape, seed=22)}, rel=1e-5)
+    assert ops(graph)[-2:] == ["GATHER", "CONV"]
+
+
+def test_conv_transpose_with_groups_is_refused():
+    nodes = [helper.make_node("ConvTranspose", ["x", "w"], ["y"], group=2, kernel_shape=[3, 3])]
+    model = make(nodes, {"x": [1, 4, 5, 5]}, ["y"], {"w": rand(4, 2, 3, 3)})
+    with pytest.raises(coacto.CoactoError, match="ConvTranspose with groups"):
+        import_model(model)
