@@ -98,7 +98,8 @@ tanh(sqrt(2 / pi) * (x + 0.044715 x^3))) / 2``), ``ACT_RECIPROCAL``, ``ACT_EXP``
 (1.0 or 0.0), ``ACT_ELU`` (alpha: ``x > 0 ? x : alpha * (e^x - 1)``), ``ACT_SELU`` (alpha, beta:
 ``beta * elu(x)``, beta being ONNX's gamma), ``ACT_CELU`` (alpha: ``x > 0 ? x : alpha * (e^(x /
 alpha) - 1)``), ``ACT_SOFTPLUS`` (``log(1 + e^x)``), ``ACT_SOFTSIGN`` (``x / (1 + |x|)``),
-``ACT_THRESHOLDED_RELU`` (alpha: ``x > alpha ? x : 0``). The numeric codes are shared with the native runtime (``native/include/coacto.h``).
+``ACT_THRESHOLDED_RELU`` (alpha: ``x > alpha ? x : 0``). The numeric codes are shared with the
+native runtime (``native/include/coacto.h``).
 """
 from __future__ import annotations
 
