@@ -57,8 +57,9 @@ LOSSY_TRANSFERS = frozenset({"f16", "int8"})
 
 #: Frames at least this large are sent without copying (pyzmq zero-copy has a fixed cost).
 ZERO_COPY_MIN_BYTES = 64 * 1024
-#: Header frames larger than this are refused unparsed.
-MAX_HEADER_BYTES = 1 << 20
+#: Header frames larger than this are refused unparsed (by both sides: no header of this protocol
+#: comes near it).
+MAX_HEADER_BYTES = 64 * 1024
 
 # TRACE rows: what the server did with one tile of a traced inference (the "worker" column).
 TRACE_RECEIVED = -1   # arrived from the device: t0..t1 the server took in its TILES batch
@@ -75,6 +76,93 @@ class ProtocolError(ValueError):
 def pack(header: dict, *frames) -> list:
     """Header map + raw frames -> the frames of one multipart message."""
     return [msgpack.packb(header, use_bin_type=True), *frames]
+
+
+def send(sock, frames: list, flags: int = 0, track: bool = False):
+    """Sends one multipart message (for a ROUTER, the peer's identity first). Frames of
+    ZERO_COPY_MIN_BYTES or more go without a copy; with ``track`` the last one always does, and
+    the returned MessageTracker says when ZeroMQ is done with it (the parts leave in order, so
+    with the whole message). Raises zmq.ZMQError (e.g. zmq.Again with DONTWAIT)."""
+    import zmq
+
+    last = len(frames) - 1
+    tracker = None
+    for i, part in enumerate(frames):
+        more = zmq.SNDMORE if i < last else 0
+        if track and i == last:
+            tracker = sock.send(part, flags | more, copy=False, track=True)
+        else:
+            size = part.nbytes if isinstance(part, np.ndarray) else len(part)
+            sock.send(part, flags | more, copy=size < ZERO_COPY_MIN_BYTES)
+    return tracker
+
+
+# ---------------------------------------------------------------------------- tile frames
+# TILES and RESULT carry tiles the same way (docs/PROTOCOL.md §2): without `enc`, two frames
+# (ids int32, data float32: each tile's values, tile after tile); with `enc`, three (ids int32,
+# lens int32: each tile's encoded bytes, the encoded tiles one after the other).
+
+def tile_frames(ids: np.ndarray, data: np.ndarray | None = None, lens: np.ndarray | None = None,
+                encoded=None) -> list:
+    """The raw frames of a TILES or RESULT message: (ids, data) plain, or (ids, lens, encoded)
+    when the header carries `enc`."""
+    ids = np.ascontiguousarray(ids, "<i4")
+    if lens is None:
+        return [ids, np.ascontiguousarray(data, "<f4")]
+    return [ids, np.ascontiguousarray(lens, "<i4"), encoded]
+
+
+class TileFrames:
+    """Tile frames read and checked: ``ids`` (int32), then ``data`` (float32, aligned) when
+    plain, or ``lens`` (int32) and ``encoded`` (a buffer) with ``enc``."""
+
+    __slots__ = ("enc", "ids", "data", "lens", "encoded", "nbytes")
+
+    def __init__(self, enc, ids, data, lens, encoded, nbytes):
+        self.enc, self.ids, self.data, self.lens, self.encoded = enc, ids, data, lens, encoded
+        self.nbytes = nbytes
+
+
+def _buffer(frame):
+    return getattr(frame, "buffer", frame)
+
+
+def read_tile_frames(header: dict, frames: list, n_tiles: int,
+                     tile_sizes: np.ndarray | None = None) -> TileFrames:
+    """A TILES or RESULT message's raw frames, checked before anything is applied: a known `enc`,
+    the frame count, sizes that hold whole int32 / float32 values (one length per id when
+    encoded), ids in [0, n_tiles), and, plain and given ``tile_sizes`` (floats per tile), a data
+    frame of exactly those tiles. What an encoded tile holds is checked where it is decoded (in
+    C, before any tile is applied). Raises ProtocolError."""
+    enc = header.get("enc")
+    if enc is not None and (not isinstance(enc, str) or enc not in TRANSFER_MODES):
+        raise ProtocolError(f"'enc' must be one of {', '.join(TRANSFER_MODES)}; got "
+                            f"{str(enc)[:40]!r}")
+    if len(frames) != (2 if enc is None else 3):
+        raise ProtocolError("tiles travel as two frames after the header: tile ids (int32) and "
+                            "tile data (float32); three with 'enc': ids, encoded lengths (int32) "
+                            "and the encoded data")
+    sizes = [len(f) for f in frames]
+    if sizes[0] == 0 or sizes[0] % 4 or (enc is None and sizes[1] % 4) or \
+            (enc is not None and sizes[1] != sizes[0]):
+        raise ProtocolError(f"frame sizes {sizes} do not fit: ids are a non-empty multiple of 4 "
+                            f"bytes" + (", float data too" if enc is None
+                                        else ", one length per id"))
+    ids = np.frombuffer(_buffer(frames[0]), dtype="<i4").astype(np.int32)
+    if int(ids.min()) < 0 or int(ids.max()) >= n_tiles:
+        raise ProtocolError(f"tile ids must be from 0 to {n_tiles - 1}")
+    if enc is not None:
+        lens = np.frombuffer(_buffer(frames[1]), dtype="<i4").astype(np.int32)
+        return TileFrames(enc, ids, None, lens, _buffer(frames[2]), sum(sizes))
+    if tile_sizes is not None:
+        need = int(tile_sizes[ids].sum())
+        if need * 4 != sizes[1]:
+            raise ProtocolError(f"the data frame holds {sizes[1] // 4} floats; these {ids.size} "
+                                f"tiles take {need}")
+    data = np.frombuffer(_buffer(frames[1]), dtype="<f4")
+    if data.ctypes.data % 4:
+        data = data.copy()  # the runtime reads aligned floats
+    return TileFrames(None, ids, data, None, None, sum(sizes))
 
 
 def pack_trace_rows(ids, t0, t1, worker) -> list:

@@ -834,21 +834,17 @@ class Engine:
                 t = now()
                 traced.trace.result(np.frombuffer(rest[0].buffer, dtype="<i4"), nbytes, t, t)
             return
-        enc = h.get("enc")
-        if job.native is None or len(rest) != (2 if enc is None else 3):
+        if job.native is None:
             return
-        ids = np.frombuffer(rest[0].buffer, dtype="<i4")
         t = now()
         try:
-            if enc is None:
-                data = np.frombuffer(rest[1].buffer, dtype="<f4")
-                accepted, _dup = job.native.put_tiles(ids, data.copy() if data.ctypes.data % 4
-                                                      else data)
+            got = P.read_tile_frames(h, rest, self.tg.n_tiles)
+            ids = got.ids
+            if got.enc is None:
+                accepted, _dup = job.native.put_tiles(ids, got.data)
             else:
-                lens = np.frombuffer(rest[1].buffer, dtype="<i4")
-                accepted, _dup = job.native.put_tiles_encoded(str(enc), ids, lens,
-                                                              rest[2].buffer)
-        except Exception as e:
+                accepted, _dup = job.native.put_tiles_encoded(got.enc, ids, got.lens, got.encoded)
+        except Exception as e:  # whatever the server sent, the device finishes alone
             self._fallback(job, f"the server sent unusable results ({e})")
             return
         if job.trace is not None:

@@ -101,12 +101,12 @@ class Job:
             if ids.size == 0:
                 return None
             header["enc"] = enc
-            payload = (ids, lens, data)
+            payload = P.tile_frames(ids, lens=lens, encoded=data)
         else:
             ids, data = native.take_sends(min(queued, max_bytes), MAX_BATCH_TILES)
             if ids.size == 0:
                 return None
-            payload = (ids, data)
+            payload = P.tile_frames(ids, data)
         t = now()
         self.batches += 1
         batch = self.batches

@@ -18,8 +18,6 @@ import queue
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-import msgpack
-import numpy as np
 import zmq
 
 from .. import __version__
@@ -34,8 +32,6 @@ from .tenants import Reject, Tenants
 
 log = logging.getLogger(__name__)
 
-#: Header frames larger than this are not even parsed.
-MAX_HEADER_BYTES = 64 * 1024
 #: Compilations queued at once, per device (owner: all its connections) and in all (more: E_BUSY).
 MAX_JOBS_PER_DEVICE = 4
 MAX_JOBS = 64
@@ -402,8 +398,9 @@ class Server:
             session.messages += 1
         kind, header = "?", {}
         try:
-            if len(frames[1]) > MAX_HEADER_BYTES:
-                raise Reject(P.E_BAD_MESSAGE, f"the header frame is over {MAX_HEADER_BYTES} bytes")
+            if len(frames[1]) > P.MAX_HEADER_BYTES:  # not even parsed
+                raise Reject(P.E_BAD_MESSAGE, f"the header frame is over {P.MAX_HEADER_BYTES} "
+                                              f"bytes")
             try:
                 header, _ = P.unpack([frames[1].bytes])
             except P.ProtocolError as e:
@@ -533,26 +530,17 @@ class Server:
     # ------------------------------------------------------------------ sending
 
     def _send(self, identity: bytes, header: dict, *frames, track: bool = False):
-        """Header + raw frames to one device; frames of ZERO_COPY_MIN_BYTES or more are not
-        copied. A vanished device's messages are dropped by the ROUTER (not mandatory). With
-        ``track``, the raw frames go uncopied and the returned MessageTracker says when ZeroMQ
-        is done with them (None if nothing was sent)."""
-        parts = [identity, msgpack.packb(header, use_bin_type=True), *frames]
-        last = len(parts) - 1
-        tracker = None
+        """Header + raw frames to one device (protocol.send: large frames uncopied). A vanished
+        device's messages are dropped by the ROUTER (not mandatory). With ``track``, the
+        returned MessageTracker says when ZeroMQ is done with the frames (None if nothing was
+        sent)."""
         try:
-            for i, part in enumerate(parts):
-                flags = (zmq.SNDMORE if i < last else 0) | zmq.DONTWAIT
-                if track and i == last:  # parts leave in order: the last is freed last
-                    tracker = self._sock.send(part, flags, copy=False, track=True)
-                    continue
-                size = part.nbytes if isinstance(part, np.ndarray) else len(part)
-                self._sock.send(part, flags, copy=size < P.ZERO_COPY_MIN_BYTES)
+            return P.send(self._sock, [identity, *P.pack(header, *frames)], zmq.DONTWAIT,
+                          track=track)
         except zmq.ZMQError as e:
             self._counts["send_failed"] += 1
             log.debug("sending %r failed: %s", header.get("t"), e)
             return None
-        return tracker
 
     def _send_error(self, identity: bytes, code: int, text: str, **extra) -> None:
         header = {"t": P.ERROR, "code": int(code), "text": text}

@@ -286,47 +286,18 @@ class Tenants:
                 "was not begun (or expired)"
             raise Reject(P.E_UNKNOWN_INFERENCE, f"inference {inf_id!r} {why}", inf=inf_id,
                          batch=batch)
-        enc = h.get("enc")
-        if enc is not None and (not isinstance(enc, str) or enc not in P.TRANSFER_MODES):
-            raise Reject(P.E_BAD_TILES, f"TILES 'enc' must be one of "
-                                        f"{', '.join(P.TRANSFER_MODES)}; got {str(enc)[:40]!r}",
-                         inf=inf_id, batch=batch)
-        n_frames = 2 if enc is None else 3
-        if len(frames) != n_frames:
-            raise Reject(P.E_BAD_TILES, "TILES carries two frames after the header: tile ids "
-                                        "(int32) and tile data (float32); three with 'enc': ids, "
-                                        "encoded lengths (int32) and the encoded data",
-                         inf=inf_id, batch=batch)
-        sizes = [len(f) for f in frames]
-        if sizes[0] == 0 or sizes[0] % 4 or (enc is None and sizes[1] % 4) or \
-                (enc is not None and sizes[1] != sizes[0]):
-            raise Reject(P.E_BAD_TILES, f"frame sizes {sizes} do not fit: ids are a non-empty "
-                                        f"multiple of 4 bytes" + (", float data too" if enc is None
-                                                                  else ", one length per id"),
-                         inf=inf_id, batch=batch)
-        n_id_bytes, n_data_bytes = sizes[0], sum(sizes[1:])
         info = si.entry.info
-        ids = np.frombuffer(frames[0].buffer, dtype="<i4").astype(np.int32)
-        n_tiles = si.entry.tg.n_tiles
-        if int(ids.min()) < 0 or int(ids.max()) >= n_tiles:
-            raise Reject(P.E_BAD_TILES, f"tile ids must be from 0 to {n_tiles - 1}", inf=inf_id,
-                         batch=batch)
-        if enc is None:
-            need = int(info.sizes[ids].sum())
-            if need * 4 != n_data_bytes:
-                raise Reject(P.E_BAD_TILES, f"the data frame holds {n_data_bytes // 4} floats; "
-                                            f"these {ids.size} tiles take {need}", inf=inf_id,
-                             batch=batch)
-            data = np.frombuffer(frames[1].buffer, dtype="<f4")
-            if data.ctypes.data % 4:
-                data = data.copy()  # the runtime reads aligned floats
+        try:
+            got = P.read_tile_frames(h, frames, si.entry.tg.n_tiles, info.sizes)
+        except P.ProtocolError as e:
+            raise Reject(P.E_BAD_TILES, str(e), inf=inf_id, batch=batch) from None
+        ids, n_bytes = got.ids, got.nbytes
         t_in = now()
         try:
-            if enc is None:
-                accepted, dup = si.native.put_tiles(ids, data)
+            if got.enc is None:
+                accepted, dup = si.native.put_tiles(ids, got.data)
             else:  # lengths and bitmaps are checked in C before anything is applied
-                lens = np.frombuffer(frames[1].buffer, dtype="<i4").astype(np.int32)
-                accepted, dup = si.native.put_tiles_encoded(enc, ids, lens, frames[2].buffer)
+                accepted, dup = si.native.put_tiles_encoded(got.enc, ids, got.lens, got.encoded)
         except CoactoError as e:
             raise Reject(P.E_BAD_TILES, str(e), inf=inf_id, batch=batch) from None
         if si.trace is not None:
@@ -338,14 +309,14 @@ class Tenants:
             si.n_sent += int(outputs.size)
         si.tiles_in += accepted
         si.duplicates += dup
-        si.bytes_in += n_id_bytes + n_data_bytes
+        si.bytes_in += n_bytes
         self.counts["tiles_in"] += accepted
-        self.counts["bytes_in"] += n_id_bytes + n_data_bytes
+        self.counts["bytes_in"] += n_bytes
         if si.note_inputs(ids):
             self._start_computing(si)
         t_send = h.get("t_send")
         self.send(session.identity, {
-            "t": P.ACK, "inf": inf_id, "batch": batch, "bytes": n_id_bytes + n_data_bytes,
+            "t": P.ACK, "inf": inf_id, "batch": batch, "bytes": n_bytes,
             "t_send": t_send if type(t_send) in (int, float) else None, "t_server": now(),
             "accepted": accepted, "duplicates": dup})
 
@@ -432,10 +403,10 @@ class Tenants:
             t_out = now()
             try:
                 if si.result_enc is None:
-                    payload = (ids.astype("<i4"), si.native.get_tiles(ids).astype("<f4", copy=False))
+                    payload = P.tile_frames(ids, si.native.get_tiles(ids))
                 else:
                     lens, data = si.native.get_tiles_encoded(si.result_enc, ids)
-                    payload = (ids.astype("<i4"), lens, data)
+                    payload = P.tile_frames(ids, lens=lens, encoded=data)
             except CoactoError as e:
                 log.warning("inference %r of device %s: reading output tiles failed: %s",
                             si.inf_id, si.session.name, e)
