@@ -247,6 +247,21 @@ def compare_outputs(outputs: dict, reference: dict) -> dict:
     return rows
 
 
+def _onnxruntime_reference(model: bytes, feeds: dict, rt) -> dict:
+    """onnxruntime's outputs for ``feeds``, each cast to the type the model declares (coacto
+    takes any integer type for an int64 input; onnxruntime only the declared one)."""
+    typed = {a.name: np.asarray(feeds[a.name]).astype(a.dtype, copy=False)
+             for a in rt.get_inputs() if a.name in feeds}
+    try:
+        ref, _ = benchmark.onnxruntime_run(model, typed, rt.threads, 0)
+    except CoactoError:
+        raise
+    except Exception as e:  # onnxruntime's own errors: the reference cannot run, say why
+        raise CoactoError(f"--check: onnxruntime cannot run the reference model: "
+                          f"{type(e).__name__}: {str(e)[:300]}") from None
+    return ref
+
+
 def cmd_run(args) -> int:
     from .runtime import Runtime
 
@@ -283,8 +298,7 @@ def cmd_run(args) -> int:
         trace = rt.trace(feeds) if args.trace else None
     check = None
     if reference_model is not None:
-        ref, _ = benchmark.onnxruntime_run(reference_model, feeds, rt.threads, 0)
-        check = compare_outputs(outputs, ref)
+        check = compare_outputs(outputs, _onnxruntime_reference(reference_model, feeds, rt))
     if trace is not None:
         from .runtime import chrome_trace
 

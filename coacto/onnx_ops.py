@@ -295,55 +295,6 @@ def _flatten_of_layer(imp, a, f: int):
     return src, perm
 
 
-def _gemm(imp, ins):
-    """alpha * A' B' + beta * C. With constant B: a CONV (weights), C folded into its bias where
-    it is one per output. With a computed B (a product of two activations, e.g. of a linear
-    layer whose weights come from another branch): a MATMUL scaled by alpha, read through
-    strides when transposed (no copy), C added after."""
-    a, b = ins[0], ins[1]
-    c = ins[2] if len(ins) > 2 else None
-    alpha, beta = float(imp._attr("alpha", 1.0)), float(imp._attr("beta", 1.0))
-    for v, what in ((a, "A"), (b, "B")):
-        if len(shape_of(v)) != 2:
-            raise ShapeError(f"Gemm input {what} of shape {shape_of(v)} (must be a matrix)")
-    if imp._attr("transA", 0):
-        a = _transposed(imp, a)
-    name = imp._node_name()
-    if isinstance(b, np.ndarray):
-        bmat = np.asarray(b, np.float32)
-        if imp._attr("transB", 0):
-            bmat = transpose_last2(bmat)
-        if alpha != 1.0:
-            bmat = bmat * np.float32(alpha)
-        bias = np.asarray(c, np.float64) * beta if isinstance(c, np.ndarray) else None
-        y = _fc(imp, a, bmat, bias)
-    else:
-        from .onnx_seq import _matmul_acts, _matmul_const_a  # onnx_seq builds on this module
-
-        if imp._attr("transB", 0):
-            b = _transposed(imp, b)
-        if isinstance(a, np.ndarray):
-            y = _matmul_const_a(imp, np.asarray(a, np.float32) * np.float32(alpha), b)
-        else:
-            y = _matmul_acts(imp, a, b, scale=alpha)
-        if isinstance(c, np.ndarray):
-            y = _binary_values(imp, y, np.asarray(c, np.float64) * beta, ir.BIN_ADD,
-                               name + "/bias")
-    if c is not None and not isinstance(c, np.ndarray):
-        if beta != 1.0:
-            c = _affine(imp, c, beta, 0.0, name=name + "/beta")
-        y = _binary_values(imp, y, c, ir.BIN_ADD, name + "/bias")
-    return [y]
-
-
-def _transposed(imp, v):
-    """A matrix value transposed: a view (or the transposed constant)."""
-    if isinstance(v, np.ndarray):
-        return np.ascontiguousarray(np.asarray(v).T)
-    view = imp._as_view(v)
-    return View(view.srcs, np.ascontiguousarray(view.index.T), view.fill, view.name)
-
-
 def _affine(imp, x, scale, shift, act=ir.ACT_NONE, alpha=0.0, beta=0.0, name=None):
     """``act(x * scale + shift)``: scalars apply to any activation as it is stored; vectors are
     per row (the channels of a CNN, the last axis of a sequence)."""
@@ -745,7 +696,7 @@ def _concat(imp, ins):
 
 
 COMPUTE = {
-    "Conv": _conv, "ConvTranspose": _conv_transpose, "Gemm": _gemm,
+    "Conv": _conv, "ConvTranspose": _conv_transpose,
     "BatchNormalization": _batch_norm,
     "Add": _binary, "Sub": _binary, "Mul": _binary, "Div": _binary, "Sum": _sum, "Mean": _sum,
     "Equal": _binary, "Less": _binary, "Greater": _binary,

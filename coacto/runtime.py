@@ -257,10 +257,10 @@ def graph_outputs(tg: TileGraph) -> list[NodeArg]:
 
 
 def output_selection(tg: TileGraph, output_names) -> list[str]:
-    """onnxruntime's ``output_names`` checked against the graph: None means every output in
-    the model's order."""
+    """onnxruntime's ``output_names`` checked against the graph: None (or an empty list, as
+    onnxruntime reads it) means every output in the model's order."""
     known = list(tg.graph.outputs)
-    if output_names is None:
+    if output_names is None or (isinstance(output_names, (list, tuple)) and not output_names):
         return known
     if isinstance(output_names, str) or not isinstance(output_names, (list, tuple)) or \
             not all(isinstance(n, str) for n in output_names):

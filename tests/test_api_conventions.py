@@ -141,6 +141,7 @@ def test_run_with_output_names_returns_onnxruntimes_list_in_that_order(heads):
     assert_close({"b": got[0], "a": got[1]}, ref, rel=1e-5)
     every = rt.run(None, feeds)  # None: every output, in the model's order
     assert_close(dict(zip(["a", "b"], every)), ref, rel=1e-5)
+    assert_close(dict(zip(["a", "b"], rt.run([], feeds))), ref, rel=1e-5)  # as onnxruntime
     assert_close(dict(zip(["b"], rt.run(("b",), feeds, timeout=60))), {"b": ref["b"]}, rel=1e-5)
     twice = rt.run(["a", "a"], feeds)
     assert twice[0] is not twice[1]  # each its own array, as onnxruntime gives them

@@ -352,3 +352,22 @@ def test_run_check_against_onnxruntime(squeezenet_files, tmp_path):
                         "--threads", "1", "--repeat", "1", "--check"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 3 and "MISMATCH" in r.stdout, r.stdout + r.stderr
+
+
+def test_run_check_casts_integer_inputs_to_the_declared_type(tmp_path):
+    """coacto takes int32 token ids for an int64 input; the onnxruntime reference is given the
+    type the model declares (it refuses any other), and its own errors are a clean exit 1."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    table = numpy_helper.from_array(
+        np.random.default_rng(0).standard_normal((50, 16)).astype(np.float32), "table")
+    g = helper.make_graph(
+        [helper.make_node("Gather", ["table", "ids"], ["emb"], name="/embed/Gather"),
+         helper.make_node("Relu", ["emb"], ["out"], name="/act/Relu")], "torch_jit",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 8])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 8, 16])], [table])
+    model = tmp_path / "embed.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), model)
+    np.save(tmp_path / "ids.npy", np.arange(8, dtype=np.int32).reshape(1, 8) * 3)
+    r = coacto("run", model, "--input", f"ids={tmp_path / 'ids.npy'}", "--repeat", 1, "--check")
+    assert r.returncode == 0 and "matches onnxruntime" in r.stdout, r.stdout + r.stderr

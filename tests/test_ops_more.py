@@ -82,6 +82,7 @@ ACTIVATIONS = [
     ("Selu", {"alpha": 1.5, "gamma": 2.0}, ir.ACT_SELU),
     ("Celu", {}, ir.ACT_CELU),
     ("Celu", {"alpha": 0.4}, ir.ACT_CELU),
+    ("Celu", {"alpha": -0.7}, ir.ACT_CELU),  # a negative alpha: e^(x/alpha) grows as x falls
     ("Softplus", {}, ir.ACT_SOFTPLUS),
     ("Softsign", {}, ir.ACT_SOFTSIGN),
     ("ThresholdedRelu", {}, ir.ACT_THRESHOLDED_RELU),

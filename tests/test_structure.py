@@ -118,3 +118,25 @@ def test_no_include_cycle_in_native_src():
                     break
         edges[name] = targets - {name}
     assert _cycles(edges) == []
+
+
+#: Cycles that imports inside functions still close (each deferred import breaks a cycle at
+#: import time, not in the design). They are to be taken apart, not added to: a new cycle fails.
+KNOWN_DEFERRED_CYCLES = [
+    ["coacto.inference", "coacto.runtime"],
+    ["coacto.benchmark", "coacto.memory"],
+    # compile / partition_graph / load live in the package root, which exports Client and Server
+    ["coacto", "coacto.mobile.client", "coacto.mobile.engine", "coacto.server",
+     "coacto.server.server", "coacto.server.sessions", "coacto.server.store",
+     "coacto.server.tenants"],
+]
+
+
+def test_no_new_cycle_through_deferred_imports():
+    mods = _modules()
+    edges = {m: set() for m in mods}
+    for name, path in mods.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                edges[name] |= _targets(mods, name, node)
+    assert sorted(_cycles(edges)) == sorted(KNOWN_DEFERRED_CYCLES)

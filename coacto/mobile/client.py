@@ -148,9 +148,9 @@ class Client:
     ``input_shapes``), or a TileGraph / .ctg file (then ``model_bytes``, the ONNX file, is needed
     only if the server must be sent the model). ``threads``: computing threads here (default: the
     CPUs this process may use). ``policy``: local, cloud, split, fl or dynamic (see
-    coacto.mobile.policies). ``bandwidth``: cap this client's link, tc-style (``"20mbit"``; a
-    number is bits/s; inference traffic only, not the one-time model upload); it is also the
-    goodput assumed until one is measured (else 10 Mbit/s, see estimates.py). A schedule
+    coacto.mobile.policies). ``bandwidth``: cap this client's link (``"20mbit"``,
+    ``"2.5MB/s"``: see shaper.parse_rate; a number is bits/s; inference traffic only, not the
+    one-time model upload); it is also the goodput assumed until one is measured (else 10 Mbit/s, see estimates.py). A schedule
     (``"100mbit,5mbit@2.5"``: 5 Mbit/s from 2.5 s after the client is made) changes the cap over
     time, as does ``set_bandwidth`` (the estimates are not told: they measure it). ``rtt_ms``: add
     this round-trip delay to the link (half each way, after the cap; the experiments' stand-in
@@ -236,9 +236,9 @@ class Client:
         self._finalizer = weakref.finalize(self, _release, self._engine, self._runtime)
 
     def set_bandwidth(self, bandwidth) -> None:
-        """Changes this client's emulated link to ``bandwidth`` now (a tc-style rate; what
-        ``tc change`` does to a real link): the part of each frame not yet across takes the new
-        rate. Without an emulated link so far, one is made (the link was uncapped)."""
+        """Changes this client's emulated link to ``bandwidth`` now (a rate as shaper.parse_rate
+        reads it; what ``tc change`` does to a real link): the part of each frame not yet across
+        takes the new rate. Without an emulated link so far, one is made (the link was uncapped)."""
         rate = parse_rate(bandwidth)
         if self._closed:
             raise CoactoError("this Client is closed; create a new one")

@@ -830,9 +830,13 @@ class Engine:
         job = self._job_of(h, nbytes)
         if job is None:
             traced = self._traced(h)  # too late to use: still on the trace's downlink
-            if traced is not None and len(rest) == 2 and len(rest[0]) % 4 == 0:
+            if traced is not None:
+                try:
+                    ids = P.read_tile_frames(h, rest, self.tg.n_tiles).ids
+                except P.ProtocolError:
+                    return
                 t = now()
-                traced.trace.result(np.frombuffer(rest[0].buffer, dtype="<i4"), nbytes, t, t)
+                traced.trace.result(ids, nbytes, t, t)
             return
         if job.native is None:
             return

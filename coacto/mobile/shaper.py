@@ -35,7 +35,7 @@ _P = "(|k|m|g|t|ki|mi|gi|ti)"
 _RATE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z/]*)\s*$", re.IGNORECASE)
 _BITS_RE = re.compile(rf"^{_P}bits?(/s)?$")            # matched against the lower-cased unit
 _BYTE_WORDS_RE = re.compile(rf"^{_P}bytes?/s$")        # likewise
-_BYTE_LETTER_RE = re.compile(r"^([kKmMgGtT][iI]?|)B/s$")  # any-case prefix, a capital B
+_BYTE_LETTER_RE = re.compile(r"^([kKmMgGtT][iI]?|)B/[sS]$")  # any-case prefix, a capital B
 _BPS_RE = re.compile(rf"^{_P}bps$")
 _LOWER_B_RE = re.compile(rf"^{_P}b/s$")
 _SIZE_RE = re.compile(rf"^{_P}(b|bytes?)$")
@@ -99,7 +99,8 @@ def _parse_rate_text(rate: str) -> float:
     if hit:
         bits = value * _PREFIXES[hit.group(1)]
         pre = _PREFIX_TEXT[hit.group(1)]
-        why = (f"networking reads {unit} as bits per second, tc as bytes per second"
+        why = (f"a 'bps' unit reads as bits per second in networking, as bytes per second in "
+               f"tc, and its 'b' or 'B' is often typed either way"
                if low.endswith("bps") else "bits or bytes hangs on the case of one letter")
         raise RateError(f"bandwidth {rate!r} is ambiguous ({why}): write '{number}{pre}bit/s' for "
                         f"{format_rate(bits / 8)} ({format_bytes_rate(bits / 8)}) or "

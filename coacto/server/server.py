@@ -1,5 +1,6 @@
 """coacto's server: one ROUTER socket for any number of devices, one I/O thread, one shared native
-runtime that executes every tenant's inferences together (docs/ARCHITECTURE.md §5, docs/PROTOCOL.md).
+runtime that executes every tenant's inferences together (docs/ARCHITECTURE.md §5,
+docs/PROTOCOL.md).
 
     with coacto.server.Server("tcp://*:5555", threads=8, models="models/") as server:
         print(server.address)
@@ -53,6 +54,8 @@ IDLE_EXPIRY_MIN_S = 1.0
 #: not between two inferences of a device that runs one a second.
 TRIM_AFTER_IDLE_S = 2.0
 DEFAULT_BIND = "tcp://127.0.0.1:5555"
+#: ERROR texts are cut to this many characters (well inside protocol.MAX_HEADER_BYTES).
+MAX_ERROR_TEXT = 4096
 def _malloc_trim() -> None:
     """Hands the heap's free pages back to the OS (glibc; elsewhere nothing to do)."""
     global _trim
@@ -543,6 +546,7 @@ class Server:
             return None
 
     def _send_error(self, identity: bytes, code: int, text: str, **extra) -> None:
-        header = {"t": P.ERROR, "code": int(code), "text": text}
+        # a text naming every refused node of a large model must not outgrow the header limit
+        header = {"t": P.ERROR, "code": int(code), "text": text[:MAX_ERROR_TEXT]}
         header.update((k, v) for k, v in extra.items() if v is not None)
         self._send(identity, header)

@@ -352,18 +352,15 @@ OPS_CLONES static void ops_act_exp(float *restrict x, size_t n) {
 
 /* The exponential-linear family in place, in blocks that stay in L1:
  * gamma * (x > 0 ? x : alpha * (e^(x * inv) - 1)). ELU is gamma = inv = 1, SELU gamma = beta,
- * CELU inv = 1 / alpha. The exponent is clamped to x <= 0 first, so the positive lanes cannot
- * overflow and turn into NaN in the select. */
+ * CELU inv = 1 / alpha. x is clamped to <= 0 before the exponent, so the positive lanes cannot
+ * overflow and turn into NaN in the select (and a negative CELU alpha keeps its x < 0 lanes). */
 OPS_CLONES static void ops_act_elu_family(float *restrict x, size_t n, float alpha, float gamma,
                                           float inv) {
     float u[256];
     for (size_t i0 = 0; i0 < n; i0 += 256) {
         size_t m = n - i0 < 256 ? n - i0 : 256;
         float *restrict v = x + i0;
-        for (size_t i = 0; i < m; i++) {
-            float t = v[i] * inv;
-            u[i] = t > 0.0f ? 0.0f : t;
-        }
+        for (size_t i = 0; i < m; i++) u[i] = (v[i] > 0.0f ? 0.0f : v[i]) * inv;
         ops_exp(u, m);
         for (size_t i = 0; i < m; i++) {
             float neg = alpha * (u[i] - 1.0f);
