@@ -9,53 +9,11 @@ together with a server.
 """
 from __future__ import annotations
 
+from ._version import __version__
+from .compiler import compile, load, partition_graph
 from .errors import (CoactoError, GraphFileError, InferenceCancelled, InferenceTimeout,
                      InputError, ModelError, NativeError, ShapeError, UnsupportedOperatorError)
 from .tilegraph import TileGraph
-
-__version__ = "0.1.0"
-
-
-def compile(model, tiles_per_layer: int | None = None, input_shapes: dict | None = None,
-            layer_tiles: dict | None = None, min_column_blocks: int = 0) -> TileGraph:
-    """Import an ONNX model (path, bytes or ModelProto) and cut it into a tile graph.
-
-    ``tiles_per_layer``: tiles per layer (None: a FLOP-based heuristic, see coacto.partition);
-    ``input_shapes``: {input name: shape} for inputs with dynamic dimensions;
-    ``layer_tiles``: {layer index: tiles} for single layers, e.g. a profile `coacto tune` wrote
-    (see coacto.tune.tuned_layer_tiles). It becomes part of the graph's parameters (and id).
-    ``min_column_blocks``: fewest column blocks of image layers, for graphs meant for offloading
-    (coacto.partition.OFFLOAD_MIN_COLUMN_BLOCKS; clients use it); also part of the parameters.
-    """
-    from .onnx_import import import_model
-
-    graph = import_model(model, input_shapes=input_shapes)
-    return partition_graph(graph, tiles_per_layer, input_shapes, layer_tiles, min_column_blocks)
-
-
-def partition_graph(graph, tiles_per_layer: int | None = None, input_shapes: dict | None = None,
-                    layer_tiles: dict | None = None, min_column_blocks: int = 0) -> TileGraph:
-    """The second half of compile: an imported operator graph (coacto.ir.Graph) -> tile graph.
-    Tuning partitions one imported graph many times."""
-    from .partition import partition
-
-    plan = partition(graph, tiles_per_layer, layer_tiles, min_column_blocks)
-    params = {
-        "tiles_per_layer": tiles_per_layer,
-        # plain ints: the parameters are JSON (and part of the graph id), numpy ints are not
-        "input_shapes": {k: [int(d) for d in v] for k, v in sorted((input_shapes or {}).items())},
-    }
-    if min_column_blocks:  # absent otherwise, like layer_tiles
-        params["min_column_blocks"] = int(min_column_blocks)
-    if layer_tiles:  # absent otherwise, so untuned graphs keep their ids
-        params["layer_tiles"] = {str(int(k)): int(v) for k, v in sorted(layer_tiles.items(),
-                                                                        key=lambda kv: int(kv[0]))}
-    return TileGraph.build(graph, plan, params)
-
-
-def load(path) -> TileGraph:
-    """Read a tile graph file written by TileGraph.save / `coacto compile`."""
-    return TileGraph.load(path)
 
 
 def __getattr__(name):

@@ -206,9 +206,7 @@ def _short(e: Exception) -> str:
 def compile_bench_model(bm: BenchModel, threads: int, tiles: int | None, use_tuned: bool):
     """The TileGraph of `bm` for `threads` (a tuned profile's tile counts when one exists for
     this machine and thread count and use_tuned), compiled once per distinct parameter set."""
-    import coacto
-
-    from . import tune
+    from . import compiler, tune
 
     layer_tiles = None
     if use_tuned and tiles is None:
@@ -218,7 +216,7 @@ def compile_bench_model(bm: BenchModel, threads: int, tiles: int | None, use_tun
         if tuple(sorted((int(k), v) for k, v in tg.params.get("layer_tiles", {}).items())) == key:
             break
     else:
-        tg = coacto.compile(bm.onnx_bytes, tiles_per_layer=tiles, layer_tiles=layer_tiles)
+        tg = compiler.compile(bm.onnx_bytes, tiles_per_layer=tiles, layer_tiles=layer_tiles)
     bm.graphs[threads] = tg
     return tg
 

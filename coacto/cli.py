@@ -15,7 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from . import __version__, benchmark
+from . import benchmark, compiler
+from ._version import __version__
 from .cli_common import (EXIT_MISMATCH, UsageError, exit_codes_help, positive,
                          rate_schedule, usage_error, warn)
 from .errors import CoactoError, InputError
@@ -57,11 +58,9 @@ def resolve_model(spec: str, tiles_per_layer=None, input_shapes=None, image_size
     this machine and thread count, when there is one, use_tuned is set, and neither --tiles nor
     --shape overrides the partition. ``min_column_blocks``: see coacto.compile (graphs for
     offloading)."""
-    import coacto
-
     path = Path(spec)
     if path.suffix == ".ctg":
-        return coacto.load(path), None
+        return compiler.load(path), None
     if path.exists() or path.suffix == ".onnx":
         if not path.exists():
             raise CoactoError(f"{spec}: no such file")
@@ -91,7 +90,7 @@ def resolve_model(spec: str, tiles_per_layer=None, input_shapes=None, image_size
                       f"(measured {prof['ratio']:.2f}x the default's latency at {t} threads; "
                       f"--no-tuned ignores it)")
     t0 = time.perf_counter()
-    tg = coacto.compile(data, tiles_per_layer=tiles_per_layer, input_shapes=input_shapes,
+    tg = compiler.compile(data, tiles_per_layer=tiles_per_layer, input_shapes=input_shapes,
                         layer_tiles=layer_tiles, min_column_blocks=min_column_blocks)
     _progress(f"compiled {label}: {tg.n_layers} layers, {tg.n_tiles} tiles "
               f"in {time.perf_counter() - t0:.2f} s")
@@ -464,10 +463,8 @@ def cmd_demo(args) -> int:
     model = zoo.build(name, **({"image_size": args.image_size} if args.image_size else {}))
     onnx_bytes = model.SerializeToString()
     _progress(f"  {len(onnx_bytes) / 1e6:.1f} MB ONNX in {time.perf_counter() - t0:.2f} s")
-    import coacto
-
     t0 = time.perf_counter()
-    tg = coacto.compile(model, tiles_per_layer=args.tiles)
+    tg = compiler.compile(model, tiles_per_layer=args.tiles)
     compile_s = time.perf_counter() - t0
     s = tg.summary()
     print(f"tile graph: {s['layers']} layers, {s['tiles']} tiles, {s['dependencies']} "
@@ -505,9 +502,9 @@ def cmd_demo(args) -> int:
 
 def demo_offload(model, feeds, ref, args) -> int:
     """Every policy against a server on loopback, at a few bandwidth caps of the client's link."""
-    import coacto
-
     from . import benchmark as bm
+    from .mobile.client import Client
+    from .server import Server
 
     policies = ["local", "cloud", "split", "fl", "dynamic"]
     bandwidths = [b.strip() for b in args.bandwidths.split(",") if b.strip()]
@@ -515,11 +512,11 @@ def demo_offload(model, feeds, ref, args) -> int:
           "link capped by its own shaper; device and server share this machine's cores, so this "
           "shows the policies working, not a slow device (see experiments/fig_bandwidth.py)")
     rows, worst = {}, 0.0
-    with coacto.Server("tcp://127.0.0.1:0", threads=args.threads or 1).start() as server:
+    with Server("tcp://127.0.0.1:0", threads=args.threads or 1).start() as server:
         for bw in bandwidths:
             for policy in policies:
                 _progress(f"  {policy} at {bw} ...")
-                with coacto.Client(server.address, model, threads=args.threads or 1, policy=policy,
+                with Client(server.address, model, threads=args.threads or 1, policy=policy,
                                    bandwidth=bw) as client:
                     times = []
                     for _ in range(1 + max(1, args.repeat // 2)):

@@ -6,7 +6,7 @@ import argparse
 import sys
 import textwrap
 
-from . import __version__
+from ._version import __version__
 from .errors import CoactoError
 
 #: Exit codes, the same in every command.

@@ -74,12 +74,12 @@ def _child(runtime: str, model: str, inputs: str, threads: int, runs: int) -> di
         for _ in range(runs):
             sess.run(names, feeds)
     else:
-        import coacto
+        from . import compiler
         from . import onnx_import  # noqa: F401  (the importer's libraries: part of the baseline)
         from .runtime import Runtime
 
         base = _rss_bytes()
-        tg = coacto.load(model) if model.endswith(".ctg") else coacto.compile(model)
+        tg = compiler.load(model) if model.endswith(".ctg") else compiler.compile(model)
         with Runtime(tg, threads=threads) as rt:
             for _ in range(runs):
                 rt.run(feeds)

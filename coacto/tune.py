@@ -300,10 +300,9 @@ def tune(model, threads: int, *, feeds: dict | None = None, budget_s: float = 12
     threads on this machine; see the module's docstring. ``budget_s`` bounds the search (the final
     measurement comes on top); ``rounds`` x ``runs`` runs per configuration and candidate.
     Writes the profile when ``save`` (returned in ``.path``)."""
+    from .compiler import partition_graph
     from .onnx_import import import_model
     from .tilegraph import PARTITIONER_VERSION
-
-    import coacto
 
     say = progress or (lambda msg: None)
     if not isinstance(threads, int) or threads < 1:
@@ -313,7 +312,7 @@ def tune(model, threads: int, *, feeds: dict | None = None, budget_s: float = 12
     if save:
         check_profile_dir()
     graph = import_model(model)
-    default_tg = coacto.partition_graph(graph)
+    default_tg = partition_graph(graph)
     if feeds is None:
         rng = np.random.default_rng(0)
         feeds = {k: rng.standard_normal(v).astype(np.float32) for k, v in default_tg.inputs.items()}

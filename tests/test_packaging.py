@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+import coacto
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -56,6 +58,18 @@ def test_installed_metadata():
         assert expected in classifiers, expected
     # PEP 639: the expression replaces license classifiers; setuptools refuses both together.
     assert not any(c.startswith("License ::") for c in classifiers)
+
+
+def test_version_is_written_once():
+    """pyproject.toml reads the version from coacto/_version.py; the installed metadata, the
+    package and the module agree."""
+    from coacto import _version
+
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert "version" not in pyproject["project"] and "version" in pyproject["project"]["dynamic"]
+    assert pyproject["tool"]["setuptools"]["dynamic"]["version"] == {
+        "attr": "coacto._version.__version__"}
+    assert importlib.metadata.version("coacto") == coacto.__version__ == _version.__version__
 
 
 def test_wheel_tag_matches_the_extension():

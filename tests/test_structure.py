@@ -125,10 +125,6 @@ def test_no_include_cycle_in_native_src():
 KNOWN_DEFERRED_CYCLES = [
     ["coacto.inference", "coacto.runtime"],
     ["coacto.benchmark", "coacto.memory"],
-    # compile / partition_graph / load live in the package root, which exports Client and Server
-    ["coacto", "coacto.mobile.client", "coacto.mobile.engine", "coacto.server",
-     "coacto.server.server", "coacto.server.sessions", "coacto.server.store",
-     "coacto.server.tenants"],
 ]
 
 

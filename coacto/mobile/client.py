@@ -90,7 +90,7 @@ def normalize_address(server: str) -> str:
 def resolve_model(model, tiles_per_layer=None, input_shapes=None, model_bytes=None,
                   min_column_blocks: int = OFFLOAD_MIN_COLUMN_BLOCKS):
     """(TileGraph, ONNX bytes or None) from an ONNX path/bytes/ModelProto, a TileGraph or a .ctg."""
-    from .. import compile as compile_model
+    from ..compiler import compile as compile_model
     from ..onnx_import import load_model
 
     def onnx_bytes(src):

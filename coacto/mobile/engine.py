@@ -34,7 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import zmq
 
-from .. import __version__
+from .._version import __version__
 from .. import protocol as P
 from ..errors import CoactoError, InferenceCancelled
 from ..inference import REPORT_DONE, SEND_ALWAYS, SEND_DECIDE, NativeInference, ReportQueue, now

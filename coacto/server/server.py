@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import zmq
 
-from .. import __version__
+from .._version import __version__
 from .. import protocol as P
 from ..inference import ReportQueue, now
 from ..runtime import NativeRuntime, default_threads

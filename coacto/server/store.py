@@ -420,7 +420,7 @@ class ModelStore:
                 if existing.owners is not None and owner is not None:
                     existing.owners.add(owner)
             return existing
-        from .. import partition_graph
+        from ..compiler import partition_graph
         from ..onnx_import import import_model
 
         try:

@@ -403,7 +403,6 @@ def fit_server(rows: list, loop_runs: list, other_runs: list) -> dict:
 def measure_engine(model: str = "resnet50", inferences: int = 4, caps=CAPS_MBPS,
                    policies=POLICIES, progress=lambda msg: None) -> dict:
     """The engine-cost section of a profile (see the module text)."""
-    import coacto
     from .. import zoo
     from ..mobile.client import Client
 

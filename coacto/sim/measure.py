@@ -98,13 +98,13 @@ def measure_threads(models, threads: int, runs: int, progress) -> dict:
 
 def measure_link(address: str, model: str, inferences: int, progress) -> dict:
     """Goodput and RTT a Client measures against ``address`` over cloud inferences of ``model``."""
-    import coacto
     from .. import zoo
+    from ..mobile.client import Client
 
     progress(f"link to {address}: {inferences} cloud inferences of {model} ...")
     onnx_model = zoo.build(model)
     feeds = zoo.input_feeds(onnx_model)
-    with coacto.Client(address, onnx_model, threads=1, policy="cloud") as client:
+    with Client(address, onnx_model, threads=1, policy="cloud") as client:
         client.connect()
         for _ in range(inferences):
             client.infer(feeds)
@@ -171,8 +171,7 @@ def _engine(model: str, inferences: int, progress) -> dict:
 
 
 def _measure(name, threads, models, runs, server, link_inferences, progress) -> dict:
-    import coacto
-    from .. import zoo
+    from .. import compiler, zoo
     from ..partition import OFFLOAD_MIN_COLUMN_BLOCKS
     from ..runtime import default_threads, gemm_kernel_name
 
@@ -188,7 +187,7 @@ def _measure(name, threads, models, runs, server, link_inferences, progress) -> 
     for m in models:
         progress(f"compiling {m} ...")
         onnx_model = zoo.build(m)
-        tg = coacto.compile(onnx_model, min_column_blocks=OFFLOAD_MIN_COLUMN_BLOCKS)
+        tg = compiler.compile(onnx_model, min_column_blocks=OFFLOAD_MIN_COLUMN_BLOCKS)
         graphs.append((m, tg, zoo.input_feeds(onnx_model)))
     gflops, notes, rows, overhead_us = {}, [], [], None
     layer_tables: dict = {}

@@ -38,8 +38,7 @@ def key(quota: float, period_ms: float) -> str:
 
 def _child(models: list[str], runs: int, cpu: int | None) -> int:
     """Compiles, says ready, waits for go (it is in the group by then), runs, prints JSON."""
-    import coacto
-    from .. import zoo
+    from .. import compiler, zoo
     from ..partition import OFFLOAD_MIN_COLUMN_BLOCKS
     from ..runtime import Runtime
 
@@ -48,7 +47,7 @@ def _child(models: list[str], runs: int, cpu: int | None) -> int:
     cases = []
     for m in models:
         onnx_model = zoo.build(m)
-        tg = coacto.compile(onnx_model, min_column_blocks=OFFLOAD_MIN_COLUMN_BLOCKS)
+        tg = compiler.compile(onnx_model, min_column_blocks=OFFLOAD_MIN_COLUMN_BLOCKS)
         rt = Runtime(tg, threads=1)
         feeds = zoo.input_feeds(onnx_model)
         rt.run(feeds)  # packs the weights

@@ -173,7 +173,7 @@ def resolve_graph(model_or_tg, tiles_per_layer: int | None = None,
                   min_column_blocks: int | None = None) -> TileGraph:
     """A TileGraph from a TileGraph, a zoo model name, an .onnx / .ctg path, ONNX bytes or a
     ModelProto, compiled as the client compiles it for offloading (OFFLOAD_MIN_COLUMN_BLOCKS)."""
-    import coacto
+    from .. import compiler
     from ..partition import OFFLOAD_MIN_COLUMN_BLOCKS
 
     if isinstance(model_or_tg, TileGraph):
@@ -181,14 +181,14 @@ def resolve_graph(model_or_tg, tiles_per_layer: int | None = None,
     mcb = OFFLOAD_MIN_COLUMN_BLOCKS if min_column_blocks is None else min_column_blocks
     if isinstance(model_or_tg, str):
         if model_or_tg.endswith(".ctg"):
-            return coacto.load(model_or_tg)
+            return compiler.load(model_or_tg)
         from .. import zoo
         if model_or_tg in zoo.MODELS:
             model_or_tg = zoo.build(model_or_tg)
         elif not model_or_tg.endswith(".onnx"):
             raise SimError(f"{model_or_tg!r} is not a zoo model ({', '.join(zoo.MODELS)}) nor an "
                            f".onnx / .ctg file")
-    return coacto.compile(model_or_tg, tiles_per_layer=tiles_per_layer, min_column_blocks=mcb)
+    return compiler.compile(model_or_tg, tiles_per_layer=tiles_per_layer, min_column_blocks=mcb)
 
 
 def _traces(devices: int, bandwidth_mbps, trace, seed: int) -> list[BandwidthTrace]:
