@@ -448,7 +448,8 @@ def cmd_tune(args) -> int:
 def cmd_demo(args) -> int:
     from . import zoo
     from .mobile.shaper import describe_schedule
-    from .runtime import Runtime, gemm_kernel_name
+    from .native import gemm_kernel_name
+    from .runtime import Runtime
 
     positive(args.repeat, "--repeat")
     positive(args.threads, "--threads")

@@ -15,7 +15,7 @@ import numpy as np
 from . import ir
 from . import protocol as P
 from .errors import CoactoError, InputError
-from .runtime import NativeRuntime, check, ffi, lib, native_graph, read_tile_trace
+from .native import NativeRuntime, check, ffi, lib, native_graph, read_tile_trace
 from .tilegraph import TileGraph
 
 SEND_NEVER = lib.COACTO_SEND_NEVER

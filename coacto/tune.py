@@ -70,7 +70,8 @@ def cpu_model() -> str:
 
 def machine_info() -> dict:
     """What makes tuned tile counts valid on a machine: processor, CPU count, GEMM kernel."""
-    from .runtime import default_threads, gemm_kernel_name
+    from .native import gemm_kernel_name
+    from .runtime import default_threads
 
     return {"cpu": cpu_model(), "machine": platform.machine(), "cpus": default_threads(),
             "gemm_kernel": gemm_kernel_name()}
@@ -412,7 +413,7 @@ def _span(counts: list[int]) -> str:
 def _order_groups(groups, tg, bench: _Bench):
     """Groups by measured time, most expensive first (one profiled run of the default graph);
     groups with no measurable time are dropped: their tiles cannot matter."""
-    from .runtime import ffi, lib, native_graph
+    from .native import ffi, lib, native_graph
 
     rt = bench.runtime(tg)
     ng = native_graph(tg)

@@ -34,11 +34,11 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import zmq
 
-from .._version import __version__
 from .. import protocol as P
+from .._version import __version__
 from ..errors import CoactoError, InferenceCancelled
 from ..inference import REPORT_DONE, SEND_ALWAYS, SEND_DECIDE, NativeInference, ReportQueue, now
-from ..runtime import lib
+from ..native import lib
 from . import estimates, policies
 from .jobs import COALESCE_S, Job, job_stats
 from .link import Link

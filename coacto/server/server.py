@@ -21,10 +21,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import zmq
 
-from .._version import __version__
 from .. import protocol as P
+from .._version import __version__
 from ..inference import ReportQueue, now
-from ..runtime import NativeRuntime, default_threads
+from ..native import NativeRuntime
+from ..runtime import default_threads
 from .limits import STORE_SHARE, Limits
 from .security import Security, ServerError  # noqa: F401 (ServerError: re-exported)
 from .sessions import FlopEstimate, Session, calibrate_flops

@@ -233,7 +233,8 @@ def calibrate_flops(threads: int, repeats: int = 5, min_seconds: float = 0.25) -
     on the core (another runtime's threads spinning down) must not halve the estimate."""
     import time
 
-    from ..runtime import default_threads, lib
+    from ..native import lib
+    from ..runtime import default_threads
 
     m, n, k = CALIBRATION_GEMM
     start, best = time.perf_counter(), 0.0

@@ -346,7 +346,7 @@ class ModelStore:
                   owners: set | None = None) -> GraphEntry:
         """Caches a tile graph, its weights packed for the native runtime (done here, off the I/O
         thread, so the first BEGIN does not pay for it)."""
-        from ..runtime import native_graph
+        from ..native import native_graph
 
         native_graph(tg)
         entry = GraphEntry(tg, pinned, owners)

@@ -15,7 +15,7 @@ import numpy as np
 from .. import protocol as P
 from ..errors import CoactoError
 from ..inference import REPORT_DONE, REPORT_TILE, NativeInference, now
-from ..runtime import NativeRuntime
+from ..native import NativeRuntime
 from .limits import Limits
 from .sessions import FlopEstimate, LoadAverage, ServedInference, Session, TraceLog, alpha
 from .store import ModelStore, is_hash

@@ -112,7 +112,7 @@ def _serve(models: str, threads: int, cpu: int | None) -> int:
     import zmq
 
     from .. import protocol as P
-    from ..runtime import NativeRuntime
+    from ..native import NativeRuntime
     from ..server.server import Server
 
     if cpu is not None:

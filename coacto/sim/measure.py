@@ -173,7 +173,8 @@ def _engine(model: str, inferences: int, progress) -> dict:
 def _measure(name, threads, models, runs, server, link_inferences, progress) -> dict:
     from .. import compiler, zoo
     from ..partition import OFFLOAD_MIN_COLUMN_BLOCKS
-    from ..runtime import default_threads, gemm_kernel_name
+    from ..native import gemm_kernel_name
+    from ..runtime import default_threads
 
     counts = sorted(set(threads or range(1, default_threads() + 1)))
     if not counts or counts[0] < 1:

@@ -7,7 +7,7 @@ clock. Nothing here re-states the rule.
 """
 from __future__ import annotations
 
-from ..runtime import ffi, lib
+from ..native import ffi, lib
 
 
 class OffloadParams:

@@ -1,0 +1,221 @@
+"""The Python side of the C boundary (native/include/coacto.h): cffi's ``ffi`` and ``lib``, native
+status codes as coacto exceptions (``check``), layer descriptions, and the coacto_graph and
+coacto_runtime handles (NativeGraph, NativeRuntime).
+
+NativeInference (coacto.inference) and Runtime (coacto.runtime) are built on this module, and
+Runtime on NativeInference: the imports run one way, runtime -> inference -> native.
+"""
+from __future__ import annotations
+
+import weakref
+
+import numpy as np
+
+from . import ir
+from .errors import CoactoError, InferenceCancelled, InferenceTimeout, NativeError
+from .tilegraph import TileGraph
+
+try:
+    from ._native import ffi, lib
+except ImportError as e:  # pragma: no cover - only without a build
+    raise CoactoError(
+        "coacto's native runtime is not built; install the package with "
+        "`pip install -e .` (it compiles native/ through cffi)") from e
+
+_STATUS_NAMES = {
+    lib.COACTO_ERR_INVALID_ARGUMENT: "invalid argument",
+    lib.COACTO_ERR_OUT_OF_MEMORY: "out of memory",
+    lib.COACTO_ERR_INVALID_GRAPH: "invalid tile graph",
+    lib.COACTO_ERR_TIMEOUT: "timeout",
+    lib.COACTO_ERR_CANCELLED: "cancelled",
+    lib.COACTO_ERR_DUPLICATE: "duplicate",
+    lib.COACTO_ERR_THREAD: "thread",
+    lib.COACTO_ERR_STATE: "state",
+}
+
+
+def check(status: int, what: str, detail: str = "") -> None:
+    """The one place a native status becomes a typed coacto exception."""
+    if status == lib.COACTO_OK:
+        return
+    text = ffi.string(lib.coacto_status_string(status)).decode()
+    msg = f"{what}: {text}" + (f" ({detail})" if detail else "")
+    if status == lib.COACTO_ERR_TIMEOUT:
+        raise InferenceTimeout(msg + "; raise the timeout or use more threads", status)
+    if status == lib.COACTO_ERR_CANCELLED:
+        raise InferenceCancelled(msg + " by Runtime.cancel(); the Runtime is ready for the next "
+                                 "run", status)
+    if status == lib.COACTO_ERR_OUT_OF_MEMORY:
+        raise NativeError(msg + "; free memory or use a smaller model / batch", status)
+    raise NativeError(msg, status)
+
+
+def gemm_kernel_name() -> str:
+    return ffi.string(lib.coacto_gemm_kernel_name()).decode()
+
+
+# ---------------------------------------------------------------------------- descriptions
+
+def _iparams(layer: ir.Layer) -> tuple[list[int], list[float]]:
+    a = layer.attrs
+    op = layer.op
+    if op == "CONV":
+        ip = [a["kh"], a["kw"], a["sh"], a["sw"], a["pt"], a["pl"], a["pb"], a["pr"],
+              a.get("dh", 1), a.get("dw", 1), a["group"], a.get("act", 0)]
+        return ip, [a.get("alpha", 0.0), a.get("beta", 0.0)]
+    if op == "POOL":
+        ip = [a["kh"], a["kw"], a["sh"], a["sw"], a["pt"], a["pl"], a["pb"], a["pr"],
+              a.get("dh", 1), a.get("dw", 1), a["kind"], a.get("count_include_pad", 0)]
+        return ip, []
+    if op == "GLOBAL_POOL":
+        return [a["kind"]], []
+    if op == "BINARY":
+        kdims = [1, 1, 1, 1]
+        if "k" in layer.weights:
+            kdims = list(ir.nchw_shape(layer.weights["k"].shape)) if layer.weights["k"].ndim != 4 \
+                else list(layer.weights["k"].shape)
+        return [a["kind"], a.get("act", 0), a.get("const_first", 0), 0] + kdims, \
+            [a.get("alpha", 0.0), a.get("beta", 0.0)]
+    if op == "AFFINE":
+        return [a.get("act", 0)], [a.get("alpha", 0.0), a.get("beta", 0.0)]
+    if op == "GATHER":
+        return [], [a.get("fill", 0.0)]
+    if op == "LRN":
+        return [a["size"]], [a["alpha"], a["beta"], a["bias"]]
+    if op == "SOFTMAX":
+        return [a.get("log", 0)], []
+    if op == "MATMUL":
+        keys = ("batch0", "batch1", "m", "n", "k", "a_off", "a_s0", "a_s1", "a_si", "b_off",
+                "b_s0", "b_s1", "b_sk", "b_sj", "out_mode", "causal", "offset", "has_mask",
+                "m_off", "m_s0", "m_s1", "m_si", "m_sj")
+        return [a.get(k, 0) for k in keys], [a.get("scale", 1.0), a.get("fill", 0.0)]
+    if op == "LAYERNORM":
+        return [], [a["eps"]]
+    if op == "ROW_REDUCE":
+        return [a["kind"]], []
+    if op == "WHERE":
+        ip = [a["operands"], 0, 0, 0]
+        for key in ("cond", "x", "y"):
+            k = layer.weights.get(key)
+            ip += [1, 1, 1, 1] if k is None else list(np.asarray(k).shape)
+        return ip, []
+    if op == "EMBED":
+        return [layer.weights["table"].shape[0]], []
+    return [], []
+
+
+class NativeGraph:
+    """A coacto_graph handle (weights packed once), shared by every Runtime of a TileGraph."""
+
+    def __init__(self, tg: TileGraph):
+        g, plan = tg.graph, tg.plan
+        n = len(g.layers)
+        descs = ffi.new("coacto_layer_desc[]", n)
+        outputs = set(g.outputs.values())
+        for li, (layer, specs) in enumerate(zip(g.layers, tg.arrays)):
+            d = descs[li]
+            d.op = ir.OP_CODES[layer.op]
+            d.n_inputs = len(layer.inputs)
+            for i, p in enumerate(layer.inputs):
+                d.inputs[i] = p
+            d.n, d.c, d.h, d.w = (int(v) for v in layer.shape)
+            ip, fp = _iparams(layer)
+            for i, v in enumerate(ip):
+                d.iparams[i] = int(v)
+            for i, v in enumerate(fp):
+                d.fparams[i] = float(v)
+            for i, s in enumerate(specs):
+                d.array_offset[i] = s.offset
+                d.array_size[i] = s.size
+            d.flags = lib.COACTO_LAYER_KEEP if li in outputs else 0
+        keep = [np.ascontiguousarray(plan.tile_layer, np.int32),
+                np.ascontiguousarray(plan.tile_bounds, np.int32).reshape(-1),
+                np.ascontiguousarray(plan.parent_offsets, np.int32),
+                np.ascontiguousarray(plan.parents, np.int32)]
+        desc = ffi.new("coacto_graph_desc *")
+        desc.n_layers = n
+        desc.layers = descs
+        desc.n_tiles = plan.n_tiles
+        desc.tile_layer = ffi.from_buffer("int32_t[]", keep[0])
+        desc.tile_bounds = ffi.from_buffer("int32_t[]", keep[1])
+        desc.parent_offsets = ffi.from_buffer("int32_t[]", keep[2])
+        desc.parents = ffi.from_buffer("int32_t[]", keep[3]) if keep[3].size else ffi.NULL
+        blob = tg.blob if tg.blob else b"\0"
+        desc.blob = ffi.from_buffer("uint8_t[]", blob)
+        desc.blob_size = len(tg.blob)
+        desc.blob_reclaimable = 1 if tg.blob_is_mapped else 0
+        out = ffi.new("coacto_graph **")
+        err = ffi.new("char[512]")
+        status = lib.coacto_graph_create(desc, out, err, 512)
+        check(status, "loading the tile graph into the native runtime", ffi.string(err).decode())
+        self.handle = out[0]
+        # The runtime packed its own copy of the weights: a file-mapped blob's pages can go.
+        tg.release_blob_pages()
+        self.layer_floats = [int(np.prod(layer.shape)) for layer in g.layers]
+        self._work_set = False
+        self._finalizer = weakref.finalize(self, lib.coacto_graph_destroy, self.handle)
+
+    def set_profiling(self, enable: bool) -> None:
+        """Per-layer timing on the computing threads (two clock reads per tile); enabling
+        resets the totals."""
+        check(lib.coacto_graph_set_profiling(self.handle, 1 if enable else 0), "setting profiling")
+
+    def release_buffers(self) -> int:
+        """Frees the activation buffers kept for reuse by later inferences; the bytes freed."""
+        return int(lib.coacto_graph_release_buffers(self.handle))
+
+    def layer_seconds(self) -> np.ndarray:
+        """Seconds the computing threads spent in each layer's tiles since profiling was enabled."""
+        n = len(self.layer_floats)
+        out = np.zeros(n, dtype=np.float64)
+        check(lib.coacto_graph_layer_seconds(self.handle, ffi.from_buffer("double[]", out), n),
+              "reading the layer profile")
+        return out
+
+    def tile_trace(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(start, end, worker) of every tile in the last profiled inference; worker -1 for tiles
+        not computed here. Times are seconds of a monotonic clock."""
+        n = int(lib.coacto_graph_tile_count(self.handle))
+        return read_tile_trace(lib.coacto_graph_tile_trace, self.handle, n, "reading the tile trace")
+
+    def ensure_work(self, work: np.ndarray) -> None:
+        """Gives the runtime each tile's work (FLOPs from the inputs) for send decisions, once."""
+        if not self._work_set:
+            w = np.ascontiguousarray(work, dtype=np.float64)
+            check(lib.coacto_graph_set_work(self.handle, ffi.from_buffer("double[]", w), w.size),
+                  "setting tile costs")
+            self._work_set = True
+
+
+def native_graph(tg: TileGraph) -> NativeGraph:
+    if tg._native is None:
+        tg._native = NativeGraph(tg)
+    return tg._native
+
+
+class NativeRuntime:
+    """The computing threads and ready pool (coacto_runtime)."""
+
+    def __init__(self, threads: int):
+        out = ffi.new("coacto_runtime **")
+        check(lib.coacto_runtime_create(int(threads), out), f"starting {threads} computing threads")
+        self.handle = out[0]
+        self.threads = int(threads)
+        self._finalizer = weakref.finalize(self, lib.coacto_runtime_destroy, self.handle)
+
+    def set_worker_nice(self, nice: int) -> None:
+        """Lowers (or raises) the computing threads' scheduling priority (nice -20..19)."""
+        check(lib.coacto_runtime_set_worker_nice(self.handle, int(nice)),
+              f"setting the computing threads' priority to nice {nice}")
+
+    def close(self) -> None:
+        self._finalizer()
+
+
+def read_tile_trace(fn, handle, n: int, what: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(start, end, worker) arrays of n tiles from a native trace call (graph or inference)."""
+    t0, t1 = np.zeros(n), np.zeros(n)
+    worker = np.full(n, -1, dtype=np.int32)
+    check(fn(handle, ffi.from_buffer("double[]", t0), ffi.from_buffer("double[]", t1),
+             ffi.from_buffer("int32_t[]", worker), n), what)
+    return t0, t1, worker
