@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import CoactoError, UnsupportedOperatorError
+from .peer import onnxruntime_session
 
 log = logging.getLogger(__name__)
 
@@ -30,28 +31,6 @@ def max_error(got: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
     if got.shape != ref.shape:
         return float("inf"), float(np.abs(ref).max(initial=0.0))
     return float(np.abs(got - ref).max(initial=0.0)), float(np.abs(ref).max(initial=0.0))
-
-
-def onnxruntime_session(onnx_model, threads: int, profile_prefix: str | None = None):
-    """An onnxruntime CPU session (model: bytes or a path) with `threads` intra-op threads, all
-    graph optimizations, sequential execution: the peer every comparison uses. With
-    `profile_prefix`, onnxruntime's own per-node profiler is on, writing its JSON file there
-    (`end_profiling()` returns the path)."""
-    try:
-        import onnxruntime as ort
-    except ImportError:
-        raise CoactoError("onnxruntime is not installed: pip install -e '.[test]' "
-                          "(or pip install onnxruntime) to compare against it") from None
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    so.log_severity_level = 3
-    if profile_prefix is not None:
-        so.enable_profiling = True
-        so.profile_file_prefix = profile_prefix
-    return ort.InferenceSession(onnx_model, so, providers=["CPUExecutionProvider"])
 
 
 def onnxruntime_run(onnx_bytes: bytes, feeds, threads: int, repeat: int):

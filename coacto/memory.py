@@ -64,7 +64,7 @@ def _child(runtime: str, model: str, inputs: str, threads: int, runs: int) -> di
     with np.load(inputs) as z:
         feeds = {k: z[k] for k in z.files}
     if runtime == "onnxruntime":
-        from .benchmark import onnxruntime_session
+        from .peer import onnxruntime_session
 
         import onnxruntime  # noqa: F401  (imported before the baseline is taken)
 
