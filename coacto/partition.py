@@ -23,11 +23,12 @@ from . import ir
 from .errors import CoactoError, ModelError, ShapeError
 from .partition_seq import embed_parent_pairs, matmul_parent_pairs
 
-#: Default work per tile when tiles_per_layer is not given (FLOPs). Tiles are costly beyond their
-#: scheduling: every column tile streams the layer's weights again, every row tile re-reads (or
-#: re-im2cols) its input, and on a device the weights come from memory, not cache. Measured on a
-#: 2-core AVX-512 machine, a CNN layer of 0.1 to 0.2 GFLOP runs fastest in 2 to 4 tiles (cross-
-#: layer overlap keeps the threads busy); only the multi-GFLOP layers of VGG get more.
+# The measurements behind these values are in docs/PERFORMANCE.md, "History of the partitioner's
+# constants".
+
+#: Default work per tile when tiles_per_layer is not given (FLOPs): every column tile streams the
+#: layer's weights again and every row tile re-reads (or re-im2cols) its input, so tiles cost
+#: more than their scheduling and a cheap layer gains nothing from many.
 DEFAULT_TILE_FLOPS = 100e6
 #: Most tiles a layer gets from the default heuristic.
 DEFAULT_MAX_TILES = 16
@@ -38,37 +39,24 @@ DEFAULT_MAX_TILES = 16
 DEFAULT_MIN_TILES = 4
 #: Fewest column blocks of an image layer (CNN layout) in a graph meant for offloading
 #: (``min_column_blocks``, which clients use), where the columns allow (MIN_TILE_COLUMNS each),
-#: however cheap the layer is. A server receives the input row by row; a coarse cheap layer (a
-#: max pooling in 4 tiles) makes every later tile wait for a large part of the image. For
-#: ResNet-50 the share of the FLOPs that waits for the last input tile falls from 93% to 60%
-#: (68% with 16 blocks; stages 3 and 4 alone are 55%), at a cost of a few percent in local speed
-#: (more column blocks re-read the weights more often), which is why local graphs do without.
+#: however cheap the layer is: a server receives the input row by row, and a coarse cheap layer
+#: makes every later tile wait for a large part of the image. Local graphs do without: more
+#: column blocks re-read the weights more often.
 OFFLOAD_MIN_COLUMN_BLOCKS = 32
 #: Fewest columns a column block gets from the default heuristic (GEMM efficiency).
 MIN_TILE_COLUMNS = 48
-#: Fewest columns per column block of a layer whose weights are small (SMALL_WEIGHT_BYTES or
-#: less, or none), by the default heuristic: a layer on a 7x7 map (49 columns) then gets two
-#: column blocks instead of one, and any layer whose tile count asks for more column blocks than
-#: MIN_TILE_COLUMNS allows gets up to twice as many (SqueezeNet's 13x13 layers: 4 instead of 3;
-#: a 14x14 layer of 4 tiles keeps 4).
-#: Column blocks of a chain of 1x1 convolutions depend only on the same columns of the layer
-#: before, so two threads run the two halves side by side through the chain; row blocks of
-#: a 1x1 convolution all wait for every row block of the layer before. MobileNetV2's 7x7 stage
-#: (weights of 0.6 to 1.6 MB, read once per column block) ran 4% faster at 2 threads, and no
-#: slower at 1; ResNet-50's (4 to 9 MB per layer) ran 4% slower, re-reading its weights.
-#: A transformer's whole-row ops (WHOLE_ROWS in the "last" layout: LayerNorm, Softmax) run no
-#: GEMM and get this minimum too: GPT-2's LayerNorms over 64 tokens ran as one tile, which the
-#: other thread waited for at every one of them (two tiles: GPT-2 0.974x at 2 threads, 0.996x at
-#: 1; BERT-base's 128 tokens in four tiles instead of two, 0.991x; 16-token tiles no better).
+#: Fewest columns per column block, by the default heuristic, of a layer whose weights are small
+#: (SMALL_WEIGHT_BYTES or less, or none) and of a sequence's whole-row ops (WHOLE_ROWS in the
+#: "last" layout): small maps and short sequences then get two column blocks that two threads
+#: run side by side (a column block of a 1x1 convolution depends only on the same columns of the
+#: layer before; a row block waits for every row block of it), and re-reading small weights
+#: costs little.
 MIN_TILE_COLUMNS_SMALL_WEIGHTS = 24
 SMALL_WEIGHT_BYTES = 2 << 20
 #: Fewest columns per column block of a convolution that reads its input in place (see
-#: _reads_in_place) and has more than LARGE_WEIGHT_BYTES of weights, by the default heuristic.
-#: Every column block streams the weights from memory again, while a row block only copies the
-#: padded input rows it reads (no im2col to redo), so such layers split rows instead: VGG-16's
-#: 28 x 28 x 512 layers as 4 x 4 tiles instead of 16 x 1, its 14 x 14 x 512 ones as 1 x 4 instead
-#: of 4 x 3 (0.99x the model at 2 threads). ResNet-50's 14 x 14 x 256 layers (2.4 MB) measured
-#: 1.006x this way, hence the threshold.
+#: _reads_in_place) and has more than LARGE_WEIGHT_BYTES of weights, by the default heuristic:
+#: every column block streams the weights from memory again, while a row block only copies the
+#: padded input rows it reads (no im2col to redo), so such layers split rows instead.
 MIN_TILE_COLUMNS_LARGE_WEIGHTS = 196
 LARGE_WEIGHT_BYTES = 4 << 20
 #: Shortest output row the native convolution reads in place (the AVX-512 micro-kernel's row block;
@@ -84,19 +72,15 @@ DEFAULT_INPUT_TILES = 16
 #: im2col of its columns, which costs about as much as the GEMM of 20 channels, so narrow row
 #: blocks would waste most of their time. (A 1x1 convolution re-reads its input from cache, a
 #: depthwise one reads only its own channels: their row blocks cost nothing extra. Convolutions
-#: the runtime reads in place, see _reads_in_place, redo only a copy of their padded input rows,
-#: yet narrower blocks did not pay there either: ResNet-50's 14 x 14 x 256 layers as 1 x 4 tiles
-#: of 64 channels measured 1.006-1.011x the model at 2 threads.)
+#: read in place redo only a copy of their padded input rows, yet narrower blocks do not pay
+#: there either.)
 DEFAULT_MIN_CONV_ROWS = 128
 #: Token blocks of a transformer's linear layer (see _streams_weights) with the default tile
 #: count or a given one of at least two (coacto tune's), when each block keeps at least
-#: MIN_TOKENS_PER_BLOCK tokens and the weights are at most
-#: TOKEN_SPLIT_MAX_WEIGHT_BYTES (each token block streams them again). BERT-base's 2-thread run
-#: then spends the CPU time of its 1-thread run (1.002x, was 1.071x, the excess in tiles reading
-#: what the other core wrote), and the layers after one start on half of the tokens while the
-#: other half is computed: BERT-base (128 tokens) 0.94x and ViT-B/16 (197) 0.955x at 2 threads,
-#: 1.015x at 1 (the weights read twice). Three blocks measured 0.963x on ViT; 32-token blocks
-#: (GPT-2 at 64 tokens) 1.23x at 1 and 2 threads, each weight panel read by too few rows.
+#: MIN_TOKENS_PER_BLOCK tokens and the weights are at most TOKEN_SPLIT_MAX_WEIGHT_BYTES (each
+#: token block streams them again): a 2-thread run then stops reading what the other core wrote,
+#: and the layers after one start on half of the tokens while the other half is computed; with
+#: fewer tokens per block each weight panel is read by too few rows.
 TOKEN_BLOCKS = 2
 MIN_TOKENS_PER_BLOCK = 64
 TOKEN_SPLIT_MAX_WEIGHT_BYTES = 32 << 20
@@ -180,8 +164,7 @@ def _balanced_parts(units: int, target: int, blocks: int = 1) -> int:
 
     A transformer's linear layer split by output features only (one token block) makes the next
     layer wait for all its tiles: an odd or uneven set leaves threads idle while the last tiles
-    run (ViT's 3072-wide layers were 9 tiles of 10 or 11 panels; in 8 tiles of 12, ViT ran 3%
-    faster at 2 threads)."""
+    run."""
     if target <= 1:
         return target
 
@@ -515,8 +498,7 @@ def _partition(graph: ir.Graph, tiles_per_layer, layer_tiles, min_column_blocks)
         if tiles is None and layer.op == "POOL":
             # At least as many column blocks as the layer it reads: a pooling tile then reads
             # about one producer tile's output, which the thread that just computed it still has
-            # in cache and runs next (depth-first). VGG-16's poolings had 4 tiles after 16-tile
-            # convolutions and read their input from memory: 0.993x the model at 2 threads.
+            # in cache and runs next (depth-first), instead of reading it from memory.
             blocks = min(len(plan_cols[layer.inputs[0]]) - 1, layer.columns)
             if blocks > len(cb) - 1:
                 cb = _even_bounds(layer.columns, blocks)

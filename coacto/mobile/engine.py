@@ -67,9 +67,8 @@ STALL_S = 0.005
 #: point could (policies.split_costs with the current estimates): then not even the inputs are
 #: worth their link time and CPU. Every EXPLORE_EVERY-th such inference offloads anyway, so the
 #: prediction errors stay fresh (the link's goodput is probed, the server's load comes with
-#: every heartbeat). One in twenty stays out of a device's p95: at one in eight, four devices
-#: sharing a one-core server each explored into the busy server, and those runs were their
-#: p95, 1.06-1.19x their local one.
+#: every heartbeat). Rare enough that these runs stay out of a device's p95 (docs/SCHEDULER.md,
+#: Exploration).
 EXPLORE_EVERY = 20
 #: One offloaded dynamic inference in this many may run a kind of plan not yet run (_unseen).
 KIND_EXPLORE_EVERY = 8
