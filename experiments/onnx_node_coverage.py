@@ -52,6 +52,29 @@ COMMON_OPS = frozenset({
     "Gather", "Expand", "Pad", "Resize", "Where", "Dropout", "Identity",
 })
 
+#: Operator families for the summary lines (operators outside them count in the total only).
+FAMILIES = {
+    "convolution and pooling": "Conv ConvTranspose MaxPool AveragePool GlobalAveragePool "
+                               "GlobalMaxPool LpPool MaxUnpool DeformConv Col2Im",
+    "normalisation": "BatchNormalization InstanceNormalization LayerNormalization "
+                     "GroupNormalization RMSNormalization LRN LpNormalization "
+                     "MeanVarianceNormalization",
+    "activations": "Relu LeakyRelu PRelu Elu Selu Celu Sigmoid HardSigmoid HardSwish Tanh Softplus "
+                   "Softsign Gelu Erf Clip Softmax LogSoftmax Hardmax ThresholdedRelu Mish Swish "
+                   "Shrink SwiGLU",
+    "element-wise arithmetic": "Add Sub Mul Div Pow Sqrt Exp Log Neg Abs Reciprocal Ceil Floor "
+                               "Round Sign Max Min Mean Sum Mod Sin Cos Tan Asin Acos Atan Sinh "
+                               "Cosh Asinh Acosh Atanh",
+    "matrix products": "MatMul Gemm Einsum MatMulInteger",
+    "reductions": "ReduceMean ReduceSum ReduceMax ReduceMin ReduceProd ReduceL1 ReduceL2 "
+                  "ReduceLogSum ReduceLogSumExp ReduceSumSquare ArgMax ArgMin CumSum CumProd TopK",
+    "shapes and indexing": "Reshape Transpose Concat Split Slice Squeeze Unsqueeze Flatten Gather "
+                           "GatherElements GatherND Expand Pad Tile Resize Upsample DepthToSpace "
+                           "SpaceToDepth Where Identity Dropout Shape Size Trilu CenterCropPad "
+                           "ScatterElements ScatterND Scatter",
+    "attention": "Attention RotaryEmbedding FlexAttention LinearAttention CausalConvWithState",
+}
+
 
 def load_cases():
     from onnx.backend.test.loader import load_model_tests
@@ -164,6 +187,8 @@ def main(argv=None) -> int:
 
     summary = {"onnx": _onnx_version(), "seconds": round(seconds, 1),
                "total": total(per_op), "common": total([o for o in per_op if o in COMMON_OPS]),
+               "families": {f: total([o for o in ops.split() if o in per_op])
+                            for f, ops in FAMILIES.items()},
                "per_op": {o: per_op[o] for o in sorted(per_op)},
                "failure_groups": dict(collections.Counter(
                    r["group"] for r in results if r["group"]).most_common())}
@@ -187,6 +212,9 @@ def main(argv=None) -> int:
     print("\nfailing tests by cause:")
     for group, count in summary["failure_groups"].items():
         print(f"  {count:>5}  {group}")
+    print("\nby family:")
+    for family, (fp, fn) in summary["families"].items():
+        print(f"  {family:<26} {fp:>5} / {fn}")
     print(f"\nall node tests: {p} / {n} pass; the common CNN/transformer operators (*): {cp} / {cn}"
           f" (onnx {summary['onnx']}, {seconds:.0f} s)")
     return 0
