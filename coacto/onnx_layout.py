@@ -441,7 +441,10 @@ def _space_to_depth(imp, ins):
     x = ins[0]
     bs = imp._attr("blocksize")
     b, c, h, w = x.shape
-    y = x.reshape(b, c, h // bs, bs, w // bs, bs).transpose(0, 3, 5, 1, 2, 4)
+    y = x.reshape(b, c, h // bs, bs, w // bs, bs)
+    # DCR (the only order before opset 28): the block offset outermost; CRD: the channel
+    y = y.transpose(0, 1, 3, 5, 2, 4) if imp._attr("mode", "DCR") == "CRD" else \
+        y.transpose(0, 3, 5, 1, 2, 4)
     return [y.reshape(b, c * bs * bs, h // bs, w // bs)]
 
 

@@ -294,8 +294,10 @@ EXPECTED_FAILURES = {
     "sequence, map or optional values": """
         test_identity_sequence test_identity_opt
     """.split(),
+    # softplus loses precision for small negative outputs (35 of 10,000 elements off by more
+    # than 1e-3 relative)
     "wrong values": """
-        test_mish_expanded test_spacetodepth_crd_mode_example
+        test_mish_expanded
     """.split(),
     "empty tensor": """
         test_slice_start_out_of_bounds

@@ -288,3 +288,19 @@ def test_conv_transpose_with_groups_is_refused():
     model = make(nodes, {"x": [1, 4, 5, 5]}, ["y"], {"w": rand(4, 2, 3, 3)})
     with pytest.raises(coacto.CoactoError, match="ConvTranspose with groups"):
         import_model(model)
+
+
+@pytest.mark.parametrize("mode", ["DCR", "CRD"])
+def test_space_to_depth_modes_against_onnx_reference(mode):
+    """SpaceToDepth's mode (opset 28; DCR before): the block offset or the channel outermost."""
+    from onnx.reference import ReferenceEvaluator
+
+    node = helper.make_node("SpaceToDepth", ["x"], ["y"], blocksize=2, mode=mode)
+    g = helper.make_graph([node, helper.make_node("Relu", ["y"], ["z"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 4, 6])],
+                          [helper.make_tensor_value_info("z", TensorProto.FLOAT, None)])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 28)])
+    x = np.random.default_rng(0).standard_normal((1, 3, 4, 6)).astype(np.float32)
+    ref = ReferenceEvaluator(m).run(None, {"x": x})[0]
+    got = coacto.Runtime(coacto.compile(m.SerializeToString()), threads=1).run({"x": x})["z"]
+    np.testing.assert_array_equal(got, ref)
