@@ -246,8 +246,23 @@ def _cast(imp, ins):
     """Computed data is float32 in coacto; integer and boolean inputs (ids, masks) travel as their
     float32 values. A cast to a float type keeps them; a cast of integer-valued data to an integer
     type is the identity; a cast to bool is ``x != 0``."""
-    to = np.dtype(helper.tensor_dtype_to_np_dtype(imp._attr("to")))
-    x = ins[0]
+    return _cast_to(imp, ins[0], np.dtype(helper.tensor_dtype_to_np_dtype(imp._attr("to"))))
+
+
+def _cast_like(imp, ins):
+    """Cast to the element type of the second input: a constant's own type, else what the
+    activation holds (integer-valued inputs such as ids are int64 in the model, computed data
+    float32). Exporters write it around constants (``CastLike(alpha, x)``) in the expanded forms
+    of activations."""
+    like = ins[1]
+    if isinstance(like, np.ndarray):
+        to = like.dtype
+    else:
+        to = np.dtype(np.int64) if imp._is_integer(like) else np.dtype(np.float32)
+    return _cast_to(imp, ins[0], to)
+
+
+def _cast_to(imp, x, to: np.dtype):
     if isinstance(x, np.ndarray):
         return [x.astype(to)]
     if to.kind == "f":
@@ -550,7 +565,8 @@ FOLD = {
 
 SHAPE_OPS = {"Shape": _shape, "Size": _size}
 
-PASS_THROUGH = {"Identity": _identity, "Dropout": _dropout, "Cast": _cast}
+PASS_THROUGH = {"Identity": _identity, "Dropout": _dropout, "Cast": _cast,
+                "CastLike": _cast_like}
 
 LAYOUT = {
     "Reshape": _reshape, "Flatten": _flatten, "Transpose": _transpose, "Squeeze": _squeeze,

@@ -304,3 +304,22 @@ def test_space_to_depth_modes_against_onnx_reference(mode):
     ref = ReferenceEvaluator(m).run(None, {"x": x})[0]
     got = coacto.Runtime(coacto.compile(m.SerializeToString()), threads=1).run({"x": x})["z"]
     np.testing.assert_array_equal(got, ref)
+
+
+def test_castlike_to_the_type_of_an_activation_is_read_as_exporters_write_it():
+    """CastLike(alpha, x), as the expanded forms of activations write their constants: cast to
+    x's float32, then used against x; against onnxruntime."""
+    import onnxruntime as ort
+
+    alpha = numpy_helper.from_array(np.array(0.25, np.float64), "alpha")
+    nodes = [helper.make_node("CastLike", ["alpha", "x"], ["a32"], name="/act/CastLike"),
+             helper.make_node("Mul", ["x", "a32"], ["ax"], name="/act/Mul"),
+             helper.make_node("Max", ["x", "ax"], ["y"], name="/act/Max")]
+    g = helper.make_graph(nodes, "leaky", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                          [2, 5, 7])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [alpha])
+    data = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]).SerializeToString()
+    x = np.random.default_rng(2).standard_normal((2, 5, 7)).astype(np.float32)
+    ref = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    got = coacto.Runtime(coacto.compile(data), threads=1).run({"x": x})["y"]
+    np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-7)
