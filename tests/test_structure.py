@@ -130,3 +130,16 @@ def test_no_cycle_through_deferred_imports():
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 edges[name] |= _targets(mods, name, node)
     assert _cycles(edges) == []
+
+
+def test_the_activation_and_op_codes_agree_with_the_c_header():
+    """coacto/ir.py and native/include/coacto.h number activations and ops twice; a code out of
+    step would run another function than the one imported."""
+    from coacto import ir
+    from coacto.native import lib
+
+    acts = {n: getattr(ir, n) for n in dir(ir) if n.startswith("ACT_")}
+    assert {n: getattr(lib, "COACTO_" + n, None) for n in acts} == acts
+    assert lib.COACTO_ACT_COUNT == len(acts)
+    for code, name in ir.OP_NAMES.items():
+        assert getattr(lib, f"COACTO_OP_{name}", None) == code, name
