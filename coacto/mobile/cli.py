@@ -142,7 +142,7 @@ def join_cgroup(folder: Path, tids: list[int]) -> None:
 def check_usage(args) -> None:
     """Every flag's value and combination, before any model is loaded: a usage error exits 2.
     Flags the chosen mode does not use are named in a warning."""
-    from ..cli import ignored_model_flags
+    from ..commands.shared import ignored_model_flags
     from .client import normalize_address
     from .shaper import describe_schedule
 
@@ -186,7 +186,7 @@ def check_usage(args) -> None:
 
 
 def run(args) -> int:
-    from ..cli import load_inputs, resolve_model
+    from ..commands.shared import load_inputs, resolve_model
     from .client import Client, ServerUnavailable
 
     check_usage(args)
