@@ -98,8 +98,10 @@ tanh(sqrt(2 / pi) * (x + 0.044715 x^3))) / 2``), ``ACT_RECIPROCAL``, ``ACT_EXP``
 (1.0 or 0.0), ``ACT_ELU`` (alpha: ``x > 0 ? x : alpha * (e^x - 1)``), ``ACT_SELU`` (alpha, beta:
 ``beta * elu(x)``, beta being ONNX's gamma), ``ACT_CELU`` (alpha: ``x > 0 ? x : alpha * (e^(x /
 alpha) - 1)``), ``ACT_SOFTPLUS`` (``log(1 + e^x)``), ``ACT_SOFTSIGN`` (``x / (1 + |x|)``),
-``ACT_THRESHOLDED_RELU`` (alpha: ``x > alpha ? x : 0``). The numeric codes are shared with the
-native runtime (``native/include/coacto.h``).
+``ACT_THRESHOLDED_RELU`` (alpha: ``x > alpha ? x : 0``), ``ACT_ABS``, ``ACT_FLOOR``, ``ACT_CEIL``,
+``ACT_ROUND`` (to the nearest integer, halves to even), ``ACT_SIGN`` (-1, 0 or 1; NaN stays NaN),
+``ACT_LOG`` (natural; -inf at 0, NaN below). The numeric codes are shared with the native
+runtime (``native/include/coacto.h``).
 """
 from __future__ import annotations
 
@@ -182,6 +184,12 @@ ACT_CELU = 17
 ACT_SOFTPLUS = 18
 ACT_SOFTSIGN = 19
 ACT_THRESHOLDED_RELU = 20
+ACT_ABS = 21
+ACT_FLOOR = 22
+ACT_CEIL = 23
+ACT_ROUND = 24
+ACT_SIGN = 25
+ACT_LOG = 26
 
 POOL_MAX = 0
 POOL_AVG = 1

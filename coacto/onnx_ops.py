@@ -369,6 +369,20 @@ def _activation(act, alpha_attr=None, alpha=0.0, beta_attr=None, beta=0.0):
     return run
 
 
+def _integer_preserving(act):
+    """Abs, Floor, Ceil, Round, Sign: of integers they give integers, so a result of an integer
+    input stays one (casts of it to integer types remain the identity)."""
+    def run(imp, ins):
+        x = ins[0]
+        integer = imp._is_integer(x)
+        y = _activation(act)(imp, ins)
+        if integer:
+            for li in (y[0].srcs if isinstance(y[0], View) else [y[0].layer]):
+                imp.kinds[li] = "int"
+        return y
+    return run
+
+
 def _celu(imp, ins):
     if imp._attr("alpha", 1.0) == 0.0:
         raise ShapeError("Celu with alpha 0 (it divides by alpha)")
@@ -712,6 +726,9 @@ COMPUTE = {
                         1.05070102214813232421875),
     "Softplus": _activation(ir.ACT_SOFTPLUS), "Softsign": _activation(ir.ACT_SOFTSIGN),
     "ThresholdedRelu": _activation(ir.ACT_THRESHOLDED_RELU, "alpha", 1.0),
+    "Abs": _integer_preserving(ir.ACT_ABS), "Floor": _integer_preserving(ir.ACT_FLOOR),
+    "Ceil": _integer_preserving(ir.ACT_CEIL), "Round": _integer_preserving(ir.ACT_ROUND),
+    "Sign": _integer_preserving(ir.ACT_SIGN), "Log": _activation(ir.ACT_LOG),
     "MaxPool": _pool(ir.POOL_MAX), "AveragePool": _pool(ir.POOL_AVG),
     "GlobalAveragePool": _global_pool(ir.POOL_AVG), "GlobalMaxPool": _global_pool(ir.POOL_MAX),
     "ReduceMean": _reduce(ir.POOL_AVG), "ReduceMax": _reduce(ir.POOL_MAX),

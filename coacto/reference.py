@@ -124,6 +124,18 @@ def activation(x: np.ndarray, act: int, alpha: float = 0.0, beta: float = 0.0) -
             return x / (1.0 + np.abs(x))
         if act == ir.ACT_THRESHOLDED_RELU:
             return np.where(x > alpha, x, 0.0)
+        if act == ir.ACT_ABS:
+            return np.abs(x)
+        if act == ir.ACT_FLOOR:
+            return np.floor(x)
+        if act == ir.ACT_CEIL:
+            return np.ceil(x)
+        if act == ir.ACT_ROUND:  # numpy's rounds halves to even, as ONNX's Round
+            return np.round(x)
+        if act == ir.ACT_SIGN:
+            return np.sign(x)
+        if act == ir.ACT_LOG:
+            return np.log(x)
     raise ValueError(f"unknown activation {act}")
 
 

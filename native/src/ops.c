@@ -484,6 +484,26 @@ OPS_CLONES void ops_act_apply(float *restrict x, size_t n, int32_t act, float al
     case COACTO_ACT_THRESHOLDED_RELU: /* x > alpha ? x : 0 */
         for (size_t i = 0; i < n; i++) x[i] = x[i] > alpha ? x[i] : 0.0f;
         break;
+    case COACTO_ACT_ABS:
+        for (size_t i = 0; i < n; i++) x[i] = fabsf(x[i]);
+        break;
+    case COACTO_ACT_FLOOR:
+        for (size_t i = 0; i < n; i++) x[i] = floorf(x[i]);
+        break;
+    case COACTO_ACT_CEIL:
+        for (size_t i = 0; i < n; i++) x[i] = ceilf(x[i]);
+        break;
+    case COACTO_ACT_ROUND: /* ONNX rounds halves to even: the default rounding mode's rint, not
+                              roundf (halves away from zero) */
+        for (size_t i = 0; i < n; i++) x[i] = nearbyintf(x[i]);
+        break;
+    case COACTO_ACT_SIGN: /* 0 and NaN are their own sign */
+        for (size_t i = 0; i < n; i++) x[i] = x[i] > 0.0f ? 1.0f : x[i] < 0.0f ? -1.0f : x[i];
+        break;
+    case COACTO_ACT_LOG: /* libm's, element by element: within an ulp, -inf at 0 and NaN below.
+                            Log is rare in the models coacto runs; exactness comes first */
+        for (size_t i = 0; i < n; i++) x[i] = logf(x[i]);
+        break;
     default: break; /* NONE */
     }
 }

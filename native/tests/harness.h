@@ -117,6 +117,12 @@ static inline double act_ref(double v, int act, double alpha, double beta) {
     case COACTO_ACT_SOFTPLUS: return v > 0 ? v + log1p(exp(-v)) : log1p(exp(v));
     case COACTO_ACT_SOFTSIGN: return v / (1.0 + fabs(v));
     case COACTO_ACT_THRESHOLDED_RELU: return v > alpha ? v : 0.0;
+    case COACTO_ACT_ABS: return fabs(v);
+    case COACTO_ACT_FLOOR: return floor(v);
+    case COACTO_ACT_CEIL: return ceil(v);
+    case COACTO_ACT_ROUND: return nearbyint(v); /* the default mode: halves to even */
+    case COACTO_ACT_SIGN: return v > 0 ? 1.0 : v < 0 ? -1.0 : v;
+    case COACTO_ACT_LOG: return log(v);
     default: return v;
     }
 }

@@ -357,7 +357,8 @@ static void binary_cases(void) {
         tensor x = t_rand(2, 29, 3, 4, -3, 3);
         float sc[29], sh[29];
         for (int i = 0; i < 29; i++) sc[i] = frand(-2, 2), sh[i] = frand(-1, 1);
-        if (act == COACTO_ACT_SQRT || act == COACTO_ACT_RECIPROCAL) /* arguments in [0.5, 5.5] */
+        if (act == COACTO_ACT_SQRT || act == COACTO_ACT_RECIPROCAL || act == COACTO_ACT_LOG)
+            /* arguments in [0.5, 5.5] */
             for (int i = 0; i < 29; i++) sc[i] = frand(-0.5f, 0.5f), sh[i] = frand(2, 4);
         layer l = mk(COACTO_OP_AFFINE, 2, 29, 3, 4);
         set_input(&l, 0, &x);
