@@ -179,7 +179,7 @@ class Client:
                  server_key=None, client_key=None):
         self.policy = self._check_policy(policy)
         curve = curve_keys(server_key, client_key) if server is not None else None
-        if transfer not in P.TRANSFER_MODES:
+        if not isinstance(transfer, str) or transfer not in P.TRANSFER_MODES:
             raise CoactoError(f"transfer must be one of {', '.join(P.TRANSFER_MODES)}, got "
                               f"{transfer!r}")
         self.transfer = transfer

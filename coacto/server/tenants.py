@@ -261,7 +261,8 @@ class Tenants:
         si = ServedInference(inf_id, tag, native, entry, session, now())
         result_enc = h.get("result_enc")
         if result_enc is not None:
-            if result_enc not in P.TRANSFER_MODES or result_enc in P.LOSSY_TRANSFERS:
+            if not isinstance(result_enc, str) or result_enc not in P.TRANSFER_MODES or \
+                    result_enc in P.LOSSY_TRANSFERS:
                 native.close()
                 raise Reject(P.E_BAD_MESSAGE, f"BEGIN 'result_enc' must be one of raw, lossless; "
                                               f"got {str(result_enc)[:40]!r}", inf=inf_id)
