@@ -74,3 +74,13 @@ def onnx_attrs(node) -> dict:
 def onnx_producers(model) -> dict:
     """Tensor name -> the node that produces it."""
     return {o: n for n in model.graph.node for o in n.output}
+
+
+@pytest.fixture(scope="module")
+def ctx():
+    """A ZeroMQ context for the raw devices of a test module (tests/test_server.py's Device)."""
+    import zmq
+
+    c = zmq.Context()
+    yield c
+    c.destroy(linger=0)

@@ -12,6 +12,7 @@ import coacto
 from coacto import ir
 from coacto.onnx_import import import_model
 from coacto.reference import run_reference
+from test_import import make as _make
 
 F = TensorProto.FLOAT
 TILES = (1, 3, None)
@@ -23,14 +24,8 @@ def rand(*shape, seed=0, scale=1.0):
 
 
 def make(nodes, inputs, outputs, inits=None, opset=17):
-    graph = helper.make_graph(
-        nodes, "torch_jit",
-        [helper.make_tensor_value_info(n, F, s) for n, s in inputs.items()],
-        [helper.make_tensor_value_info(o, F, None) for o in outputs],
-        initializer=[numpy_helper.from_array(np.asarray(v), k) for k, v in (inits or {}).items()])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    model.ir_version = 8
-    return model
+    """test_import's model builder at the opset PyTorch 2 exports by default."""
+    return _make(nodes, inputs, outputs, inits, opset=opset)
 
 
 def onnxruntime_run(model, feeds):

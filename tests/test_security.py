@@ -17,7 +17,6 @@ import threading
 import time
 
 import numpy as np
-import onnx
 import pytest
 import zmq
 from onnx import TensorProto, helper, numpy_helper
@@ -73,13 +72,6 @@ def secure(keys):
     with Server("tcp://127.0.0.1:0", threads=1, server_flops=1e10, heartbeat_timeout=5.0,
                 secret_key=keys["server"][3], allowed_keys=keys["allowed"]) as s:
         yield s
-
-
-@pytest.fixture(scope="module")
-def ctx():
-    c = zmq.Context()
-    yield c
-    c.destroy(linger=0)
 
 
 @pytest.fixture(scope="module")

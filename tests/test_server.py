@@ -48,13 +48,6 @@ def model():
 
 
 @pytest.fixture(scope="module")
-def ctx():
-    c = zmq.Context()
-    yield c
-    c.destroy(linger=0)
-
-
-@pytest.fixture(scope="module")
 def server():
     with Server("tcp://127.0.0.1:0", threads=2, max_model_bytes=MAX_MODEL_BYTES,
                 heartbeat_timeout=5.0, max_inferences_per_device=4, server_flops=1e10) as s:

@@ -460,7 +460,7 @@ class ModelStore:
             self.refused += uploaded
             raise StoreError(P.E_MODEL_INVALID, f"the graph has {tg.n_tiles} tiles; this server "
                                                 f"takes at most {MAX_GRAPH_TILES}")
-        need = GraphInfo(tg).inference_bytes
+        need += INFERENCE_BYTES_PER_TILE * tg.n_tiles  # GraphInfo.inference_bytes, now known
         if self.max_inference_bytes is not None and need > self.max_inference_bytes:
             self.refused += uploaded
             raise StoreError(P.E_MODEL_TOO_LARGE, (
