@@ -106,6 +106,10 @@ def main(argv=None) -> int:
     ap.add_argument("--bandwidth", type=float, default=100, help="Mbit/s (default: %(default)s)")
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--sim-cores", default="1,2,4,8,16,32,64", help="simulated server cores")
+    ap.add_argument("--profile", default=None, metavar="NAME|PATH",
+                    help="the simulator's profile of this machine (default: the shipped "
+                         "epyc-avx512-2core; run_all.py measures one when this machine is of "
+                         "another kind)")
     H.add_reference_args(ap)
     args = ap.parse_args(argv)
     H.resolve_common(args)

@@ -46,8 +46,9 @@ COLORS = {"local": "#555555", "cloud": "#1f77b4", "split": "#2ca02c", "fl": "#94
 
 
 def sim_kwargs(args) -> dict:
-    return {"device": DEVICE, "server": SERVER, "device_costs": ENGINE_PROFILE,
-            "server_costs": ENGINE_PROFILE, "device_costs_scale": args.device_engine_scale,
+    engine = args.profile or ENGINE_PROFILE
+    return {"device": DEVICE, "server": SERVER, "device_costs": engine,
+            "server_costs": engine, "device_costs_scale": args.device_engine_scale,
             "server_costs_scale": args.server_engine_scale}
 
 
@@ -274,6 +275,9 @@ def main(argv=None) -> int:
                          "(an assumption, default %(default)s)")
     ap.add_argument("--server-engine-scale", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--profile", default=None, metavar="NAME|PATH",
+                    help="the profile whose measured engine costs are scaled (default: "
+                         f"{ENGINE_PROFILE}; run_all.py passes this machine's)")
     args = ap.parse_args(argv)
     args.out = Path(args.out)
     args.models = [m for m in args.models.split(",") if m]
@@ -301,11 +305,11 @@ def main(argv=None) -> int:
     base = {"device": DEVICE, "server": SERVER, "device_threads": 4,
             "device_profile_source": sim.load_profile(DEVICE).source,
             "server_profile_source": sim.load_profile(SERVER).source,
-            "engine_costs": f"{ENGINE_PROFILE} (measured here), device x"
+            "engine_costs": f"{args.profile or ENGINE_PROFILE} (measured here), device x"
                             f"{args.device_engine_scale:g} and server x"
                             f"{args.server_engine_scale:g} (assumed scales)",
-            "engine_costs_how": (sim.load_profile(ENGINE_PROFILE).raw.get("engine") or {})
-            .get("how"),
+            "engine_costs_how": (sim.load_profile(args.profile or ENGINE_PROFILE).raw
+                                 .get("engine") or {}).get("how"),
             "rtt_ms": args.rtt, "quick": q, "seed": args.seed,
             "validated_by": "experiments/sim_vs_real.py on this machine (docs/SIMULATOR.md)"}
     t0 = time.monotonic()

@@ -261,6 +261,11 @@ class Device:
     def fresh_client(self, bandwidth=None) -> None:
         self.command({"cmd": "client", "bandwidth": bandwidth})
 
+    def probe(self, runs: int = 2) -> list[float]:
+        """Latencies (s) of ``runs`` local inferences (after one more, left out): the device's
+        speed in its quota now."""
+        return self.command({"cmd": "probe", "runs": runs})["latencies_s"]
+
     def set_bandwidth(self, bandwidth: str) -> None:
         """The client's own link (shaper mode) changes to ``bandwidth`` now, for good."""
         self.command({"cmd": "set_bandwidth", "bandwidth": bandwidth})
@@ -484,6 +489,10 @@ def run_policies(dev: Device, policies, repeat: int, rnd: int, bw_arg, base: dic
     learned = dev.learn(bw_arg) if warmup else {"inferences": 0}
     rows = []
     k = rnd % len(policies)
+    # The device's speed is measured beside the policies, before and after them, as the link's
+    # goodput is beside every setting: its quota's share of a core shared with the rest of the
+    # host computes 10-30% slower for seconds at a time (sim_vs_real takes it from here)
+    probe = dev.probe(PROBE_RUNS)
     for policy in list(policies[k:]) + list(policies[:k]):
         r = dev.run(policy, repeat=repeat, warmup=0, bandwidth=bw_arg)
         st = r["stats"]
@@ -513,14 +522,26 @@ def run_policies(dev: Device, policies, repeat: int, rnd: int, bw_arg, base: dic
             # the cut each split / fl inference was planned with (what sim_vs_real replays)
             "cuts": " ".join(str(s.get("split_layer")) for s in st)
             if policy in ("split", "fl") else "",
+            # dynamic's plan of each inference, in order (what sim_vs_real replays)
+            "frontiers": ";".join(str(s.get("frontier")) for s in st)
+            if policy == "dynamic" else "",
             "max_rel_error": r["max_rel_error"],
+            "device_cpu_ms": statistics.median(
+                s["device_process"]["user_ms"] + s["device_process"]["sys_ms"] for s in st),
         })
         if progress:
             shown = ("nominal_mbps", "server_threads", "tiles_per_layer")
             progress.step(1, f"{base.get('model', '')} {policy} " +
                           " ".join(f"{k}={base[k]}" for k in shown if k in base))
+    probe += dev.probe(PROBE_RUNS)
+    for row in rows:
+        row["device_probe_ms"] = 1e3 * statistics.median(probe)
+        row["device_probe_ms_each"] = " ".join(f"{1e3 * x:.1f}" for x in probe)
     return rows
 
+
+#: local inferences before and after each fresh client's policies (Device.probe)
+PROBE_RUNS = 2
 
 #: zoo name -> the CoActo reference's model name (it ships these three)
 REF_MODELS = {"resnet50": "resnet50", "vgg16": "vgg16", "bert": "bert_base"}

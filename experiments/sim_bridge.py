@@ -9,7 +9,9 @@ its settings file the simulation takes what the real run had: the link's measure
 RTT (and, under kernel shaping, tbf's burst), the CPU quota and its CFS period, one device core
 and one computing thread (the testbed pins the device to one CPU), the server's threads and
 CPUs, the device's own FLOP-rate estimate (the row's device_gflops: Client.calibrate's best of
-four runs on zeros, which the device driver hands every Client it makes) and, in rows that
+four runs on zeros, which the device driver hands every Client it makes), the device's
+latency in its quota measured beside the session (device_probe_ms; simulate's quota_latency_s)
+and, in rows that
 record it, the server's rate the client was told (server_gflops); without it, what the
 simulated server announces (its calibration, then what it measured, session after session).
 Each fresh client runs what run_policies runs: its warm-up dynamic inferences (the rows'
@@ -18,6 +20,7 @@ each, its estimates carrying over.
 """
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import sys
 from pathlib import Path
@@ -25,8 +28,38 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness as H  # noqa: E402
 
-#: This machine's measured profile (device and server).
+#: The profile of the machine the shipped results were measured on (device and server);
+#: run_all.py measures another when this machine is not that kind (profile_fits).
 PROFILE = "epyc-avx512-2core"
+
+
+def profile_fits(profile: str = PROFILE) -> tuple[bool, str]:
+    """Whether ``profile`` was measured on a machine of this kind: the same CPU model, core
+    count and GEMM micro-kernel (its layer times and engine costs then hold here); and why not."""
+    import os
+
+    from coacto import sim
+    from coacto.native import gemm_kernel_name
+    from coacto.tune import cpu_model
+
+    try:
+        prof = sim.load_profile(profile)
+    except Exception as e:  # noqa: BLE001 - a missing or unreadable profile does not fit
+        return False, f"cannot read profile {profile}: {e}"
+    cpu = prof.raw.get("cpu") or {}
+    here = {"model": cpu_model(), "cores": os.cpu_count(), "kernel": gemm_kernel_name()}
+    there = {"model": cpu.get("model"), "cores": cpu.get("cores"),
+             "kernel": prof.raw.get("gemm_kernel")}
+    missing = [k for k in ("layers", "engine", "quota", "server_calibration")
+               if not prof.raw.get(k)]
+    if missing:
+        return False, f"profile {profile} lacks {', '.join(missing)}"
+    if here != there:
+        diff = ", ".join(f"{k} {there[k]!r} there, {here[k]!r} here" for k in here
+                         if here[k] != there[k])
+        return False, f"profile {profile} is of another machine ({diff})"
+    return True, f"profile {profile} was measured on a machine of this kind ({here['model']}, " \
+                 f"{here['cores']} CPUs, {here['kernel']})"
 #: The client's goodput estimate before it measures one when no --bandwidth is given
 #: (coacto.mobile.estimates.DEFAULT_BANDWIDTH), in Mbit/s.
 CLIENT_DEFAULT_MBPS = 10.0
@@ -71,37 +104,74 @@ def testbed_kwargs(settings: dict, nominal_mbps: float | None, profile: str = PR
 
 
 def session(policies, repeat: int, rnd: int, warmup: int = 1,
-            cuts: dict | None = None) -> list[tuple]:
+            cuts: dict | None = None, probe: int = 0) -> list[tuple]:
     """What H.run_policies runs on one fresh client: ``warmup`` dynamic inferences (the device
     driver's `learn`: until one offloaded and measured the goodput; the rows say how many),
     then every policy ``repeat`` times, the order rotated by the round. ``cuts``: {"split": [layer
     per inference]}: those inferences are planned at the given cuts (Client's split_layer
-    option) instead of from the simulated client's estimates."""
+    option) instead of from the simulated client's estimates, and {"dynamic": [frontier per
+    inference]} runs those plans (policies.plan_dynamic's frontier). ``probe``: local inferences
+    before and after the policies (the device's speed measured beside them, H.PROBE_RUNS; rows
+    from before the probe existed had none)."""
     k = rnd % len(policies)
     order = list(policies[k:]) + list(policies[:k])
     seq: list[tuple] = [("dynamic", max(1, int(warmup)))]
+    if probe:
+        seq.append(("local", probe))
     for p in order:
-        layers = (cuts or {}).get(p)
-        if layers and len(layers) == repeat:
-            seq += [(p, 1, {"split_layer": int(c)}) for c in layers]
+        plans = (cuts or {}).get(p)
+        if plans and len(plans) == repeat:
+            key = "frontier" if p == "dynamic" else "split_layer"
+            seq += [(p, 1, {key: c}) for c in plans]
         else:
             seq.append((p, repeat))
+    if probe:
+        seq.append(("local", probe))
     return seq
 
 
-def real_cuts(rows: list[dict]) -> dict[str, list[int]]:
-    """{policy: the cut of each inference} from the real rows' `cuts` column (split only: fl's
-    stack is fixed by the model, dynamic decides per tile at run time and is never replayed)."""
-    out = {}
+def real_cuts(rows: list[dict]) -> dict[str, list]:
+    """{policy: the plan of each inference} from the real rows: split's cut (the `cuts`
+    column) and dynamic's frontier (`frontiers`: the device alone, the inputs, a cut or a
+    share; its per-tile decisions at run time stay the simulated client's own). fl's stack is
+    fixed by the model and never replayed."""
+    out: dict[str, list] = {}
     for r in rows:
         text = (r.get("cuts") or "").split()
         if r.get("policy") == "split" and text and all(t.lstrip("-").isdigit() for t in text):
             out["split"] = [int(t) for t in text]
+        plans = [f for f in (r.get("frontiers") or "").split(";") if f]
+        if r.get("policy") == "dynamic" and plans and "None" not in plans:
+            out["dynamic"] = plans
     return out
 
 
+_SLOWDOWNS: dict = {}
+
+
+def _local_slowdown(tg, latency_s: float, kw: dict) -> float:
+    """sim.local_slowdown, once per graph, latency and device settings."""
+    keep = ("device", "server", "device_threads", "device_cpus", "quota", "quota_period_ms",
+            "device_flops", "transfer", "bandwidth_mbps", "rtt_ms")
+    key = (tg.graph_id, round(latency_s, 6), tuple(str(kw.get(k)) for k in keep))
+    if key not in _SLOWDOWNS:
+        from coacto import sim
+
+        _SLOWDOWNS[key] = sim.local_slowdown(tg, latency_s, **{k: kw[k] for k in keep if k in kw})
+    return _SLOWDOWNS[key]
+
+
+def _without_probe(result, probe: int):
+    """``result`` without the probe's ``probe`` local inferences before and after the policies
+    (the real rows leave them out too)."""
+    if not probe:
+        return result
+    return dataclasses.replace(result, measured=result.measured[probe:len(result.measured) - probe])
+
+
 def simulate_session(tg, settings: dict, row: dict, policies, repeat: int, rnd: int,
-                     profile: str = PROFILE, cuts: dict | None = None, **extra):
+                     profile: str = PROFILE, cuts: dict | None = None,
+                     measured_device: bool = True, **extra):
     """One fresh client of the real run (row: its link and device columns) simulated; returns
     the SimResult (warm-up left out of the statistics). The client plans with the row's own
     estimates of the device (device_gflops) and, when the row has it, of the server
@@ -121,8 +191,18 @@ def simulate_session(tg, settings: dict, row: dict, policies, repeat: int, rnd: 
     rtt = _num(row.get("measured_rtt_ms"), 0.1)
     dev = _num(row.get("device_gflops"))
     warm = int(_num(row.get("warmup_inferences"), 1) or 1)
-    return sim.simulate(tg, session(policies, repeat, rnd, warm, cuts), bandwidth_mbps=up,
-                        rtt_ms=rtt, device_flops=dev * 1e9 if dev else None, warmup=warm, **kw)
+    probe_ms = _num(row.get("device_probe_ms"))
+    # each probe: one local inference left out, then the measured ones
+    probe_runs = len((row.get("device_probe_ms_each") or "").split()) // 2
+    probe_runs += 1 if probe_runs else 0
+    common = dict(kw, bandwidth_mbps=up, rtt_ms=rtt, device_flops=dev * 1e9 if dev else None)
+    if probe_ms and measured_device and kw.get("quota") and kw.get("quota_period_ms") \
+            and "quota_slowdown" not in extra:
+        # the device's speed in its quota as measured beside this session, not the profile's
+        common["quota_slowdown"] = _local_slowdown(tg, probe_ms / 1e3, common)
+    seq = session(policies, repeat, rnd, warm, cuts, probe=probe_runs)
+    r = sim.simulate(tg, seq, warmup=warm, **common)
+    return _without_probe(r, probe_runs)
 
 
 def session_order(groups, settings: dict) -> list[tuple]:
@@ -170,7 +250,8 @@ def server_cores_rows(args, real_rows: list[dict]) -> list[dict]:
     from coacto import sim
 
     rows = []
-    base = sim.load_profile(PROFILE)
+    profile = getattr(args, "profile", None) or PROFILE
+    base = sim.load_profile(profile)
     cores = max(list(args.sim_cores) + [base.cores])
     server = dict(base.raw, cores=cores, name=f"{base.name} x{cores} cores")
     settings = {"quota": args.quota, "device_threads": 1,
@@ -186,7 +267,8 @@ def server_cores_rows(args, real_rows: list[dict]) -> list[dict]:
         ref["nominal_mbps"] = args.bandwidth
         tg = graph(model, getattr(args, "image_size", None))
         for threads in args.sim_cores:
-            kw = testbed_kwargs(dict(settings, server_threads=threads), args.bandwidth)
+            kw = testbed_kwargs(dict(settings, server_threads=threads), args.bandwidth,
+                                profile)
             kw.update(server=server, server_cores=threads, server_cpus=threads)
             up = _num(ref.get("measured_up_mbps")) or float(args.bandwidth)
             dev = _num(ref.get("device_gflops"))
@@ -198,7 +280,7 @@ def server_cores_rows(args, real_rows: list[dict]) -> list[dict]:
                 rows.append({"source": "sim", "model": model, "policy": policy,
                              "server_threads": threads, "nominal_mbps": args.bandwidth,
                              **H.summarize([x / 1e3 for x in lat]),
-                             "sim_profile": PROFILE})
+                             "sim_profile": str(profile)})
     return rows
 
 

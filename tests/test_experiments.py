@@ -105,6 +105,43 @@ def test_run_all_refuses_an_unknown_figure(capsys):
     assert e.value.code == 2 and "nonsense" in capsys.readouterr().err
 
 
+def test_a_profile_of_another_machine_does_not_fit(tmp_path):
+    import sim_bridge
+
+    shipped = json.loads((EXPERIMENTS.parent / "profiles" / f"{sim_bridge.PROFILE}.json")
+                         .read_text())
+    fits, why = sim_bridge.profile_fits(str(EXPERIMENTS.parent / "profiles" /
+                                            f"{sim_bridge.PROFILE}.json"))
+    assert isinstance(fits, bool) and why
+    other = dict(shipped, cpu=dict(shipped["cpu"], model="Some Other CPU 9000"))
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    fits, why = sim_bridge.profile_fits(str(tmp_path / "other.json"))
+    assert not fits and "Some Other CPU 9000" in why
+    partial = {k: v for k, v in shipped.items() if k != "engine"}
+    (tmp_path / "partial.json").write_text(json.dumps(partial))
+    fits, why = sim_bridge.profile_fits(str(tmp_path / "partial.json"))
+    assert not fits and "engine" in why
+    fits, why = sim_bridge.profile_fits(str(tmp_path / "missing.json"))
+    assert not fits and "cannot read" in why
+
+
+def test_sessions_replay_the_recorded_plans_and_the_probe():
+    import sim_bridge
+
+    rows = [{"policy": "split", "cuts": "21 21"},
+            {"policy": "dynamic", "frontiers": "device;cut /a/Conv"},
+            {"policy": "fl", "cuts": "15 15"}]
+    plans = sim_bridge.real_cuts(rows)
+    assert plans == {"split": [21, 21], "dynamic": ["device", "cut /a/Conv"]}
+    seq = sim_bridge.session(["local", "split", "fl", "dynamic"], 2, 1, warmup=2, cuts=plans,
+                             probe=3)
+    assert seq[0] == ("dynamic", 2) and seq[1] == ("local", 3) and seq[-1] == ("local", 3)
+    # round 1 starts at the second policy
+    assert seq[2:-1] == [("split", 1, {"split_layer": 21}), ("split", 1, {"split_layer": 21}),
+                         ("fl", 2), ("dynamic", 1, {"frontier": "device"}),
+                         ("dynamic", 1, {"frontier": "cut /a/Conv"}), ("local", 2)]
+
+
 # ----------------------------------------------------------------------------- real runs
 
 def _run_script(script: str, *args, timeout=300):

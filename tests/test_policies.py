@@ -472,6 +472,38 @@ def test_dynamic_takes_a_share_when_it_is_predicted_clearly_best():
     assert late.info["kind"] != "share"
 
 
+def test_a_recorded_frontier_replays_the_same_plan():
+    """What stats' frontier names, given back as plan_dynamic's frontier, is that plan again
+    (the simulator replays real inferences this way); its outputs still match onnxruntime's."""
+    tg = coacto.compile(zoo_model("squeezenet"), tiles_per_layer=5)
+    feeds, ref = onnxruntime_outputs("squeezenet")
+    dev, srv, bw = 5.6e8, 2e11, 4.9e6
+    opts = P.dynamic_options(tg, dev, srv, bw, 1e-3)
+    assert {"inputs", "cut", "share"} <= set(opts)
+    for kind in ("inputs", "cut", "share"):
+        chosen = P.plan_dynamic(tg, dev, srv, bw, 1e-3, correct=lambda v, k, kind=kind:
+                                v if k == kind else 10 * v)
+        assert chosen.info["kind"] == kind
+        name = P.frontier(chosen)
+        # replayed under other estimates (a link 20x faster): the same plan, tile for tile
+        again = P.plan_dynamic(tg, dev, srv, 20 * bw, 1e-3, frontier=name)
+        assert P.frontier(again) == name and again.info["kind"] == kind
+        assert np.array_equal(np.asarray(again.send), np.asarray(chosen.send))
+        assert (again.local is None) == (chosen.local is None)
+        if chosen.local is not None:
+            assert np.array_equal(np.asarray(again.local), np.asarray(chosen.local))
+    out, _ = exchange(tg, feeds, P.make_plan("dynamic", tg, device_flops=dev, server_flops=srv,
+                                             bandwidth=bw, frontier=P.frontier(chosen)))
+    assert_close(out, ref, rel=1e-4)
+    # a cut dynamic would not choose is still that cut
+    cut = P.valid_cuts(tg)[1]
+    plan = P.plan_dynamic(tg, dev, srv, bw, 1e-3, frontier=f"cut {tg.graph.layers[cut].name}")
+    assert plan.split_layer == cut and np.isnan(plan.info["predicted_s"]) == (cut != opts["cut"][1])
+    for bad in ("device", "cut no-such-layer", "share no-such-layer 1/2", "inputs now", "", 3):
+        with pytest.raises(P.PolicyError):
+            P.plan_dynamic(tg, dev, srv, bw, 1e-3, frontier=bad)
+
+
 def test_dynamic_tries_a_kind_it_has_not_run_when_it_is_near_the_best():
     opts = {"local": (1.0, None), "inputs": (0.30, 0), "cut": (0.36, 5), "share": (0.50, (3, 2))}
     assert P.choose_dynamic(opts) == "inputs"

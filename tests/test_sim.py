@@ -441,6 +441,53 @@ def test_measured_quota_slowdown_stretches_the_devices_cpu():
         pytest.approx(20e-3)  # a smooth quota was not measured: no slowdown
 
 
+def test_step_middle_takes_the_middle_of_the_step_below_the_target():
+    from coacto.sim.quota import step_middle
+
+    # 4 ms periods, 6 units of demand per unit of s: latency 4 * ceil(6 s) ms
+    def staircase(s):
+        return 4e-3 * math.ceil(6 * s - 1e-12)
+
+    # 25 ms: the highest step at or below is 24 ms, s in (5/6, 1]: its middle
+    assert step_middle(staircase, 25e-3, 4e-3) == pytest.approx(11 / 12, abs=1e-6)
+    # exactly on a step: that step, still its middle, not its upper edge
+    assert step_middle(staircase, 28e-3, 4e-3) == pytest.approx(13 / 12, abs=1e-6)
+    # a staircase that rises a little within each step (the last window's share)
+    assert step_middle(lambda s: staircase(s) + 1e-4 * s, 25e-3, 4e-3) == \
+        pytest.approx(11 / 12, abs=1e-4)
+
+
+def test_local_slowdown_reproduces_a_measured_local_latency():
+    from coacto.sim import local_slowdown
+
+    kw = dict(device=DEVICE, server=SERVER, device_threads=1, device_cpus=1, quota=0.25,
+              quota_period_ms=4.0, rtt_ms=2.0, bandwidth_mbps=8.0, transfer="raw")
+    plain = sim(chain(), "local", **{k: v for k, v in kw.items() if k not in ("server",)}).p50
+    for measured in (plain, 28.5e-3, 41e-3):
+        s = local_slowdown(chain(), measured, **kw)
+        got = sim(chain(), [("local", 3)], warmup=1, quota_slowdown=s, **kw).p50
+        # the step at or below the measurement, less than a period under it
+        assert measured - 4e-3 < got <= measured + 1e-9
+    assert local_slowdown(chain(), 28.5e-3, **kw) < local_slowdown(chain(), 41e-3, **kw)
+    with pytest.raises(SimError, match="quota"):
+        local_slowdown(chain(), 28.5e-3, device=DEVICE, bandwidth_mbps=8.0)
+    with pytest.raises(SimError, match="positive"):
+        local_slowdown(chain(), -1.0, **kw)
+
+
+def test_a_recorded_dynamic_plan_is_replayed():
+    """A session's dynamic inferences may carry the plan a real run recorded (sim_vs_real):
+    'device' runs on the device alone, another frontier is that plan."""
+    tg = chain(tiles=(4, 4, 4, 1))
+    seq = [("dynamic", 1), ("dynamic", 1, {"frontier": "device"}),
+           ("dynamic", 1, {"frontier": "inputs"})]
+    r = sim(tg, seq, device_threads=1, device_flops=1e9, server_flops=1e10, warmup=1)
+    kept, sent = r.measured
+    assert kept.frontier == "device" and kept.tiles_sent == 0 and not kept.offloaded
+    assert kept.server_skipped.startswith("replayed")
+    assert sent.frontier == "inputs" and sent.tiles_sent >= 4 and sent.offloaded
+
+
 def test_communication_thread_preempts_the_tiles():
     loop = EventLoop()
     cpu = Cpu(loop, cores=1.0, quota=0.5)

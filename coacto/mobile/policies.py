@@ -286,7 +286,7 @@ def choose_dynamic(options: dict[str, tuple[float, object]], correct=None,
 def plan_dynamic(tg: TileGraph, device_flops: float | None = None, server_flops: float = 1.0,
                  bandwidth: float = 1.0, rtt: float = 0.0, alpha: float = 1.0,
                  downlink: float | None = None, wire=None, correct=None,
-                 unseen=(), explore=None) -> Plan:
+                 unseen=(), explore=None, frontier: str | None = None) -> Plan:
     """Tile-level collaboration, in the kind of plan predicted fastest (choose_dynamic; before
     the device's speed is known, the inputs). ``inputs``: CoActo's rule — the input tiles go
     first and every other tile is sent when the ECT rule says the server gets it sooner that
@@ -296,20 +296,35 @@ def plan_dynamic(tg: TileGraph, device_flops: float | None = None, server_flops:
     insurance. ``share``: disjoint parts of a fused stack
     (plan_share): fl's plan, its stack and share chosen by the cost model instead of fixed.
     The engine's gate has decided before that the inference offloads (or explores: it then
-    runs the plan it would use, so that what it measures is that plan's latency)."""
+    runs the plan it would use, so that what it measures is that plan's latency).
+    ``frontier``: run this plan instead of the one predicted fastest, as stats' ``frontier``
+    names it (``inputs``, ``cut LAYER`` or ``share LAYER M/N``; parse_frontier): a recorded
+    inference replayed, e.g. by the simulator against the real run that recorded it."""
+    forced = None if frontier is None else parse_frontier(tg, frontier)
     inputs = input_tiles(tg)
     send = np.full(tg.n_tiles, SEND_DECIDE, dtype=np.uint8)
     send[inputs] = SEND_ALWAYS
     outputs = np.concatenate([np.arange(tg.plan.layer_first_tile[li], tg.plan.layer_first_tile[li + 1])
                               for li in set(tg.graph.outputs.values())])
     send[outputs] = SEND_NEVER  # the device has its own exit tiles: sending them back helps no one
-    if not (device_flops and device_flops > 0 and bandwidth > 0 and server_flops > 0):
+    if not (device_flops and device_flops > 0 and bandwidth > 0 and server_flops > 0) \
+            and (forced is None or forced[0] == "inputs"):
         return Plan("dynamic", None, send, uses_server=True, split_layer=None,
                     info={"kind": "inputs"})
     options = dynamic_options(tg, device_flops, server_flops, bandwidth, rtt, alpha, downlink,
-                              wire)
-    kind = choose_dynamic(options, correct, unseen, explore)
-    predicted, where = options[kind]
+                              wire) if device_flops and device_flops > 0 else {}
+    if forced is None:
+        kind = choose_dynamic(options, correct, unseen, explore)
+        predicted, where = options[kind]
+    else:
+        kind, where = forced
+        predicted = options[kind][0] if kind in options and where in (None, options[kind][1]) \
+            else float("nan")
+        if where is None:  # the inputs plan's own cut
+            if kind not in options:
+                return Plan("dynamic", None, send, uses_server=True, split_layer=None,
+                            info={"kind": "inputs"})
+            where = options[kind][1]
     info: dict = {"predicted_s": predicted, "kind": kind}
     if kind == "share":
         return plan_share(tg, where[0], where[1], info)
@@ -652,6 +667,33 @@ def frontier(plan: Plan) -> str:
     return "inputs"
 
 
+def parse_frontier(tg: TileGraph, text: str) -> tuple[str, object]:
+    """(kind, where) of a dynamic plan named as frontier() names it: ("inputs", None),
+    ("cut", layer) or ("share", (layer, device blocks)). ``device`` is no dynamic plan (the
+    engine's gate kept the inference local) and is refused like any other text."""
+    if not isinstance(text, str):
+        raise PolicyError(f"a frontier is text such as 'inputs' or 'cut LAYER', got {text!r}")
+    kind, _, rest = text.strip().partition(" ")
+    if kind == "inputs" and not rest:
+        return "inputs", None
+    names = {layer.name: i for i, layer in enumerate(tg.graph.layers)}
+    if kind == "cut" and rest:
+        layer = names.get(rest, int(rest) if rest.isdigit() else None)
+        if layer is None or layer not in valid_cuts(tg):
+            raise PolicyError(f"frontier {text!r}: {rest!r} is not a layer this graph can be "
+                              f"cut after")
+        return "cut", layer
+    if kind == "share" and rest:
+        name, _, share = rest.rpartition(" ")
+        m, _, n = share.partition("/")
+        if name not in names or not (m.isdigit() and n.isdigit()):
+            raise PolicyError(f"frontier {text!r}: expected 'share LAYER M/N' with a layer of "
+                              f"this graph")
+        return "share", (names[name], int(m))
+    raise PolicyError(f"frontier {text!r}: expected 'inputs', 'cut LAYER' or 'share LAYER M/N' "
+                      f"(a plan that offloads; 'device' runs the local policy)")
+
+
 def prepare(tg: TileGraph) -> None:
     """Builds the per-graph tables the planners cache (cuts, their bytes, the device shares):
     a few ms for the zoo's CNNs, spent once where it does not delay an inference."""
@@ -665,14 +707,15 @@ def make_plan(policy: str, tg: TileGraph, *, device_flops: float | None = None,
               server_flops: float = 1.0, bandwidth: float = 1.0, rtt: float = 0.0,
               alpha: float = 1.0, split_layer: int | None = None, fl_layer: int | None = None,
               device_share: float | None = None, downlink: float | None = None,
-              wire=None, correct=None, unseen=(), explore=None) -> Plan:
+              wire=None, correct=None, unseen=(), explore=None,
+              frontier: str | None = None) -> Plan:
     if policy == "local":
         return plan_local(tg)
     if policy == "cloud":
         return plan_cloud(tg)
     if policy == "dynamic":
         return plan_dynamic(tg, device_flops, server_flops, bandwidth, rtt, alpha, downlink, wire,
-                            correct, unseen, explore)
+                            correct, unseen, explore, frontier)
     if policy == "split":
         return plan_split(tg, device_flops, server_flops, bandwidth, rtt, alpha, split_layer,
                           downlink, wire)

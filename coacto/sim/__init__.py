@@ -19,10 +19,11 @@ from __future__ import annotations
 from .link import BandwidthTrace, TraceError, lte_trace, wifi_trace
 from .profiles import OP_CLASSES, MachineProfile, ProfileError, load_profile, op_class
 from .rule import decide
-from .simulate import InferenceResult, SimError, SimResult, resolve_graph, simulate
+from .simulate import (InferenceResult, SimError, SimResult, local_slowdown, resolve_graph,
+                       simulate)
 
 __all__ = [
-    "simulate", "SimResult", "InferenceResult", "SimError", "BandwidthTrace", "TraceError",
+    "simulate", "local_slowdown", "SimResult", "InferenceResult", "SimError", "BandwidthTrace", "TraceError",
     "lte_trace", "wifi_trace", "MachineProfile", "ProfileError", "load_profile", "OP_CLASSES",
     "op_class", "decide", "resolve_graph",
 ]

@@ -225,9 +225,15 @@ class SimDevice:
 
     def _admit(self, job: Job) -> None:
         """Engine._admit: the plan from the estimates now, then the native inference."""
+        replay = job.options.get("frontier")
         if job.policy == "local":
             plan = policies.plan_local(self.tg)
-        elif job.policy == "dynamic" and Engine._local_is_faster(self, job):
+        elif job.policy == "dynamic" and replay == "device":
+            # a recorded inference the real engine's gate kept on the device, replayed
+            job.options = {}
+            job.skipped = "replayed: the recorded inference ran on the device"
+            plan = policies.plan_local(self.tg)
+        elif job.policy == "dynamic" and replay is None and Engine._local_is_faster(self, job):
             plan = policies.plan_local(self.tg)
         else:
             plan = Engine._plan(self, job)

@@ -138,18 +138,34 @@ def windowed_latency(demand: float, quota: float, period: float, runs: int) -> f
     return statistics.median(lat)
 
 
+def step_middle(latency, target: float, step: float, lo: float = 0.25, hi: float = 8.0,
+                iterations: int = 40) -> float:
+    """The factor s for which ``latency(s)`` (a staircase growing with s, whole ``step``s apart,
+    as a job's latency under CFS windows grows with its demand) comes nearest ``target`` from
+    below, taken in the middle of its step: many factors give the same latency, and the upper
+    edge of a step is where a few microseconds of any other cost add a whole step."""
+    def last_below(limit: float) -> float:
+        a, b = lo, hi
+        for _ in range(iterations):
+            mid = (a + b) / 2
+            if latency(mid) <= limit:
+                a = mid
+            else:
+                b = mid
+        return a
+
+    top = last_below(target)
+    # within a step the latency still grows a little (the last window's share): the step
+    # below is a whole step lower
+    bottom = last_below(latency(top) - step / 2)
+    return (bottom + top) / 2
+
+
 def slowdown(full_s: float, quota_s: float, quota: float, period: float, runs: int) -> float:
     """The factor s for which jobs of s x ``full_s`` CPU seconds take ``quota_s`` under the
-    simulator's CFS windows: what the windows alone do not explain (bisection; the windowed
-    latency grows with the demand)."""
-    lo, hi = 0.25, 8.0
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        if windowed_latency(mid * full_s, quota, period, runs) < quota_s:
-            lo = mid
-        else:
-            hi = mid
-    return (lo + hi) / 2
+    simulator's CFS windows (the middle of that step): what the windows alone do not explain."""
+    return step_middle(lambda s: windowed_latency(s * full_s, quota, period, runs), quota_s,
+                       period, iterations=60)
 
 
 def measure_quota(quota: float, period_ms: float, models, runs: int = 5, rounds: int = 3,

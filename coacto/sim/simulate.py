@@ -494,3 +494,29 @@ class _Sim:
         self.loop, self.tg, self.g = loop, tg, g
         self.server: SimServer | None = None
         self.devices: list[SimDevice] = []
+
+
+def local_slowdown(model_or_tg, latency_s: float, *, runs: int = 2, **kw) -> float:
+    """The ``quota_slowdown`` for which this simulator's own device runs ``model_or_tg`` locally
+    (one Client, ``policy="local"``) in ``latency_s``: the device's speed inside its quota as a
+    latency measured at the time of a real run says it (the experiments measure it beside every
+    setting, as they measure the link; `coacto profile --quota` measured it on another minute).
+    ``kw``: simulate()'s device settings (device, device_threads, device_cpus, quota,
+    quota_period_ms, device_costs, device_flops, ...), which must include the quota and period.
+    Under CFS windows the local latency is a staircase in the slowdown; see
+    coacto.sim.quota.step_middle."""
+    from .quota import step_middle
+
+    if kw.get("quota") is None or kw.get("quota_period_ms") is None:
+        raise SimError("local_slowdown needs the device's quota and quota_period_ms")
+    if not (isinstance(latency_s, (int, float)) and latency_s > 0):
+        raise SimError(f"latency_s must be a positive number of seconds, got {latency_s!r}")
+    kw = {k: v for k, v in kw.items()
+          if k not in ("quota_slowdown", "warmup", "inferences", "policy")}
+
+    def local(s: float) -> float:
+        r = simulate(model_or_tg, [("local", runs + 1)], warmup=1, quota_slowdown=s, **kw)
+        return r.p50
+
+    return step_middle(local, latency_s, kw["quota_period_ms"] / 1e3, lo=0.5, hi=4.0,
+                       iterations=14)
