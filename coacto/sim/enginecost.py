@@ -147,11 +147,11 @@ def _serve(models: str, threads: int, cpu: int | None) -> int:
         return drain
 
     def make_send(orig):
-        def send(self, identity, header, *frames):
+        def send(self, identity, header, *frames, **kw):
             if rec.sent is not None:
                 rec.sent.append((header.get("t", "?"),
                                  len(P.pack(header)[0]) + _nbytes(frames)))
-            return orig(self, identity, header, *frames)
+            return orig(self, identity, header, *frames, **kw)
         return send
 
     def make_poll(orig):
@@ -443,6 +443,15 @@ def measure_engine(model: str = "resnet50", inferences: int = 4, caps=CAPS_MBPS,
                         o0 = {t: thread_cpu_ns(pid, t) for t in others}
                         for _ in range(inferences):
                             client.infer(feeds, policy=policy)
+                            st = client.last_stats
+                            if policy == "cloud" and (st.get("fallback")
+                                                      or st.get("finished_by") != "server"):
+                                # costs measured on a failing exchange would be wrong, not
+                                # merely noisy
+                                raise CoactoError(
+                                    f"the measuring server did not answer a cloud inference "
+                                    f"({st.get('fallback_reason') or st.get('finished_by')}); "
+                                    f"see its error above")
                         time.sleep(0.05)  # the reaper's close and the last ACKs
                         others = thread_ids() - before - set(client.compute_threads) \
                             - {dev.engine_tid}
