@@ -7,6 +7,8 @@ Runtime on NativeInference: the imports run one way, runtime -> inference -> nat
 """
 from __future__ import annotations
 
+import os
+import platform
 import weakref
 
 import numpy as np
@@ -50,8 +52,56 @@ def check(status: int, what: str, detail: str = "") -> None:
     raise NativeError(msg, status)
 
 
+#: COACTO_ISA's values per architecture: the instruction sets of the GEMM micro-kernels
+ISA_CHOICES = {"x86_64": ("scalar", "avx2", "avx512"), "aarch64": ("scalar", "neon")}
+
+
+def _arch() -> str:
+    m = platform.machine().lower()
+    return {"amd64": "x86_64", "arm64": "aarch64"}.get(m, m)
+
+
+def check_isa(env=None) -> str | None:
+    """COACTO_ISA as the native side will read it (None: no cap), refused with the values this
+    CPU's architecture takes when it names none of them. Checked before the first native call:
+    the C side caps at the first kernel selection and cannot say what it did not understand."""
+    value = (os.environ if env is None else env).get("COACTO_ISA")
+    if not value:
+        return None
+    choices = ISA_CHOICES.get(_arch(), ("scalar",))
+    if value not in choices:
+        raise CoactoError(f"COACTO_ISA={value!r}: on this {_arch()} CPU use one of "
+                          f"{', '.join(choices)} (a cap on the GEMM kernels; unset it for the "
+                          f"best this CPU runs)")
+    return value
+
+
+check_isa()
+
+
 def gemm_kernel_name() -> str:
     return ffi.string(lib.coacto_gemm_kernel_name()).decode()
+
+
+def gemm_kernels_available() -> list[str]:
+    """Every GEMM micro-kernel this CPU runs, best first (COACTO_ISA aside)."""
+    return ffi.string(lib.coacto_gemm_kernels_available()).decode().split(",")
+
+
+def kernel_summary() -> str:
+    """The GEMM kernel in use, what capped it and the caches: one line for benchmarks and
+    profiles ("gemm_f32_6x16__avx2 (COACTO_ISA=avx2; this CPU also runs ...); L1d 48 KiB, ...")."""
+    from .machine import cache_sizes, format_caches
+
+    name = gemm_kernel_name()
+    others = [k for k in gemm_kernels_available() if k != name]
+    cap = check_isa()
+    why = [f"COACTO_ISA={cap}"] if cap else []
+    if os.environ.get("COACTO_FORCE_SCALAR", "0") not in ("", "0"):
+        why.append("COACTO_FORCE_SCALAR")
+    notes = why + ([f"this CPU also runs {', '.join(others)}"] if others else [])
+    return name + (f" ({'; '.join(notes)})" if notes else "") + \
+        f"; caches {format_caches(cache_sizes())}"
 
 
 # ---------------------------------------------------------------------------- descriptions

@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import CoactoError
+from .machine import cache_sizes, cpu_model
 
 log = logging.getLogger(__name__)
 
@@ -56,25 +57,14 @@ def profile_dir() -> Path:
     return Path(base) / "coacto" / "profiles"
 
 
-def cpu_model() -> str:
-    """The processor's name as /proc/cpuinfo gives it (x86 and ARM spellings)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith(("model name", "Model", "Hardware")):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def machine_info() -> dict:
-    """What makes tuned tile counts valid on a machine: processor, CPU count, GEMM kernel."""
+    """What makes tuned tile counts valid on a machine: processor, CPU count, GEMM kernel (and,
+    for the record, the caches)."""
     from .native import gemm_kernel_name
     from .runtime import default_threads
 
     return {"cpu": cpu_model(), "machine": platform.machine(), "cpus": default_threads(),
-            "gemm_kernel": gemm_kernel_name()}
+            "gemm_kernel": gemm_kernel_name(), "caches": cache_sizes()}
 
 
 def machine_fingerprint(info: dict | None = None) -> str:

@@ -328,7 +328,7 @@ def summarize(lat_s: list[float]) -> dict:
 
 def machine() -> dict:
     from coacto.runtime import gemm_kernel_name
-    from coacto.tune import cpu_model
+    from coacto.machine import cpu_model
 
     flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     isa = "avx512" if " avx512f" in flags else "avx2" if " avx2" in flags else platform.machine()

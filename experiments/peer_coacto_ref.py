@@ -61,7 +61,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
-from coacto.tune import cpu_model
+from coacto.machine import cpu_model
 
 log = logging.getLogger("coacto.peer.coacto_ref")
 

@@ -23,7 +23,7 @@ import sys  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from coacto.tune import cpu_model  # noqa: E402
+from coacto.machine import cpu_model  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 

@@ -40,7 +40,7 @@ def profile_fits(profile: str = PROFILE) -> tuple[bool, str]:
 
     from coacto import sim
     from coacto.native import gemm_kernel_name
-    from coacto.tune import cpu_model
+    from coacto.machine import cpu_model
 
     try:
         prof = sim.load_profile(profile)

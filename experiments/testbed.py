@@ -46,7 +46,7 @@ import threading
 import time
 from pathlib import Path
 
-from coacto.tune import cpu_model
+from coacto.machine import cpu_model
 
 __all__ = ["TestbedError", "Testbed", "remove_setup"]
 

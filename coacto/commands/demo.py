@@ -15,7 +15,7 @@ from .shared import progress
 def cmd_demo(args) -> int:
     from .. import zoo
     from ..mobile.shaper import describe_schedule
-    from ..native import gemm_kernel_name
+    from ..native import kernel_summary
     from ..runtime import Runtime
 
     positive(args.repeat, "--repeat")
@@ -37,7 +37,7 @@ def cmd_demo(args) -> int:
     s = tg.summary()
     print(f"tile graph: {s['layers']} layers, {s['tiles']} tiles, {s['dependencies']} "
           f"dependencies, {s['gflops']:.2f} GFLOP (compiled in {compile_s:.2f} s)")
-    print(f"GEMM kernel: {gemm_kernel_name()}")
+    print(f"GEMM kernel: {kernel_summary()}")
     feeds = zoo.input_feeds(model, seed=0)
     with Runtime(tg, threads=args.threads) as rt:
         outputs = rt.run(feeds)

@@ -44,6 +44,9 @@ def cmd_bench(args) -> int:
         print(json.dumps(rows))
     else:
         print(benchmark.format_table(rows))
+        from ..native import kernel_summary
+
+        print(f"kernel: {kernel_summary()}")
     if any(r.get("match") is False for r in rows):
         return EXIT_MISMATCH
     return 1 if all("status" in r for r in rows) else 0
@@ -142,6 +145,9 @@ def cmd_profile(args) -> int:
     print(f"per-tile overhead {prof['tile_overhead_us']:.2f} us"
           + (f"; link {prof['link']['goodput_mbps']:.1f} Mbit/s, RTT {prof['link']['rtt_ms']:.2f} ms"
              if prof.get("link") else ""))
+    from ..native import kernel_summary
+
+    print(f"kernel: {kernel_summary()}")
     print(f"profile written to {path} (python -m coacto.sim --device {args.name} ...)")
     return 0
 

@@ -139,7 +139,10 @@ def cmd_run(args) -> int:
                   f"{c['max_reference']:.3g} -> "
                   f"{'matches onnxruntime' if c['match'] else 'MISMATCH with onnxruntime'}")
         if layers is not None:
+            from ..native import kernel_summary
+
             print(format_layer_profile(layers, args.profile))
+            print(f"kernel: {kernel_summary()}")
         if trace is not None:
             print(format_trace_summary(trace, args.trace))
         if args.output:

@@ -47,16 +47,6 @@ CALIBRATION_TRIALS = 7
 MIN_CLASS_SECONDS = 2e-4
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def measure_threads(models, threads: int, runs: int, progress) -> dict:
     """Busy seconds and FLOPs per op class, latency, tiles and busy time of each model at
     ``threads`` computing threads."""
@@ -173,7 +163,8 @@ def _engine(model: str, inferences: int, progress) -> dict:
 def _measure(name, threads, models, runs, server, link_inferences, progress) -> dict:
     from .. import compiler, zoo
     from ..partition import OFFLOAD_MIN_COLUMN_BLOCKS
-    from ..native import gemm_kernel_name
+    from ..native import check_isa, gemm_kernel_name
+    from ..machine import cache_sizes, cpu_model
     from ..runtime import default_threads
 
     counts = sorted(set(threads or range(1, default_threads() + 1)))
@@ -230,7 +221,8 @@ def _measure(name, threads, models, runs, server, link_inferences, progress) -> 
     prof = profile_dict(name, os.cpu_count() or max(counts), gflops, overhead_us, source, link,
                         measured=time.strftime("%Y-%m-%d"),
                         cpu={"model": cpu_model(), "machine": platform.machine(),
-                             "cores": os.cpu_count(), "usable": default_threads()},
+                             "cores": os.cpu_count(), "usable": default_threads(),
+                             "caches": cache_sizes(), "isa_cap": check_isa()},
                         gemm_kernel=gemm_kernel_name(), runs=runs, models=rows,
                         notes=notes, layers=layer_tables,
                         server_calibration=measure_calibration(progress))

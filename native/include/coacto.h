@@ -140,9 +140,13 @@ typedef struct coacto_graph coacto_graph;
 typedef struct coacto_inference coacto_inference;
 
 const char *coacto_status_string(coacto_status status);
-/* Name of the GEMM micro-kernel in use (e.g. "gemm_f32_12x32__avx512f"). Set
- * COACTO_FORCE_SCALAR=1 in the environment before the first call to force the scalar kernels. */
+/* Name of the GEMM micro-kernel in use (e.g. "gemm_f32_14x32__avx512f"): the best this CPU runs
+ * up to the cap COACTO_ISA sets in the environment before the first call (scalar, avx2, avx512
+ * or neon; COACTO_FORCE_SCALAR=1 is the older spelling of scalar). The element-wise and pooling
+ * loops are compiled for x86-64-v3 and baseline and picked by the CPU alone. */
 const char *coacto_gemm_kernel_name(void);
+/* Every GEMM micro-kernel this CPU runs, best first, comma-separated (the cap aside). */
+const char *coacto_gemm_kernels_available(void);
 
 /* A runtime owns the computing threads and the ready pool; any number of graphs and inferences
  * share it. */

@@ -6,6 +6,7 @@
 #include <assert.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -13,25 +14,36 @@
 #include "coacto.h"
 #include "kernels/cpu.h"
 
-static const gemm_kernel kernel_scalar = {"gemm_f32_4x8__scalar", 4, 8, gemm_f32_4x8__scalar};
+/* rank: the instruction-set level a kernel needs, for COACTO_ISA's cap (scalar 0; AVX2 and
+ * NEON 1; AVX-512 2) */
+static const gemm_kernel kernel_scalar = {"gemm_f32_4x8__scalar", 4, 8, gemm_f32_4x8__scalar, 0};
 #if defined(__x86_64__) || defined(_M_X64)
-static const gemm_kernel kernel_avx2 = {"gemm_f32_6x16__avx2", 6, 16, gemm_f32_6x16__avx2};
+static const gemm_kernel kernel_avx2 = {"gemm_f32_6x16__avx2", 6, 16, gemm_f32_6x16__avx2, 1};
 static const gemm_kernel kernel_avx512f = {"gemm_f32_14x32__avx512f", 14, 32,
-                                           gemm_f32_14x32__avx512f};
+                                           gemm_f32_14x32__avx512f, 2};
 #endif
 #if defined(__aarch64__)
-static const gemm_kernel kernel_neon = {"gemm_f32_6x16__neon", 6, 16, gemm_f32_6x16__neon};
+static const gemm_kernel kernel_neon = {"gemm_f32_6x16__neon", 6, 16, gemm_f32_6x16__neon, 1};
 #endif
 
 /* Best first, NULL-terminated; room for every kernel plus the terminator. */
 static const gemm_kernel *available[5];
 static const gemm_kernel *selected;
 static pthread_once_t select_once = PTHREAD_ONCE_INIT;
+static char available_names[160];
 
-static int env_forces_scalar(void)
+/* The highest rank COACTO_ISA allows (2: no cap). COACTO_FORCE_SCALAR=1 is the older spelling
+ * of COACTO_ISA=scalar. An unknown value caps nothing here: the Python loader refuses it
+ * (coacto.native.check_isa) before the first call, with the values this CPU takes. */
+static int isa_cap(void)
 {
-    const char *v = getenv("COACTO_FORCE_SCALAR");
-    return v != NULL && v[0] != '\0' && strcmp(v, "0") != 0;
+    const char *force = getenv("COACTO_FORCE_SCALAR");
+    if (force != NULL && force[0] != '\0' && strcmp(force, "0") != 0) return 0;
+    const char *isa = getenv("COACTO_ISA");
+    if (isa == NULL) return 2;
+    if (strcmp(isa, "scalar") == 0) return 0;
+    if (strcmp(isa, "avx2") == 0 || strcmp(isa, "neon") == 0) return 1;
+    return 2;
 }
 
 static void init_kernels(void)
@@ -48,7 +60,21 @@ static void init_kernels(void)
     (void)cpu;
     available[n++] = &kernel_scalar;
     available[n] = NULL;
-    selected = env_forces_scalar() ? &kernel_scalar : available[0];
+    const int cap = isa_cap();
+    selected = &kernel_scalar;
+    for (size_t i = 0; i < n; i++) {
+        if (available[i]->rank <= cap) {
+            selected = available[i];
+            break;
+        }
+    }
+    size_t len = 0;
+    for (size_t i = 0; i < n; i++) {
+        int w = snprintf(available_names + len, sizeof available_names - len, "%s%s",
+                         i ? "," : "", available[i]->name);
+        if (w < 0 || (size_t)w >= sizeof available_names - len) break;
+        len += (size_t)w;
+    }
 }
 
 const gemm_kernel *gemm_select(void)
@@ -64,6 +90,12 @@ const gemm_kernel *const *gemm_available(void)
 }
 
 const char *coacto_gemm_kernel_name(void) { return gemm_select()->name; }
+
+const char *coacto_gemm_kernels_available(void)
+{
+    pthread_once(&select_once, init_kernels);
+    return available_names;
+}
 
 /* The panel slice one ukernel call reads (kc x nr floats) stays in L1 while the row blocks walk
  * over it: 256 x 32 floats is 32 KiB (AVX-512), 256 x 16 is 16 KiB (AVX2, NEON). Longer blocks

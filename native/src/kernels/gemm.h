@@ -39,11 +39,12 @@ typedef struct gemm_kernel {
     const char *name;
     size_t mr, nr;
     gemm_ukernel_fn ukernel;
+    int rank; /* the instruction-set level it needs: 0 scalar, 1 AVX2 / NEON, 2 AVX-512 */
 } gemm_kernel;
 
-/* The best kernel this CPU and OS support (CPUID and XCR0 on x86-64; NEON on aarch64), or the
- * scalar one when the environment has COACTO_FORCE_SCALAR set to a non-empty value other than 0.
- * Chosen once, thread-safe. */
+/* The best kernel this CPU and OS support (CPUID and XCR0 on x86-64; NEON on aarch64) up to the
+ * cap COACTO_ISA sets in the environment (scalar, avx2, avx512, neon; COACTO_FORCE_SCALAR=1
+ * means scalar). Chosen once, thread-safe. */
 const gemm_kernel *gemm_select(void);
 /* Every kernel compiled in and usable on this CPU, best first, NULL-terminated (for tests). */
 const gemm_kernel *const *gemm_available(void);
