@@ -44,7 +44,8 @@ Ops (``Layer.op``) and their attributes / weights:
 ``BINARY``
     ``inputs = [a]`` or ``[a, b]``; elementwise ``a OP b`` with ONNX (numpy) broadcasting, then the
     activation. attrs: ``kind`` (``BIN_ADD/SUB/MUL/DIV/POW/MAX/MIN``, and the comparisons
-    ``BIN_EQUAL/LESS/GREATER`` giving 1.0 or 0.0), ``act, alpha, beta``; with one input, ``b`` is
+    ``BIN_EQUAL/LESS/GREATER/GREATER_EQUAL/LESS_EQUAL`` giving 1.0 or 0.0, 0.0 for NaN),
+    ``act, alpha, beta``; with one input, ``b`` is
     the constant weight ``k`` (in NCHW order) and ``const_first`` (1 when the constant is the left
     operand: ``k OP a``). Activation inputs may broadcast too (each dim 1 or the output's).
 ``AFFINE``
@@ -204,6 +205,8 @@ BIN_GREATER = 6
 BIN_POW = 7
 BIN_MAX = 8
 BIN_MIN = 9
+BIN_GREATER_EQUAL = 10
+BIN_LESS_EQUAL = 11
 
 REDUCE_MAX = 0
 REDUCE_MEAN = 1

@@ -434,9 +434,11 @@ def _neg(imp, ins):
 
 _BIN_KIND = {"Add": ir.BIN_ADD, "Sub": ir.BIN_SUB, "Mul": ir.BIN_MUL, "Div": ir.BIN_DIV,
              "Equal": ir.BIN_EQUAL, "Less": ir.BIN_LESS, "Greater": ir.BIN_GREATER,
+             "GreaterOrEqual": ir.BIN_GREATER_EQUAL, "LessOrEqual": ir.BIN_LESS_EQUAL,
              "Pow": ir.BIN_POW}
 #: Kinds whose result is 1.0 / 0.0.
-_COMPARISONS = (ir.BIN_EQUAL, ir.BIN_LESS, ir.BIN_GREATER)
+_COMPARISONS = (ir.BIN_EQUAL, ir.BIN_LESS, ir.BIN_GREATER, ir.BIN_GREATER_EQUAL,
+                ir.BIN_LESS_EQUAL)
 
 
 def _emit_binary_const(imp, x, k, kind, const_first, out_shape, name):
@@ -517,6 +519,23 @@ def _per_row(k: np.ndarray, rank: int, axis: int):
 def _binary(imp, ins):
     with np.errstate(divide="ignore"):
         return [_binary_values(imp, ins[0], ins[1], _BIN_KIND[imp.node.op_type], imp._node_name())]
+
+
+def _logical(imp, ins):
+    """And, Or, Xor of bool tensors, at least one computed. Bools are 1.0 / 0.0 here (what the
+    comparisons and a Cast to bool compute): And is their product, Or their maximum, Xor their
+    inequality."""
+    op = imp.node.op_type
+    a, b = (v if isinstance(v, np.ndarray) else imp._as_bool(imp._resolve(v)) for v in ins[:2])
+    a, b = (np.asarray(v != 0, np.float32) if isinstance(v, np.ndarray) else v for v in (a, b))
+    name = imp._node_name()
+    if op == "Xor":
+        eq = _binary_values(imp, a, b, ir.BIN_EQUAL, f"{name}/eq")
+        y = _affine(imp, eq, -1.0, 1.0, name=name)
+    else:
+        y = _binary_values(imp, a, b, ir.BIN_MUL if op == "And" else ir.BIN_MAX, name)
+    imp.kinds[y.layer] = "bool"
+    return [y]
 
 
 def _sum(imp, ins):
@@ -714,6 +733,8 @@ COMPUTE = {
     "BatchNormalization": _batch_norm,
     "Add": _binary, "Sub": _binary, "Mul": _binary, "Div": _binary, "Sum": _sum, "Mean": _sum,
     "Equal": _binary, "Less": _binary, "Greater": _binary,
+    "GreaterOrEqual": _binary, "LessOrEqual": _binary,
+    "And": _logical, "Or": _logical, "Xor": _logical,
     "Pow": _pow, "Neg": _neg, "Max": _min_max, "Min": _min_max,
     "Relu": _activation(ir.ACT_RELU), "Clip": _clip,
     "LeakyRelu": _activation(ir.ACT_LEAKY, "alpha", 0.01), "PRelu": _prelu,

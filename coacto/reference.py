@@ -210,7 +210,9 @@ _BIN = {ir.BIN_ADD: np.add, ir.BIN_SUB: np.subtract, ir.BIN_MUL: np.multiply,
         ir.BIN_MIN: np.minimum,
         ir.BIN_EQUAL: lambda a, b: np.equal(a, b).astype(np.float64),
         ir.BIN_LESS: lambda a, b: np.less(a, b).astype(np.float64),
-        ir.BIN_GREATER: lambda a, b: np.greater(a, b).astype(np.float64)}
+        ir.BIN_GREATER: lambda a, b: np.greater(a, b).astype(np.float64),
+        ir.BIN_GREATER_EQUAL: lambda a, b: np.greater_equal(a, b).astype(np.float64),
+        ir.BIN_LESS_EQUAL: lambda a, b: np.less_equal(a, b).astype(np.float64)}
 
 
 def _binary(layer, xs):

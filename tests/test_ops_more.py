@@ -413,3 +413,49 @@ def test_castlike_to_the_type_of_an_activation_is_read_as_exporters_write_it():
     ref = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     got = coacto.Runtime(coacto.compile(data), threads=1).run({"x": x})["y"]
     np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-7)
+
+
+# ------------------------------------------------------------------ comparisons and bool logic
+
+
+@pytest.mark.parametrize("op", ["GreaterOrEqual", "LessOrEqual", "Greater", "Less", "Equal"])
+def test_comparisons_of_computed_values_with_nans_and_ties(op):
+    """x OP y, both computed, as a float mask (Where), with ties and NaNs: an ordered comparison
+    is false where either side is NaN (GreaterOrEqual is not 1 - Less)."""
+    x = rand(1, 3, 8, seed=1).round(0)
+    y = rand(1, 3, 8, seed=2).round(0)  # rounded: many ties
+    x[0, 0, :3] = np.nan
+    y[0, 1, 2] = np.nan
+    nodes = [helper.make_node("Relu", ["x"], ["rx"], name="/rx/Relu"),
+             helper.make_node("Add", ["x", "rx"], ["a"], name="/a/Add"),
+             helper.make_node(op, ["a", "y"], ["m"], name=f"/m/{op}"),
+             helper.make_node("Where", ["m", "one", "zero"], ["out"], name="/Where")]
+    model = make(nodes, {"x": [1, 3, 8], "y": [1, 3, 8]}, ["out"],
+                 {"one": np.ones(1, np.float32), "zero": np.zeros(1, np.float32)})
+    check(model, {"x": x, "y": y}, rel=0.0)
+
+
+@pytest.mark.parametrize("op", ["GreaterOrEqual", "LessOrEqual"])
+def test_ordered_comparison_with_a_constant(op):
+    x = rand(1, 4, 6, seed=3)
+    nodes = [helper.make_node(op, ["x", "t"], ["m"], name=f"/m/{op}"),
+             helper.make_node("Cast", ["m"], ["out"], to=F, name="/Cast")]
+    model = make(nodes, {"x": [1, 4, 6]}, ["out"], {"t": np.array([0.25], np.float32)})
+    check(model, {"x": x}, rel=0.0)
+
+
+@pytest.mark.parametrize("op", ["And", "Or", "Xor"])
+def test_bool_logic_of_computed_masks_as_an_attention_mask(op):
+    """What exporters emit for masks: two comparisons combined, one with a constant mask, and
+    the result selecting between the scores and a large negative, as attention does."""
+    x = rand(1, 2, 4, 4, seed=4)
+    const_mask = np.tril(np.ones((4, 4), bool)).reshape(1, 1, 4, 4)
+    nodes = [helper.make_node("Greater", ["x", "lo"], ["p"], name="/p/Greater"),
+             helper.make_node("Less", ["x", "hi"], ["q"], name="/q/Less"),
+             helper.make_node(op, ["p", "q"], ["pq"], name=f"/pq/{op}"),
+             helper.make_node(op, ["pq", "causal"], ["m"], name=f"/m/{op}"),
+             helper.make_node("Where", ["m", "x", "neg"], ["out"], name="/Where")]
+    model = make(nodes, {"x": [1, 2, 4, 4]}, ["out"],
+                 {"lo": np.array([-0.5], np.float32), "hi": np.array([0.8], np.float32),
+                  "causal": const_mask, "neg": np.array([-1e4], np.float32)})
+    check(model, {"x": x}, rel=0.0)

@@ -7,7 +7,8 @@
 
 enum {
     BIN_ADD = 0, BIN_SUB = 1, BIN_MUL = 2, BIN_DIV = 3, BIN_EQUAL = 4, BIN_LESS = 5,
-    BIN_GREATER = 6, BIN_POW = 7, BIN_MAX = 8, BIN_MIN = 9
+    BIN_GREATER = 6, BIN_POW = 7, BIN_MAX = 8, BIN_MIN = 9, BIN_GREATER_EQUAL = 10,
+    BIN_LESS_EQUAL = 11
 };
 
 /* ---- BINARY ---------------------------------------------------------------------------------- */
@@ -16,7 +17,7 @@ static int broadcasts(int32_t d, int32_t out) { return d == 1 || d == out; }
 
 coacto_status binary_prepare(layer *l, char *err, size_t err_size) {
     const int32_t *p = l->iparams;
-    OPS_REQUIRE(p[0] >= BIN_ADD && p[0] <= BIN_MIN, "unknown binary kind %d", p[0]);
+    OPS_REQUIRE(p[0] >= BIN_ADD && p[0] <= BIN_LESS_EQUAL, "unknown binary kind %d", p[0]);
     OPS_REQUIRE(ops_act_valid(p[1]), "unknown activation %d", p[1]);
     for (int i = 0; i < l->n_inputs; i++)
         OPS_REQUIRE(broadcasts(l->in_n[i], l->n) && broadcasts(l->in_c[i], l->c) &&
@@ -67,6 +68,9 @@ static operand operand_of(const layer *l, const float *base, int64_t n, int64_t 
 #define BIN_EQUAL_OP(x, y) ((x) == (y) ? 1.0f : 0.0f)
 #define BIN_LESS_OP(x, y) ((x) < (y) ? 1.0f : 0.0f)
 #define BIN_GREATER_OP(x, y) ((x) > (y) ? 1.0f : 0.0f)
+/* Ordered comparisons: NaN on either side gives 0 (not 1 - LESS). */
+#define BIN_GREATER_EQUAL_OP(x, y) ((x) >= (y) ? 1.0f : 0.0f)
+#define BIN_LESS_EQUAL_OP(x, y) ((x) <= (y) ? 1.0f : 0.0f)
 #define BIN_POW_OP(x, y) powf((x), (y))
 /* NaN in either operand gives NaN, as numpy's maximum / minimum. */
 #define BIN_MAX_OP(x, y) ((x) != (x) || (x) > (y) ? (x) : (y))
@@ -100,6 +104,8 @@ static void binary_span(int32_t kind, const float *restrict a, int sa, const flo
     case BIN_GREATER: BIN_LOOPS(BIN_GREATER_OP); break;
     case BIN_POW: BIN_LOOPS(BIN_POW_OP); break;
     case BIN_MAX: BIN_LOOPS(BIN_MAX_OP); break;
+    case BIN_GREATER_EQUAL: BIN_LOOPS(BIN_GREATER_EQUAL_OP); break;
+    case BIN_LESS_EQUAL: BIN_LOOPS(BIN_LESS_EQUAL_OP); break;
     default: BIN_LOOPS(BIN_MIN_OP); break;
     }
 }
