@@ -620,7 +620,7 @@ static void rejections(void) {
     expect_accept("binary baseline", bin);
     t = bin, t.in_c[1] = 3, expect_reject("binary non-broadcast channels", t);
     t = bin, t.in_h[0] = 12, expect_reject("binary input larger than output", t);
-    t = bin, t.iparams[0] = 10, expect_reject("binary kind", t);
+    t = bin, t.iparams[0] = 12, expect_reject("binary kind", t);
     t = bin, t.iparams[1] = COACTO_ACT_COUNT, expect_reject("binary act", t);
     t = bin, set_array(&t, 0, zeros, 32), expect_reject("binary constant with two inputs", t);
     layer bc = mk(COACTO_OP_BINARY, 2, 8, 6, 6);
