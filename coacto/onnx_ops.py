@@ -605,7 +605,10 @@ def _global_pool(kind):
     return run
 
 
-_ROW_REDUCE = {ir.POOL_AVG: ir.REDUCE_MEAN, ir.POOL_MAX: ir.REDUCE_MAX}
+#: ReduceMin's kind: a row reduction only (GLOBAL_POOL has no minimum)
+REDUCE_MIN_ONLY = "min"
+_ROW_REDUCE = {ir.POOL_AVG: ir.REDUCE_MEAN, ir.POOL_MAX: ir.REDUCE_MAX,
+               REDUCE_MIN_ONLY: ir.REDUCE_MIN}
 
 
 def _reduce(kind, total=False):
@@ -624,6 +627,9 @@ def _reduce(kind, total=False):
             if axis in (r - 1, 1):
                 return [_row_reduce(imp, v, axis, kind, total, out)]
             return [_reduce_moved(imp, v, axis, kind, total, out)]
+        if kind == REDUCE_MIN_ONLY:
+            raise Unsupported(f"ReduceMin over axes {sorted(axes)} of a rank-{r} tensor; coacto "
+                              "reduces the minimum over one axis (of size above 1)")
         x = imp._act(v, CHANNELS)
         spatial = set(range(2, r))
         ones = {i for i in spatial if x.shape[i] == 1}
@@ -753,7 +759,7 @@ COMPUTE = {
     "MaxPool": _pool(ir.POOL_MAX), "AveragePool": _pool(ir.POOL_AVG),
     "GlobalAveragePool": _global_pool(ir.POOL_AVG), "GlobalMaxPool": _global_pool(ir.POOL_MAX),
     "ReduceMean": _reduce(ir.POOL_AVG), "ReduceMax": _reduce(ir.POOL_MAX),
-    "ReduceSum": _reduce(ir.POOL_AVG, total=True),
+    "ReduceSum": _reduce(ir.POOL_AVG, total=True), "ReduceMin": _reduce(REDUCE_MIN_ONLY),
     "LRN": _lrn, "Softmax": _softmax(False), "LogSoftmax": _softmax(True),
     "Concat": _concat,
 }

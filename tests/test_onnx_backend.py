@@ -66,7 +66,7 @@ FAILING_OPERATORS = {
         TreeEnsemble Unique
     """.split(),
     "operator supported on constants only": """
-        ConstantOfShape GatherElements Mod ReduceMin ReduceProd Trilu
+        ConstantOfShape GatherElements Mod ReduceProd Trilu
     """.split(),
     "sequence, map or optional values": """
         Loop OptionalGetElement OptionalHasElement ReverseSequence SequenceInsert
@@ -196,6 +196,8 @@ EXPECTED_FAILURES = {
         test_reduce_max_default_axes_keepdims_random
         test_reduce_mean_default_axes_keepdims_example
         test_reduce_mean_default_axes_keepdims_random
+        test_reduce_min_default_axes_keepdims_example
+        test_reduce_min_default_axes_keepdims_random
         test_reduce_sum_default_axes_keepdims_example
         test_reduce_sum_default_axes_keepdims_random
         test_reduce_sum_square_default_axes_keepdims_example_expanded
@@ -237,7 +239,7 @@ EXPECTED_FAILURES = {
         test_min_uint16 test_min_uint32 test_mul_int8 test_mul_int16 test_mul_uint8
         test_mul_uint16 test_mul_uint32 test_edge_pad test_reflect_pad test_wrap_pad
         test_pow_types_int64_float32 test_pow_types_int32_float32 test_pow_types_int64_int64
-        test_pow_types_int32_int32 test_reduce_max_bool_inputs test_shape_example test_shape
+        test_pow_types_int32_int32 test_reduce_max_bool_inputs test_reduce_min_bool_inputs test_shape_example test_shape
         test_shape_start_1 test_shape_end_1 test_shape_start_negative_1
         test_shape_end_negative_1 test_shape_start_1_end_negative_1 test_shape_start_1_end_2
         test_shape_clip_start test_shape_clip_end test_shape_start_greater_than_end
@@ -278,6 +280,7 @@ EXPECTED_FAILURES = {
     """.split(),
     "output does not depend on an input": """
         test_constant test_reduce_max_empty_set test_reduce_max_empty_set_bool
+        test_reduce_min_empty_set
         test_reduce_sum_empty_set test_reduce_sum_empty_set_non_reduced_axis_zero
         test_reduce_sum_square_empty_set_expanded
     """.split(),

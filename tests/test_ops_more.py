@@ -234,8 +234,9 @@ def test_floor_of_integers_can_index():
 # ---------------------------------------------------------------------------------- reductions
 
 def _reduce_model(op, shape, axis, keepdims, opset):
-    """ReduceMean / ReduceSum over one axis: axes an attribute up to opset 17 (ReduceSum: 12),
-    an input from opset 18 (ReduceSum: 13), as the exporters write them."""
+    """ReduceMean / ReduceSum / ReduceMax / ReduceMin over one axis: axes an attribute up to
+    opset 17 (ReduceSum: 12), an input from opset 18 (ReduceSum: 13), as the exporters write
+    them."""
     inits = {}
     if op == "ReduceSum" and opset >= 13 or opset >= 18:
         inits["/reduce/Constant_output_0"] = np.array([axis], np.int64)
@@ -254,7 +255,7 @@ REDUCTIONS = [  # (shape, axis): every axis of ranks 2 to 4, negative axes, odd 
 ]
 
 
-@pytest.mark.parametrize("op", ["ReduceMean", "ReduceSum"])
+@pytest.mark.parametrize("op", ["ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin"])
 @pytest.mark.parametrize("shape,axis", REDUCTIONS, ids=[f"{s}-{a}" for s, a in REDUCTIONS])
 @pytest.mark.parametrize("keepdims", [0, 1])
 @pytest.mark.parametrize("opset", [13, 18])
@@ -276,6 +277,15 @@ def test_reduce_over_height_of_a_conv_output():
                  {"c1.weight": rand(6, 3, 3, 3, seed=9), "axes": np.array([2], np.int64)},
                  opset=18)
     check(model, {"x": rand(2, 3, 10, 13, seed=10)}, rel=1e-5)
+
+
+def test_reduce_min_with_nans_and_over_two_axes():
+    x = rand(2, 5, 7, seed=13)
+    x[0, 1, 3] = np.nan
+    check(_reduce_model("ReduceMin", (2, 5, 7), -1, 1, 18), {"x": x}, rel=0.0)
+    n = helper.make_node("ReduceMin", ["x"], ["y"], name="/reduce/ReduceMin", axes=[2, 3])
+    with pytest.raises(coacto.CoactoError, match="minimum over one axis"):
+        coacto.compile(make([n], {"x": [1, 3, 4, 5]}, ["y"], opset=13))
 
 
 def test_reduce_over_axes_of_size_one_is_the_input():
