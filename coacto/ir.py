@@ -156,12 +156,108 @@ OP_ROW_REDUCE = 13
 OP_WHERE = 14
 OP_EMBED = 15
 
-OP_NAMES = {
-    OP_INPUT: "INPUT", OP_CONV: "CONV", OP_POOL: "POOL", OP_GLOBAL_POOL: "GLOBAL_POOL",
-    OP_BINARY: "BINARY", OP_AFFINE: "AFFINE", OP_CONCAT: "CONCAT", OP_GATHER: "GATHER",
-    OP_LRN: "LRN", OP_SOFTMAX: "SOFTMAX", OP_NOP: "NOP", OP_MATMUL: "MATMUL",
-    OP_LAYERNORM: "LAYERNORM", OP_ROW_REDUCE: "ROW_REDUCE", OP_WHERE: "WHERE", OP_EMBED: "EMBED",
-}
+
+
+def _binary_kdims(layer: "Layer") -> list[int]:
+    """BINARY's constant dims (n, c, h, w; each 1 or the output's), all 1 without one."""
+    k = layer.weights.get("k")
+    if k is None:
+        return [1, 1, 1, 1]
+    return list(nchw_shape(k.shape)) if k.ndim != 4 else list(k.shape)
+
+
+def _where_dims(layer: "Layer") -> list[int]:
+    """WHERE's constant cond / x / y dims (n, c, h, w each), 1s for operands that are inputs."""
+    out: list[int] = []
+    for key in ("cond", "x", "y"):
+        k = layer.weights.get(key)
+        out += [1, 1, 1, 1] if k is None else list(np.asarray(k).shape)
+    return out
+
+
+def _embed_vocab(layer: "Layer") -> list[int]:
+    return [int(layer.weights["table"].shape[0])]
+
+
+_WINDOW = ("kh", "kw", "sh", "sw", "pt", "pl", "pb", "pr", ("dh", 1), ("dw", 1))
+_ACT_F = (("alpha", 0.0), ("beta", 0.0))
+
+
+@dataclass(frozen=True)
+class OpContract:
+    """An op as the native runtime takes it, written once: its code, how many inputs, its arrays
+    (weight keys in the native array slots' order), and how its attrs pack into the native
+    iparams / fparams. native/src/ops.c holds the C side's table (coacto_op_contract), which
+    tests/test_structure.py checks against this one; native/src/ops.h says what each slot means.
+
+    A parameter entry is an attr name (required), (name, default), an int (a constant slot), or
+    (width, function of the layer returning that many values)."""
+
+    name: str
+    code: int
+    inputs: tuple[int, int]
+    arrays: tuple[str, ...] = ()
+    iparams: tuple = ()
+    fparams: tuple = ()
+
+    @staticmethod
+    def _width(entry) -> int:
+        return entry[0] if isinstance(entry, tuple) and callable(entry[1]) else 1
+
+    @property
+    def n_iparams(self) -> int:
+        return sum(self._width(e) for e in self.iparams)
+
+    @property
+    def n_fparams(self) -> int:
+        return sum(self._width(e) for e in self.fparams)
+
+    def pack(self, layer: "Layer") -> tuple[list, list]:
+        """(iparams, fparams) of ``layer`` in the native order."""
+        def values(entries):
+            out: list = []
+            for e in entries:
+                if isinstance(e, str):
+                    out.append(layer.attrs[e])
+                elif isinstance(e, int):
+                    out.append(e)
+                elif callable(e[1]):
+                    got = e[1](layer)
+                    assert len(got) == e[0], (self.name, e, got)
+                    out += got
+                else:
+                    out.append(layer.attrs.get(e[0], e[1]))
+            return out
+        return values(self.iparams), values(self.fparams)
+
+
+#: Every op, by name (see OpContract).
+OPS = {c.name: c for c in (
+    OpContract("INPUT", OP_INPUT, (0, 0)),
+    OpContract("CONV", OP_CONV, (1, 2), ("w", "b"), _WINDOW + ("group", ("act", 0)), _ACT_F),
+    OpContract("POOL", OP_POOL, (1, 1), (), _WINDOW + ("kind", ("count_include_pad", 0))),
+    OpContract("GLOBAL_POOL", OP_GLOBAL_POOL, (1, 1), (), ("kind",)),
+    OpContract("BINARY", OP_BINARY, (1, 2), ("k",),
+               ("kind", ("act", 0), ("const_first", 0), 0, (4, _binary_kdims)), _ACT_F),
+    OpContract("AFFINE", OP_AFFINE, (1, 1), ("scale", "shift"), (("act", 0),), _ACT_F),
+    OpContract("CONCAT", OP_CONCAT, (1, 8)),
+    OpContract("GATHER", OP_GATHER, (1, 8), ("index", "const"), (), (("fill", 0.0),)),
+    OpContract("LRN", OP_LRN, (1, 1), (), ("size",), ("alpha", "beta", "bias")),
+    OpContract("SOFTMAX", OP_SOFTMAX, (1, 1), (), (("log", 0),)),
+    OpContract("NOP", OP_NOP, (0, 8)),
+    OpContract("MATMUL", OP_MATMUL, (2, 3), (),
+               tuple((k, 0) for k in ("batch0", "batch1", "m", "n", "k", "a_off", "a_s0", "a_s1",
+                                       "a_si", "b_off", "b_s0", "b_s1", "b_sk", "b_sj",
+                                       "out_mode", "causal", "offset", "has_mask", "m_off",
+                                       "m_s0", "m_s1", "m_si", "m_sj")),
+               (("scale", 1.0), ("fill", 0.0))),
+    OpContract("LAYERNORM", OP_LAYERNORM, (1, 1), ("scale", "shift"), (), ("eps",)),
+    OpContract("ROW_REDUCE", OP_ROW_REDUCE, (1, 1), (), ("kind",)),
+    OpContract("WHERE", OP_WHERE, (1, 3), ("cond", "x", "y"),
+               ("operands", 0, 0, 0, (12, _where_dims))),
+    OpContract("EMBED", OP_EMBED, (1, 1), ("table",), ((1, _embed_vocab),)),
+)}
+OP_NAMES = {c.code: c.name for c in OPS.values()}
 OP_CODES = {v: k for k, v in OP_NAMES.items()}
 
 ACT_NONE = 0

@@ -106,54 +106,6 @@ def kernel_summary() -> str:
 
 # ---------------------------------------------------------------------------- descriptions
 
-def _iparams(layer: ir.Layer) -> tuple[list[int], list[float]]:
-    a = layer.attrs
-    op = layer.op
-    if op == "CONV":
-        ip = [a["kh"], a["kw"], a["sh"], a["sw"], a["pt"], a["pl"], a["pb"], a["pr"],
-              a.get("dh", 1), a.get("dw", 1), a["group"], a.get("act", 0)]
-        return ip, [a.get("alpha", 0.0), a.get("beta", 0.0)]
-    if op == "POOL":
-        ip = [a["kh"], a["kw"], a["sh"], a["sw"], a["pt"], a["pl"], a["pb"], a["pr"],
-              a.get("dh", 1), a.get("dw", 1), a["kind"], a.get("count_include_pad", 0)]
-        return ip, []
-    if op == "GLOBAL_POOL":
-        return [a["kind"]], []
-    if op == "BINARY":
-        kdims = [1, 1, 1, 1]
-        if "k" in layer.weights:
-            kdims = list(ir.nchw_shape(layer.weights["k"].shape)) if layer.weights["k"].ndim != 4 \
-                else list(layer.weights["k"].shape)
-        return [a["kind"], a.get("act", 0), a.get("const_first", 0), 0] + kdims, \
-            [a.get("alpha", 0.0), a.get("beta", 0.0)]
-    if op == "AFFINE":
-        return [a.get("act", 0)], [a.get("alpha", 0.0), a.get("beta", 0.0)]
-    if op == "GATHER":
-        return [], [a.get("fill", 0.0)]
-    if op == "LRN":
-        return [a["size"]], [a["alpha"], a["beta"], a["bias"]]
-    if op == "SOFTMAX":
-        return [a.get("log", 0)], []
-    if op == "MATMUL":
-        keys = ("batch0", "batch1", "m", "n", "k", "a_off", "a_s0", "a_s1", "a_si", "b_off",
-                "b_s0", "b_s1", "b_sk", "b_sj", "out_mode", "causal", "offset", "has_mask",
-                "m_off", "m_s0", "m_s1", "m_si", "m_sj")
-        return [a.get(k, 0) for k in keys], [a.get("scale", 1.0), a.get("fill", 0.0)]
-    if op == "LAYERNORM":
-        return [], [a["eps"]]
-    if op == "ROW_REDUCE":
-        return [a["kind"]], []
-    if op == "WHERE":
-        ip = [a["operands"], 0, 0, 0]
-        for key in ("cond", "x", "y"):
-            k = layer.weights.get(key)
-            ip += [1, 1, 1, 1] if k is None else list(np.asarray(k).shape)
-        return ip, []
-    if op == "EMBED":
-        return [layer.weights["table"].shape[0]], []
-    return [], []
-
-
 class NativeGraph:
     """A coacto_graph handle (weights packed once), shared by every Runtime of a TileGraph."""
 
@@ -169,7 +121,7 @@ class NativeGraph:
             for i, p in enumerate(layer.inputs):
                 d.inputs[i] = p
             d.n, d.c, d.h, d.w = (int(v) for v in layer.shape)
-            ip, fp = _iparams(layer)
+            ip, fp = ir.OPS[layer.op].pack(layer)
             for i, v in enumerate(ip):
                 d.iparams[i] = int(v)
             for i, v in enumerate(fp):

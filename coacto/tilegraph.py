@@ -40,16 +40,8 @@ PARTITIONER_VERSION = 5
 _ALIGN = 64
 _PREFIX = struct.Struct("<8sIIQ")
 
-# Weight array slots per op, in the order of coacto_layer_desc.arrays (native/src/ops.h).
-ARRAY_SLOTS = {
-    "CONV": ("w", "b"),
-    "BINARY": ("k",),
-    "AFFINE": ("scale", "shift"),
-    "GATHER": ("index", "const"),
-    "LAYERNORM": ("scale", "shift"),
-    "WHERE": ("cond", "x", "y"),
-    "EMBED": ("table",),
-}
+#: Each op's weight keys in its native array slots' order (coacto.ir.OPS).
+ARRAY_SLOTS = {c.name: c.arrays for c in ir.OPS.values() if c.arrays}
 
 
 def graph_identity(model_hash: str, params: dict) -> str:

@@ -143,3 +143,21 @@ def test_the_activation_and_op_codes_agree_with_the_c_header():
     assert lib.COACTO_ACT_COUNT == len(acts)
     for code, name in ir.OP_NAMES.items():
         assert getattr(lib, f"COACTO_OP_{name}", None) == code, name
+
+
+def test_each_ops_contract_agrees_with_the_c_table():
+    """coacto/ir.py OPS and native/src/ops.c's table state each op's inputs, arrays and
+    parameter counts once per language: a slot out of step would hand an op another value."""
+    from coacto import ir
+    from coacto.native import ffi, lib
+
+    assert len(ir.OPS) == lib.COACTO_OP_COUNT
+    info = ffi.new("coacto_op_info *")
+    for name, c in ir.OPS.items():
+        assert lib.coacto_op_contract(c.code, info) == lib.COACTO_OK, name
+        got = (ffi.string(info.name).decode(), (info.min_inputs, info.max_inputs), info.arrays,
+               info.iparams, info.fparams)
+        assert got == (name, c.inputs, len(c.arrays), c.n_iparams, c.n_fparams)
+        assert c.n_iparams <= 32 and c.n_fparams <= 8  # coacto_layer_desc's room
+    assert lib.coacto_op_contract(lib.COACTO_OP_COUNT, info) == lib.COACTO_ERR_INVALID_ARGUMENT
+    assert lib.coacto_op_contract(-1, info) == lib.COACTO_ERR_INVALID_ARGUMENT

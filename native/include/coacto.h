@@ -140,6 +140,16 @@ typedef struct coacto_graph coacto_graph;
 typedef struct coacto_inference coacto_inference;
 
 const char *coacto_status_string(coacto_status status);
+
+/* What the runtime expects of an op (native/src/ops.c's table): its name, how many inputs it
+ * takes, how many array slots it reads (the others must be absent) and how many iparams and
+ * fparams it reads (the others are ignored). COACTO_ERR_INVALID_ARGUMENT for an unknown op. */
+typedef struct coacto_op_info {
+    const char *name;
+    int32_t min_inputs, max_inputs;
+    int32_t arrays, iparams, fparams;
+} coacto_op_info;
+coacto_status coacto_op_contract(int32_t op, coacto_op_info *out);
 /* Name of the GEMM micro-kernel in use (e.g. "gemm_f32_14x32__avx512f"): the best this CPU runs
  * up to the cap COACTO_ISA sets in the environment before the first call (scalar, avx2, avx512
  * or neon; COACTO_FORCE_SCALAR=1 is the older spelling of scalar). The element-wise and pooling

@@ -1,5 +1,7 @@
-/* Tile executors: the checks every op shares, dispatch, activations. The op families live in
- * ops_conv.c, ops_pool.c and ops_misc.c. */
+/* Tile executors: the checks every op shares, each op's contract (one table: inputs, arrays,
+ * parameters, prepare and execute) and the dispatch through it. The op families live in
+ * ops_conv.c, ops_pool.c, ops_misc.c, ops_seq.c and ops_winograd.c; the vector maths they share
+ * (e^x, sums, activations) in ops_vec.c. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -56,22 +58,61 @@ static int64_t elements(int32_t n, int32_t c, int32_t h, int32_t w) {
     return ops_mul(ops_mul(ops_mul(n, c), h), w);
 }
 
-/* Number of inputs each op takes: [min, max]. */
-static void input_range(int32_t op, int *lo, int *hi) {
-    *lo = 1;
-    *hi = 1;
-    switch (op) {
-    case COACTO_OP_INPUT: *lo = *hi = 0; break;
-    case COACTO_OP_CONV:
-    case COACTO_OP_BINARY: *hi = 2; break;
-    case COACTO_OP_MATMUL: *lo = 2; *hi = 3; break;
-    case COACTO_OP_WHERE: *hi = 3; break;
-    case COACTO_OP_CONCAT:
-    case COACTO_OP_GATHER: *hi = COACTO_MAX_INPUTS; break;
-    case COACTO_OP_NOP: *lo = 0; *hi = COACTO_MAX_INPUTS; break;
-    default: break;
+/* Executors without scratch, in the table's one signature. */
+#define NO_SCRATCH(fn)                                                                      \
+    static void fn##_(const layer *l, const float *const *in, float *out, int32_t col0,     \
+                      int32_t col1, int32_t row0, int32_t row1, float *scratch) {           \
+        (void)scratch;                                                                      \
+        fn(l, in, out, col0, col1, row0, row1);                                             \
     }
-}
+NO_SCRATCH(pool_execute)
+NO_SCRATCH(global_pool_execute)
+NO_SCRATCH(binary_execute)
+NO_SCRATCH(affine_execute)
+NO_SCRATCH(concat_execute)
+NO_SCRATCH(gather_execute)
+NO_SCRATCH(lrn_execute)
+NO_SCRATCH(layernorm_execute)
+NO_SCRATCH(row_reduce_execute)
+NO_SCRATCH(where_execute)
+NO_SCRATCH(embed_execute)
+
+typedef void (*op_execute_fn)(const layer *l, const float *const *in, float *out, int32_t col0,
+                              int32_t col1, int32_t row0, int32_t row1, float *scratch);
+
+/* Each op's contract, once: its name, inputs [min, max], the array slots it reads (the others
+ * must be absent), the iparams and fparams it reads (their meaning: ops.h; the Python side's
+ * copy, coacto/ir.py OPS, is checked against this by tests/test_structure.py), and the two
+ * functions that run it. */
+typedef struct op_contract {
+    const char *name;
+    int8_t min_inputs, max_inputs, arrays, iparams, fparams;
+    coacto_status (*prepare)(layer *l, char *err, size_t err_size);
+    op_execute_fn execute;
+} op_contract;
+
+static const op_contract OPS[COACTO_OP_COUNT] = {
+    [COACTO_OP_INPUT] = {"INPUT", 0, 0, 0, 0, 0, NULL, NULL},
+    [COACTO_OP_CONV] = {"CONV", 1, 2, 2, 12, 2, conv_prepare, conv_execute},
+    [COACTO_OP_POOL] = {"POOL", 1, 1, 0, 12, 0, pool_prepare, pool_execute_},
+    [COACTO_OP_GLOBAL_POOL] = {"GLOBAL_POOL", 1, 1, 0, 1, 0, global_pool_prepare,
+                               global_pool_execute_},
+    [COACTO_OP_BINARY] = {"BINARY", 1, 2, 1, 8, 2, binary_prepare, binary_execute_},
+    [COACTO_OP_AFFINE] = {"AFFINE", 1, 1, 2, 1, 2, affine_prepare, affine_execute_},
+    [COACTO_OP_CONCAT] = {"CONCAT", 1, COACTO_MAX_INPUTS, 0, 0, 0, concat_prepare,
+                          concat_execute_},
+    [COACTO_OP_GATHER] = {"GATHER", 1, COACTO_MAX_INPUTS, 2, 0, 1, gather_prepare,
+                          gather_execute_},
+    [COACTO_OP_LRN] = {"LRN", 1, 1, 0, 1, 3, lrn_prepare, lrn_execute_},
+    [COACTO_OP_SOFTMAX] = {"SOFTMAX", 1, 1, 0, 1, 0, softmax_prepare, softmax_execute},
+    [COACTO_OP_NOP] = {"NOP", 0, COACTO_MAX_INPUTS, 0, 0, 0, NULL, NULL}, /* any arrays */
+    [COACTO_OP_MATMUL] = {"MATMUL", 2, 3, 0, 23, 2, matmul_prepare, matmul_execute},
+    [COACTO_OP_LAYERNORM] = {"LAYERNORM", 1, 1, 2, 0, 1, layernorm_prepare, layernorm_execute_},
+    [COACTO_OP_ROW_REDUCE] = {"ROW_REDUCE", 1, 1, 0, 1, 0, row_reduce_prepare,
+                              row_reduce_execute_},
+    [COACTO_OP_WHERE] = {"WHERE", 1, 3, 3, 16, 0, where_prepare, where_execute_},
+    [COACTO_OP_EMBED] = {"EMBED", 1, 1, 1, 1, 0, embed_prepare, embed_execute_},
+};
 
 /* A kernel the caller picked (tests sweep every one) is kept when it is one of gemm_available(). */
 static const gemm_kernel *known_kernel(const gemm_kernel *k) {
@@ -93,44 +134,22 @@ coacto_status op_prepare(layer *l, char *err, size_t err_size) {
     if (err && err_size) err[0] = '\0';
 
     OPS_REQUIRE(l->op >= 0 && l->op < COACTO_OP_COUNT, "unknown op code %d", l->op);
-    int lo, hi;
-    input_range(l->op, &lo, &hi);
-    OPS_REQUIRE(l->n_inputs >= lo && l->n_inputs <= hi, "op %d takes %d to %d inputs, got %d",
-                l->op, lo, hi, l->n_inputs);
+    const op_contract *op = &OPS[l->op];
+    OPS_REQUIRE(l->n_inputs >= op->min_inputs && l->n_inputs <= op->max_inputs,
+                "%s takes %d to %d inputs, got %d", op->name, op->min_inputs, op->max_inputs,
+                l->n_inputs);
     OPS_REQUIRE(elements(l->n, l->c, l->h, l->w) > 0 && (int64_t)l->n * l->h * l->w <= INT32_MAX,
                 "output dims %dx%dx%dx%d (NCHW) are out of range", l->n, l->c, l->h, l->w);
     for (int i = 0; i < l->n_inputs; i++)
         OPS_REQUIRE(elements(l->in_n[i], l->in_c[i], l->in_h[i], l->in_w[i]) > 0,
                     "input %d dims %dx%dx%dx%d (NCHW) are out of range", i, l->in_n[i],
                     l->in_c[i], l->in_h[i], l->in_w[i]);
-    if (l->op != COACTO_OP_NOP) {
-        /* Arrays an op does not use must be absent; ops check the ones they use themselves. */
-        static const int used[COACTO_OP_COUNT] = {
-            [COACTO_OP_CONV] = 2, [COACTO_OP_BINARY] = 1, [COACTO_OP_AFFINE] = 2,
-            [COACTO_OP_GATHER] = 2, [COACTO_OP_LAYERNORM] = 2, [COACTO_OP_WHERE] = 3,
-            [COACTO_OP_EMBED] = 1,
-        };
-        for (int a = used[l->op]; a < 4; a++)
-            OPS_REQUIRE(l->array_bytes[a] == 0, "array %d must be absent for op %d", a, l->op);
-    }
-
-    switch (l->op) {
-    case COACTO_OP_CONV: return conv_prepare(l, err, err_size);
-    case COACTO_OP_POOL: return pool_prepare(l, err, err_size);
-    case COACTO_OP_GLOBAL_POOL: return global_pool_prepare(l, err, err_size);
-    case COACTO_OP_BINARY: return binary_prepare(l, err, err_size);
-    case COACTO_OP_AFFINE: return affine_prepare(l, err, err_size);
-    case COACTO_OP_CONCAT: return concat_prepare(l, err, err_size);
-    case COACTO_OP_GATHER: return gather_prepare(l, err, err_size);
-    case COACTO_OP_LRN: return lrn_prepare(l, err, err_size);
-    case COACTO_OP_SOFTMAX: return softmax_prepare(l, err, err_size);
-    case COACTO_OP_MATMUL: return matmul_prepare(l, err, err_size);
-    case COACTO_OP_LAYERNORM: return layernorm_prepare(l, err, err_size);
-    case COACTO_OP_ROW_REDUCE: return row_reduce_prepare(l, err, err_size);
-    case COACTO_OP_WHERE: return where_prepare(l, err, err_size);
-    case COACTO_OP_EMBED: return embed_prepare(l, err, err_size);
-    default: return COACTO_OK; /* INPUT, NOP */
-    }
+    /* Arrays an op does not read must be absent (NOP takes anything: tests, benchmarks); the op
+     * checks the ones it reads itself. */
+    if (l->op != COACTO_OP_NOP)
+        for (int a = op->arrays; a < 4; a++)
+            OPS_REQUIRE(l->array_bytes[a] == 0, "array %d must be absent for %s", a, op->name);
+    return op->prepare ? op->prepare(l, err, err_size) : COACTO_OK;
 }
 
 void op_release(layer *l) {
@@ -141,369 +160,14 @@ void op_release(layer *l) {
 void op_execute(const layer *l, const float *const *in, float *out, int32_t col0, int32_t col1,
                 int32_t row0, int32_t row1, float *scratch) {
     if (col0 >= col1 || row0 >= row1) return;
-    switch (l->op) {
-    case COACTO_OP_CONV: conv_execute(l, in, out, col0, col1, row0, row1, scratch); break;
-    case COACTO_OP_POOL: pool_execute(l, in, out, col0, col1, row0, row1); break;
-    case COACTO_OP_GLOBAL_POOL: global_pool_execute(l, in, out, col0, col1, row0, row1); break;
-    case COACTO_OP_BINARY: binary_execute(l, in, out, col0, col1, row0, row1); break;
-    case COACTO_OP_AFFINE: affine_execute(l, in, out, col0, col1, row0, row1); break;
-    case COACTO_OP_CONCAT: concat_execute(l, in, out, col0, col1, row0, row1); break;
-    case COACTO_OP_GATHER: gather_execute(l, in, out, col0, col1, row0, row1); break;
-    case COACTO_OP_LRN: lrn_execute(l, in, out, col0, col1, row0, row1); break;
-    case COACTO_OP_SOFTMAX: softmax_execute(l, in, out, col0, col1, row0, row1, scratch); break;
-    case COACTO_OP_MATMUL: matmul_execute(l, in, out, col0, col1, row0, row1, scratch); break;
-    case COACTO_OP_LAYERNORM: layernorm_execute(l, in, out, col0, col1, row0, row1); break;
-    case COACTO_OP_ROW_REDUCE: row_reduce_execute(l, in, out, col0, col1, row0, row1); break;
-    case COACTO_OP_WHERE: where_execute(l, in, out, col0, col1, row0, row1); break;
-    case COACTO_OP_EMBED: embed_execute(l, in, out, col0, col1, row0, row1); break;
-    default: break; /* INPUT is never executed; NOP does nothing */
-    }
+    /* INPUT is never executed; NOP does nothing */
+    if (OPS[l->op].execute) OPS[l->op].execute(l, in, out, col0, col1, row0, row1, scratch);
 }
 
-/* e^x, relative error below 1e-7, for x clamped to [-88, 88] (exp8 clamps): round n = x / ln 2, reduce
- * r = x - n ln 2 (two-part constant), Cephes' polynomial for e^r, and 2^n built from its bits.
- * At -88, n = -127 and 2^n's bits are those of +0, so e^x is exactly 0 below float's normal range
- * (from about -87.3 on, a computing thread, which flushes subnormals, gets 0 too): a softmax over
- * masked scores gives masked keys a probability of 0, not a subnormal that slows every later
- * multiplication by it (BERT with padding: its attention products took 7x longer).
- *
- * Written on eight-float vectors: the compilers do not vectorize the scalar form (the integer to
- * float bit copy of 2^n stops them), and a scalar e^x made softmax 4x slower than onnxruntime's. */
-typedef int32_t ops_i32x8 __attribute__((vector_size(32)));
-
-static inline ops_f32x8 clamp8(ops_f32x8 x, float lo, float hi) {
-    ops_f32x8 vlo = {lo, lo, lo, lo, lo, lo, lo, lo}, vhi = {hi, hi, hi, hi, hi, hi, hi, hi};
-    ops_i32x8 below = x < vlo, above = x > vhi;
-    x = (ops_f32x8)(((ops_i32x8)vlo & below) | ((ops_i32x8)x & ~below));
-    return (ops_f32x8)(((ops_i32x8)vhi & above) | ((ops_i32x8)x & ~above));
-}
-
-static inline ops_f32x8 exp8(ops_f32x8 x) {
-    const float round_magic = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
-    x = clamp8(x, -88.0f, 88.0f);
-    ops_f32x8 t = x * 1.44269504088896341f + round_magic;
-    ops_f32x8 n = t - round_magic;
-    ops_f32x8 r = x - n * 0.693359375f;
-    r = r - n * -2.12194440e-4f;
-    ops_f32x8 p = r * 1.9875691500e-4f + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * (r * r) + r + 1.0f;
-    ops_i32x8 bits = (__builtin_convertvector(n, ops_i32x8) + 127) << 23;
-    return p * (ops_f32x8)bits;
-}
-
-/* The n < 8 floats at x as one vector (zeros after them), and back. */
-static inline ops_f32x8 load_tail8(const float *x, size_t n) {
-    ops_f32x8 v = {0};
-    for (size_t j = 0; j < n; j++) v[j] = x[j];
-    return v;
-}
-
-static inline void store_tail8(float *x, ops_f32x8 v, size_t n) {
-    for (size_t j = 0; j < n; j++) x[j] = v[j];
-}
-
-OPS_CLONES void ops_exp(float *restrict x, size_t n) {
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8) OPS_F32X8(x + i) = exp8(OPS_F32X8(x + i));
-    if (i < n) store_tail8(x + i, exp8(load_tail8(x + i, n - i)), n - i);
-}
-
-/* One softmax row: e = e^(x - max x) (x and e may not overlap); returns the sum of e and stores
- * max x. One pass for the maximum, one that subtracts, exponentiates, stores and sums in vectors
- * (the row stays in L1). */
-OPS_CLONES float ops_softmax_exp(const float *restrict x, float *restrict e, size_t n,
-                                 float *max_out) {
-    float m = ops_max(x, n);
-    *max_out = m;
-    ops_f32x8 acc = {0};
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        ops_f32x8 v = exp8(OPS_F32X8(x + i) - m);
-        OPS_F32X8(e + i) = v;
-        acc += v;
-    }
-    if (i < n) {
-        store_tail8(e + i, exp8(load_tail8(x + i, n - i) - m), n - i);
-        acc[0] += ops_sum(e + i, n - i);
-    }
-    return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-}
-
-/* o[i] = x[i] * s. */
-OPS_CLONES void ops_scale(const float *restrict x, float *restrict o, size_t n, float s) {
-    for (size_t i = 0; i < n; i++) o[i] = x[i] * s;
-}
-
-/* Eight partial sums, combined pairwise: the loop vectorizes without reassociation flags and the
- * rounding error grows with n / 8 only. */
-OPS_CLONES float ops_sum(const float *restrict x, size_t n) {
-    ops_f32x8 acc = {0};
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8) acc += OPS_F32X8(x + i);
-    float tail = 0.0f;
-    for (; i < n; i++) tail += x[i];
-    return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail;
-}
-
-/* Eight running maxima (selects through integer masks: C has no vector ?:); NaN is the result when
- * any element is NaN. */
-OPS_CLONES float ops_max(const float *restrict x, size_t n) {
-    typedef int32_t i32x8 __attribute__((vector_size(32)));
-    float m = x[0];
-    size_t i = 0;
-    int any_nan = 0;
-    if (n >= 8) {
-        ops_f32x8 acc = OPS_F32X8(x);
-        i32x8 nan = acc != acc;
-        for (i = 8; i + 8 <= n; i += 8) {
-            ops_f32x8 v = OPS_F32X8(x + i);
-            i32x8 gt = v > acc;
-            acc = (ops_f32x8)(((i32x8)v & gt) | ((i32x8)acc & ~gt));
-            nan |= v != v;
-        }
-        m = acc[0];
-        for (int l = 0; l < 8; l++) {
-            m = acc[l] > m ? acc[l] : m;
-            any_nan |= nan[l];
-        }
-    }
-    for (; i < n; i++) {
-        m = x[i] > m ? x[i] : m;
-        any_nan |= x[i] != x[i];
-    }
-    return any_nan ? NAN : m;
-}
-
-/* erf(u) in place for u already clamped to [-4, 4], absolute error below 5e-7: an odd over an even
- * polynomial (the rational form of Eigen's and XLA's fast erf). The clamp lives in the callers'
- * separate loops: inside, the compiler branches and stops vectorizing (as for ops_exp). */
-static inline void erf_clamped(float *restrict u, size_t n) {
-    for (size_t i = 0; i < n; i++) {
-        float x = u[i], x2 = x * x;
-        float p = -2.72614225801306e-10f;
-        p = p * x2 + 2.77068142495902e-08f;
-        p = p * x2 + -2.10102402082508e-06f;
-        p = p * x2 + -5.69250639462346e-05f;
-        p = p * x2 + -7.34990630326855e-04f;
-        p = p * x2 + -2.95459980854025e-03f;
-        p = p * x2 + -1.60960333262415e-02f;
-        float q = -1.45660718464996e-05f;
-        q = q * x2 + -2.13374055278905e-04f;
-        q = q * x2 + -1.68282697438203e-03f;
-        q = q * x2 + -7.37332916720468e-03f;
-        q = q * x2 + -1.42647390514189e-02f;
-        u[i] = x * p / q;
-    }
-}
-
-/* erf(x) or GELU(x) = x * (1 + erf(x / sqrt 2)) / 2 in place, in blocks that stay in L1. */
-OPS_CLONES static void ops_act_erf_family(float *restrict x, size_t n, int gelu) {
-    float u[256];
-    for (size_t i0 = 0; i0 < n; i0 += 256) {
-        size_t m = n - i0 < 256 ? n - i0 : 256;
-        float *restrict v = x + i0;
-        float k = gelu ? 0.70710678118654752f : 1.0f;
-        for (size_t i = 0; i < m; i++) {
-            float t = v[i] * k;
-            t = t < -4.0f ? -4.0f : t;
-            u[i] = t > 4.0f ? 4.0f : t;
-        }
-        erf_clamped(u, m);
-        if (gelu)
-            for (size_t i = 0; i < m; i++) v[i] = 0.5f * v[i] * (1.0f + u[i]);
-        else
-            for (size_t i = 0; i < m; i++) v[i] = u[i];
-    }
-}
-
-/* In blocks that stay in L1: u = 2 sqrt(2/pi) (x + 0.044715 x^3), e^u, then the product. */
-OPS_CLONES static void ops_act_gelu_tanh(float *restrict x, size_t n) {
-    float u[256];
-    for (size_t i0 = 0; i0 < n; i0 += 256) {
-        size_t m = n - i0 < 256 ? n - i0 : 256;
-        float *restrict v = x + i0;
-        for (size_t i = 0; i < m; i++)
-            u[i] = 1.5957691216057308f * (v[i] + 0.044715f * v[i] * v[i] * v[i]);
-        ops_exp(u, m);
-        for (size_t i = 0; i < m; i++) v[i] = v[i] - v[i] / (1.0f + u[i]);
-    }
-}
-
-/* e^x with ONNX's saturation: ops_exp clamps its argument, so the lanes beyond float range are
- * set afterwards (inf above, 0 below, NaN kept). */
-OPS_CLONES static void ops_act_exp(float *restrict x, size_t n) {
-    float keep[256];
-    for (size_t i0 = 0; i0 < n; i0 += 256) {
-        size_t m = n - i0 < 256 ? n - i0 : 256;
-        float *restrict v = x + i0;
-        for (size_t i = 0; i < m; i++) keep[i] = v[i];
-        ops_exp(v, m);
-        for (size_t i = 0; i < m; i++) {
-            float e = keep[i] > 88.72283f ? INFINITY : v[i];
-            e = keep[i] < -103.97f ? 0.0f : e;
-            v[i] = keep[i] != keep[i] ? keep[i] : e;
-        }
-    }
-}
-
-/* The exponential-linear family in place, in blocks that stay in L1:
- * gamma * (x > 0 ? x : alpha * (e^(x * inv) - 1)). ELU is gamma = inv = 1, SELU gamma = beta,
- * CELU inv = 1 / alpha. x is clamped to <= 0 before the exponent, so the positive lanes cannot
- * overflow and turn into NaN in the select (and a negative CELU alpha keeps its x < 0 lanes). */
-OPS_CLONES static void ops_act_elu_family(float *restrict x, size_t n, float alpha, float gamma,
-                                          float inv) {
-    float u[256];
-    for (size_t i0 = 0; i0 < n; i0 += 256) {
-        size_t m = n - i0 < 256 ? n - i0 : 256;
-        float *restrict v = x + i0;
-        for (size_t i = 0; i < m; i++) u[i] = (v[i] > 0.0f ? 0.0f : v[i]) * inv;
-        ops_exp(u, m);
-        for (size_t i = 0; i < m; i++) {
-            float neg = alpha * (u[i] - 1.0f);
-            v[i] = gamma * (v[i] > 0.0f ? v[i] : neg);
-        }
-    }
-}
-
-/* log(1 + e^x) = max(x, 0) + log1p(e^-|x|), in blocks that stay in L1. With t = e^-|x| in
- * (0, 1], log1p(t) = 2 atanh(s) for s = t / (2 + t) in (0, 1/3]: the odd series of atanh to
- * s^15 is within 2e-8 relative of it, and is plain arithmetic the compiler vectorizes (there is
- * no vector log to call). NaN propagates through both terms. */
-OPS_CLONES static void ops_act_softplus(float *restrict x, size_t n) {
-    float u[256];
-    for (size_t i0 = 0; i0 < n; i0 += 256) {
-        size_t m = n - i0 < 256 ? n - i0 : 256;
-        float *restrict v = x + i0;
-        for (size_t i = 0; i < m; i++) u[i] = v[i] > 0.0f ? -v[i] : v[i];
-        ops_exp(u, m);
-        for (size_t i = 0; i < m; i++) {
-            float s = u[i] / (2.0f + u[i]), s2 = s * s;
-            float p = 1.0f / 15.0f;
-            p = p * s2 + 1.0f / 13.0f;
-            p = p * s2 + 1.0f / 11.0f;
-            p = p * s2 + 1.0f / 9.0f;
-            p = p * s2 + 1.0f / 7.0f;
-            p = p * s2 + 1.0f / 5.0f;
-            p = p * s2 + 1.0f / 3.0f;
-            p = p * s2 + 1.0f;
-            float pos = v[i] > 0.0f ? v[i] : 0.0f;
-            v[i] = pos + 2.0f * s * p;
-        }
-    }
-}
-
-/* One loop per activation, each written so that it vectorizes (min / max selects only; several
- * passes over a span that stays in L1 where an activation needs e^x). */
-OPS_CLONES void ops_act_apply(float *restrict x, size_t n, int32_t act, float alpha, float beta) {
-    switch (act) {
-    case COACTO_ACT_RELU:
-        for (size_t i = 0; i < n; i++) x[i] = x[i] < 0.0f ? 0.0f : x[i];
-        break;
-    case COACTO_ACT_CLIP:
-        for (size_t i = 0; i < n; i++) {
-            float v = x[i] < alpha ? alpha : x[i];
-            x[i] = v > beta ? beta : v;
-        }
-        break;
-    case COACTO_ACT_LEAKY:
-        for (size_t i = 0; i < n; i++) {
-            float pos = x[i] > 0.0f ? x[i] : 0.0f, neg = x[i] < 0.0f ? x[i] : 0.0f;
-            x[i] = pos + alpha * neg;
-        }
-        break;
-    case COACTO_ACT_SIGMOID: /* 1 / (1 + e^-x) */
-        for (size_t i = 0; i < n; i++) x[i] = -x[i];
-        ops_exp(x, n);
-        for (size_t i = 0; i < n; i++) x[i] = 1.0f / (1.0f + x[i]);
-        break;
-    case COACTO_ACT_HARDSIGMOID:
-        for (size_t i = 0; i < n; i++) {
-            float v = alpha * x[i] + beta;
-            v = v < 0.0f ? 0.0f : v;
-            x[i] = v > 1.0f ? 1.0f : v;
-        }
-        break;
-    case COACTO_ACT_HARDSWISH: /* x * clamp(x + 3, 0, 6) / 6: no product with an exact 1 that
-                                  the compiler would fold into a branch */
-        for (size_t i = 0; i < n; i++) {
-            float v = x[i] + 3.0f;
-            v = v < 0.0f ? 0.0f : v;
-            v = v > 6.0f ? 6.0f : v;
-            x[i] = x[i] * v * (1.0f / 6.0f);
-        }
-        break;
-    case COACTO_ACT_TANH: /* 1 - 2 / (1 + e^2x): absolute error about 1e-7 near 0 */
-        for (size_t i = 0; i < n; i++) x[i] *= 2.0f;
-        ops_exp(x, n);
-        for (size_t i = 0; i < n; i++) x[i] = 1.0f - 2.0f / (1.0f + x[i]);
-        break;
-    case COACTO_ACT_SQRT:
-        for (size_t i = 0; i < n; i++) x[i] = sqrtf(x[i]);
-        break;
-    case COACTO_ACT_ERF:
-        ops_act_erf_family(x, n, 0);
-        break;
-    case COACTO_ACT_GELU: /* x * (1 + erf(x / sqrt 2)) / 2 */
-        ops_act_erf_family(x, n, 1);
-        break;
-    case COACTO_ACT_GELU_TANH: /* x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 x^3))) / 2, with
-                                  1 + tanh(u) = 2 - 2 / (1 + e^2u) */
-        ops_act_gelu_tanh(x, n);
-        break;
-    case COACTO_ACT_RECIPROCAL:
-        for (size_t i = 0; i < n; i++) x[i] = 1.0f / x[i];
-        break;
-    case COACTO_ACT_EXP:
-        ops_act_exp(x, n);
-        break;
-    case COACTO_ACT_ISNAN:
-        for (size_t i = 0; i < n; i++) x[i] = x[i] != x[i] ? 1.0f : 0.0f;
-        break;
-    case COACTO_ACT_ELU: /* x > 0 ? x : alpha (e^x - 1) */
-        ops_act_elu_family(x, n, alpha, 1.0f, 1.0f);
-        break;
-    case COACTO_ACT_SELU: /* gamma (beta) times ELU */
-        ops_act_elu_family(x, n, alpha, beta, 1.0f);
-        break;
-    case COACTO_ACT_CELU: /* x > 0 ? x : alpha (e^(x / alpha) - 1) */
-        ops_act_elu_family(x, n, alpha, 1.0f, 1.0f / alpha);
-        break;
-    case COACTO_ACT_SOFTPLUS:
-        ops_act_softplus(x, n);
-        break;
-    case COACTO_ACT_SOFTSIGN:
-        for (size_t i = 0; i < n; i++) {
-            float a = x[i] < 0.0f ? -x[i] : x[i];
-            x[i] = x[i] / (1.0f + a);
-        }
-        break;
-    case COACTO_ACT_THRESHOLDED_RELU: /* x > alpha ? x : 0 */
-        for (size_t i = 0; i < n; i++) x[i] = x[i] > alpha ? x[i] : 0.0f;
-        break;
-    case COACTO_ACT_ABS:
-        for (size_t i = 0; i < n; i++) x[i] = fabsf(x[i]);
-        break;
-    case COACTO_ACT_FLOOR:
-        for (size_t i = 0; i < n; i++) x[i] = floorf(x[i]);
-        break;
-    case COACTO_ACT_CEIL:
-        for (size_t i = 0; i < n; i++) x[i] = ceilf(x[i]);
-        break;
-    case COACTO_ACT_ROUND: /* ONNX rounds halves to even: the default rounding mode's rint, not
-                              roundf (halves away from zero) */
-        for (size_t i = 0; i < n; i++) x[i] = nearbyintf(x[i]);
-        break;
-    case COACTO_ACT_SIGN: /* 0 and NaN are their own sign */
-        for (size_t i = 0; i < n; i++) x[i] = x[i] > 0.0f ? 1.0f : x[i] < 0.0f ? -1.0f : x[i];
-        break;
-    case COACTO_ACT_LOG: /* libm's, element by element: within an ulp, -inf at 0 and NaN below.
-                            Log is rare in the models coacto runs; exactness comes first */
-        for (size_t i = 0; i < n; i++) x[i] = logf(x[i]);
-        break;
-    default: break; /* NONE */
-    }
+coacto_status coacto_op_contract(int32_t op, coacto_op_info *out) {
+    if (!out || op < 0 || op >= COACTO_OP_COUNT) return COACTO_ERR_INVALID_ARGUMENT;
+    const op_contract *c = &OPS[op];
+    *out = (coacto_op_info){c->name, c->min_inputs, c->max_inputs, c->arrays, c->iparams,
+                            c->fparams};
+    return COACTO_OK;
 }

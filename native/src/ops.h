@@ -1,6 +1,7 @@
 /* Tile executors: one function computes one tile of one layer.
  *
- * Parameter encoding of coacto_layer_desc per op (semantics: coacto/ir.py):
+ * Parameter encoding of coacto_layer_desc per op (semantics: coacto/ir.py; how many of each an
+ * op reads: the table in ops.c, mirrored by coacto/ir.py OPS):
  *   CONV        inputs [x] or [x, residual]
  *               iparams: 0 kh, 1 kw, 2 sh, 3 sw, 4 pt, 5 pl, 6 pb, 7 pr, 8 dh, 9 dw, 10 group, 11 act
  *               fparams: 0 alpha, 1 beta (activation)
@@ -9,7 +10,8 @@
  *                        (0 max, 1 avg), 11 count_include_pad
  *   GLOBAL_POOL iparams: 0 kind (0 max, 1 avg)
  *   BINARY      inputs [a] or [a, b]; iparams: 0 kind (0 add, 1 sub, 2 mul, 3 div, 4 equal,
- *               5 less, 6 greater, 7 pow, 8 max, 9 min; comparisons give 1.0 or 0.0), 1 act,
+ *               5 less, 6 greater, 7 pow, 8 max, 9 min, 10 greater or equal, 11 less or equal;
+ *               comparisons give 1.0 or 0.0, 0.0 where either side is NaN), 1 act,
  *               2 const_first, 4..7 constant dims (kn, kc, kh, kw: each 1 or the output's)
  *               fparams: 0 alpha, 1 beta; arrays: 0 constant float, NCHW order (one input only)
  *               Activation inputs broadcast: each input dim is 1 or the output's.
