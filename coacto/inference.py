@@ -36,31 +36,8 @@ def now() -> float:
 
 
 def tile_work(tg: TileGraph) -> np.ndarray:
-    """FLOPs needed to produce each tile from the inputs: the tile and all its ancestors.
-
-    Exact, from ancestor bitsets built in topological order (tile ids are topological)."""
-    cached = getattr(tg, "_tile_work", None)
-    if cached is not None:
-        return cached
-    plan = tg.plan
-    n = plan.n_tiles
-    words = (n + 63) // 64
-    anc = np.zeros((n, words), dtype=np.uint64)
-    off, par = plan.parent_offsets, plan.parents
-    one = np.uint64(1)
-    for t in range(n):
-        ps = par[off[t]:off[t + 1]]
-        if len(ps):
-            anc[t] = np.bitwise_or.reduce(anc[ps], axis=0)
-        anc[t, t >> 6] |= one << np.uint64(t & 63)
-    flops = plan.tile_flops
-    work = np.empty(n, dtype=np.float64)
-    chunk = max(1, (1 << 24) // max(n, 1))
-    for s in range(0, n, chunk):
-        bits = np.unpackbits(anc[s:s + chunk].view(np.uint8), axis=1, bitorder="little")[:, :n]
-        work[s:s + chunk] = bits @ flops
-    tg._tile_work = work
-    return work
+    """FLOPs needed to produce each tile from the inputs (TilePlan.tile_work)."""
+    return tg.plan.tile_work()
 
 
 _MODE_NAMES = {v: k for k, v in P.TRANSFER_MODES.items()}

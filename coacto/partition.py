@@ -15,13 +15,18 @@ inputs by storage position (coacto.partition_seq).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from . import ir
 from .errors import CoactoError, ModelError, ShapeError
 from .partition_seq import embed_parent_pairs, matmul_parent_pairs
+
+#: Bumped whenever partitioning changes the tiles it derives for the same parameters (the rules
+#: and constants of this module and partition_seq): stored graphs and tuned tile counts made by
+#: another version are rebuilt, not trusted.
+PARTITIONER_VERSION = 5
 
 # The measurements behind these values are in docs/PERFORMANCE.md, "History of the partitioner's
 # constants".
@@ -106,12 +111,39 @@ class TilePlan:
     tile_flops: np.ndarray  # float64 [n_tiles]
     tile_bytes: np.ndarray  # int64 [n_tiles]: output bytes
 
+    _work: np.ndarray | None = field(default=None, repr=False, compare=False)
+
     @property
     def n_tiles(self) -> int:
         return int(self.tile_layer.shape[0])
 
     def dependencies(self, tile: int) -> np.ndarray:
         return self.parents[self.parent_offsets[tile]:self.parent_offsets[tile + 1]]
+
+    def tile_work(self) -> np.ndarray:
+        """FLOPs needed to produce each tile from the inputs: the tile and all its ancestors
+        (float64 [n_tiles]; what the send rule weighs). Exact, from ancestor bitsets built in
+        topological order (tile ids are topological); computed once per plan."""
+        if self._work is not None:
+            return self._work
+        n = self.n_tiles
+        words = (n + 63) // 64
+        anc = np.zeros((n, words), dtype=np.uint64)
+        off, par = self.parent_offsets, self.parents
+        one = np.uint64(1)
+        for t in range(n):
+            ps = par[off[t]:off[t + 1]]
+            if len(ps):
+                anc[t] = np.bitwise_or.reduce(anc[ps], axis=0)
+            anc[t, t >> 6] |= one << np.uint64(t & 63)
+        work = np.empty(n, dtype=np.float64)
+        chunk = max(1, (1 << 24) // max(n, 1))
+        for s in range(0, n, chunk):
+            bits = np.unpackbits(anc[s:s + chunk].view(np.uint8), axis=1,
+                                 bitorder="little")[:, :n]
+            work[s:s + chunk] = bits @ self.tile_flops
+        self._work = work
+        return work
 
 
 # ------------------------------------------------------------------------------------ costs

@@ -31,12 +31,10 @@ import numpy as np
 
 from . import ir
 from .errors import GraphFileError
-from .partition import TilePlan
+from .partition import PARTITIONER_VERSION, TilePlan
 
 MAGIC = b"COACTOTG"
 FORMAT_VERSION = 2
-#: Bumped whenever partitioning changes the tiles it derives for the same parameters.
-PARTITIONER_VERSION = 5
 _ALIGN = 64
 _PREFIX = struct.Struct("<8sIIQ")
 

@@ -85,7 +85,7 @@ def load_profile(model_hash: str, threads: int) -> dict | None:
     """The profile of this model for this machine and thread count, or None. A file that is
     unreadable, of another format or partitioner version, or for another model is ignored (with
     a warning naming it, so the user can delete it or tune again)."""
-    from .tilegraph import PARTITIONER_VERSION
+    from .partition import PARTITIONER_VERSION
 
     path = profile_path(model_hash, threads)
     if not path.exists():
@@ -293,7 +293,7 @@ def tune(model, threads: int, *, feeds: dict | None = None, budget_s: float = 12
     Writes the profile when ``save`` (returned in ``.path``)."""
     from .compiler import partition_graph
     from .onnx_import import import_model
-    from .tilegraph import PARTITIONER_VERSION
+    from .partition import PARTITIONER_VERSION
 
     say = progress or (lambda msg: None)
     if not isinstance(threads, int) or threads < 1:

@@ -89,7 +89,7 @@ def test_profile_path_is_keyed_by_model_machine_and_threads(profile_dir):
 
 
 def _profile(model_hash="c" * 64, threads=2, layer_tiles=None, **over):
-    from coacto.tilegraph import PARTITIONER_VERSION
+    from coacto.partition import PARTITIONER_VERSION
 
     info = tune.machine_info()
     prof = {"format": tune.PROFILE_FORMAT, "model_hash": model_hash, "threads": threads,

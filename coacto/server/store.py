@@ -22,7 +22,8 @@ import numpy as np
 
 from .. import protocol as P
 from ..errors import CoactoError
-from ..tilegraph import PARTITIONER_VERSION, TileGraph
+from ..partition import PARTITIONER_VERSION
+from ..tilegraph import TileGraph
 
 log = logging.getLogger(__name__)
 
