@@ -218,3 +218,23 @@ def test_a_short_soak_loses_nothing_across_a_server_restart(tmp_path):
     with open(tmp_path / "soak.csv") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 20 and all(r["ok"] == "True" for r in rows)
+
+
+def test_the_micro_kernels_instructions_are_counted_under_qemu(tmp_path):
+    import shutil
+    import subprocess
+
+    tools = ("aarch64-linux-gnu-gcc", "qemu-aarch64", "qemu-x86_64")
+    if not all(shutil.which(t) for t in tools):
+        pytest.skip(f"needs {', '.join(tools)} (Debian: gcc-aarch64-linux-gnu, qemu-user)")
+    r = subprocess.run([sys.executable, str(EXPERIMENTS / "ukernel_instructions.py"), "--kc", "64",
+                        "--calls", "3", "--out", str(tmp_path)], capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    with open(tmp_path / "ukernel_instructions.csv") as f:
+        rows = {(row["kernel"], row["arch"]): row for row in csv.DictReader(f)}
+    neon = rows[("gemm_f32_6x16__neon", "aarch64")]
+    # at least its 24 FMLAs a step, and not the stack traffic of spilled accumulators
+    assert 24 <= float(neon["instructions_per_step"]) < 50, neon
+    avx2 = rows[("gemm_f32_6x16__avx2", "x86_64")]
+    assert 12 <= float(avx2["instructions_per_step"]) < 40, avx2
