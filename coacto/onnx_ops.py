@@ -525,9 +525,13 @@ def _logical(imp, ins):
     """And, Or, Xor of bool tensors, at least one computed. Bools are 1.0 / 0.0 here (what the
     comparisons and a Cast to bool compute): And is their product, Or their maximum, Xor their
     inequality."""
+    def as_bool(v):
+        if isinstance(v, np.ndarray):
+            return np.asarray(v != 0, np.float32)
+        return imp._as_bool(imp._resolve(v))
+
     op = imp.node.op_type
-    a, b = (v if isinstance(v, np.ndarray) else imp._as_bool(imp._resolve(v)) for v in ins[:2])
-    a, b = (np.asarray(v != 0, np.float32) if isinstance(v, np.ndarray) else v for v in (a, b))
+    a, b = as_bool(ins[0]), as_bool(ins[1])
     name = imp._node_name()
     if op == "Xor":
         eq = _binary_values(imp, a, b, ir.BIN_EQUAL, f"{name}/eq")

@@ -4,7 +4,6 @@ tiles per layer, 1 and 2 threads, and the numpy reference, each against onnxrunt
 from __future__ import annotations
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
@@ -13,6 +12,7 @@ from coacto import ir
 from coacto.onnx_import import import_model
 from coacto.reference import run_reference
 from test_import import make as _make
+from test_import import onnxruntime_run
 
 F = TensorProto.FLOAT
 TILES = (1, 3, None)
@@ -26,14 +26,6 @@ def rand(*shape, seed=0, scale=1.0):
 def make(nodes, inputs, outputs, inits=None, opset=17):
     """test_import's model builder at the opset PyTorch 2 exports by default."""
     return _make(nodes, inputs, outputs, inits, opset=opset)
-
-
-def onnxruntime_run(model, feeds):
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    names = [o.name for o in sess.get_outputs()]
-    return dict(zip(names, sess.run(names, feeds)))
 
 
 def max_error(got: dict, ref: dict) -> float:
