@@ -23,6 +23,15 @@ def cmd_bench(args) -> int:
     positive(args.memory_runs, "--memory-runs")
     positive(args.tiles, "--tiles")
     positive(args.image_size, "--image-size")
+    positive(args.pause, "--pause", 0)
+    positive(args.traffic_mb, "--traffic-mb", 0)
+    if args.mode != "app":
+        for flag, value in (("--pause", args.pause), ("--traffic-mb", args.traffic_mb)):
+            if value is not None:
+                warn("coacto", f"{flag} is ignored: it sets the conditions of --mode app")
+    app = {"mode": args.mode,
+           "pause": benchmark.APP_PAUSE_S if args.pause is None else args.pause,
+           "traffic_mb": benchmark.APP_TRAFFIC_MB if args.traffic_mb is None else args.traffic_mb}
     for spec in specs:
         for message in ignored_model_flags(spec, args.tiles, None, args.image_size,
                                            args.no_tuned):
@@ -32,14 +41,14 @@ def cmd_bench(args) -> int:
         rows = []
         for t in threads:
             progress(f"benchmarking {specs[0]} at {t} thread(s) (no ONNX model: coacto only) ...")
-            rows.append(benchmark.compare(tg, None, t, args.repeat, name=specs[0]))
+            rows.append(benchmark.compare(tg, None, t, args.repeat, name=specs[0], **app))
     else:
         if args.shape:
             raise UsageError("--shape is not supported by bench: give the ONNX model static shapes")
         rows = benchmark.bench_models(specs, threads, args.repeat, tiles=args.tiles,
                                       image_size=args.image_size, use_tuned=not args.no_tuned,
                                       memory=args.memory, memory_runs=args.memory_runs,
-                                      progress=progress)
+                                      progress=progress, **app)
     if args.json:
         print(json.dumps(rows))
     else:
@@ -154,16 +163,27 @@ def cmd_profile(args) -> int:
 
 def add_bench_parser(sub) -> None:
     b = sub.add_parser(
-        "bench", help="coacto vs onnxruntime: latency, speedup and peak memory, one table",
+        "bench", help="coacto vs onnxruntime (and OpenVINO): latency, speedup and peak memory, "
+                      "one table",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        description=para("Benchmarks models against onnxruntime on this machine. Latency: both "
-                    "runtimes in this process, same inputs and thread count, runs interleaved "
-                    "in blocks, medians; outputs are checked against onnxruntime. Speedup: the "
-                    "latency at 1 thread over the latency at this thread count (needs 1 in "
-                    "--threads). Memory: the peak resident memory of a fresh process that loads "
-                    "the model and runs it, minus that process's size after importing the "
-                    "libraries (coacto's and onnxruntime's own). A model that cannot run (not in "
-                    "the zoo, an unsupported operator) becomes a row that says why."),
+        description=para("Benchmarks models against onnxruntime on this machine. Latency: the "
+                    "runtimes in this process, same inputs and thread count, medians; outputs "
+                    "are checked against onnxruntime. --mode back-to-back (the default): runs "
+                    "interleaved in blocks of warm-up and timed runs, each runtime's steady "
+                    "state. --mode app: as an app runs a model between other work: per round, "
+                    "each runtime runs one inference (the order rotating from round to round), "
+                    "each after a pause (--pause) and other memory traffic (--traffic-mb); the "
+                    "first inference after loading is reported on its own, and the spread (10th "
+                    "to 90th percentile). In app mode OpenVINO is a second peer when it is "
+                    "installed (pip install openvino, or pip install -e '.[peers]'; float32, "
+                    "latency hint, the same thread count; its outputs are checked against "
+                    "onnxruntime's too), and the ratio is coacto's over the fastest peer's. "
+                    "Speedup: the latency at 1 thread over the latency at this thread count "
+                    "(needs 1 in --threads). Memory: the peak resident memory of a fresh process "
+                    "that loads the model and runs it, minus that process's size after "
+                    "importing the libraries (coacto's and onnxruntime's own). A model that "
+                    "cannot run (not in the zoo, an unsupported operator) becomes a row that "
+                    "says why."),
         epilog="examples:\n"
                "  coacto bench resnet50 --threads 1,2\n"
                "  coacto bench --models resnet50,vgg16,mobilenetv2,bert,gpt2,vit --threads 1,2\n"
@@ -171,6 +191,8 @@ def add_bench_parser(sub) -> None:
                "  coacto bench --models squeezenet --memory off        # latency only\n"
                "  coacto bench --models resnet50 --memory onnx         # coacto compiles in the "
                "measured process\n"
+               "  coacto bench mobilenetv2 --mode app --threads 1,2 --memory off\n"
+               "                                  # as an app runs it; OpenVINO too if installed\n"
                "\n" + exit_codes_help("3 an output differs from onnxruntime's (a model that "
                                       "cannot run is a row that says why; 1 when none could)"))
     b.add_argument("model", nargs="?", default="resnet50",
@@ -178,7 +200,19 @@ def add_bench_parser(sub) -> None:
     b.add_argument("--models", help="comma-separated models instead of MODEL (files or zoo names)")
     b.add_argument("--threads", default="2", help="comma-separated thread counts (default 2)")
     b.add_argument("--repeat", type=int, default=20,
-                   help="timed runs per runtime and thread count (default 20)")
+                   help="timed runs per runtime and thread count (default 20; --mode app: "
+                        "rounds, one run of each runtime per round)")
+    b.add_argument("--mode", choices=benchmark.MODES, default="back-to-back",
+                   help="back-to-back (default): each runtime's steady state, runs in blocks; "
+                        "app: one inference per runtime and round, after a pause and other "
+                        "memory traffic, OpenVINO as a second peer when installed")
+    b.add_argument("--pause", type=float, default=None,
+                   help=f"--mode app: seconds of pause before each inference (default "
+                        f"{benchmark.APP_PAUSE_S:g})")
+    b.add_argument("--traffic-mb", type=float, default=None,
+                   help=f"--mode app: megabytes of other memory traffic (a buffer written, then "
+                        f"read) before each inference (default {benchmark.APP_TRAFFIC_MB:g}; 0: "
+                        f"none)")
     b.add_argument("--memory", choices=benchmark.MEMORY_MODES, default="ctg",
                    help="peak memory: coacto runs the compiled .ctg (ctg, default: what a device "
                         "runs), or compiles the .onnx in the measured process (onnx), or skip (off)")
