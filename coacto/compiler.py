@@ -20,7 +20,7 @@ def compile(model, tiles_per_layer: int | None = None, input_shapes: dict | None
     ``min_column_blocks``: fewest column blocks of image layers, for graphs meant for offloading
     (coacto.partition.OFFLOAD_MIN_COLUMN_BLOCKS; clients use it); also part of the parameters.
     """
-    from .onnx_import import import_model  # the onnx package loads here, not on `import coacto`
+    from .frontend import import_model  # the onnx package loads here, not on `import coacto`
 
     graph = import_model(model, input_shapes=input_shapes)
     return partition_graph(graph, tiles_per_layer, input_shapes, layer_tiles, min_column_blocks)

@@ -75,7 +75,7 @@ def _child(runtime: str, model: str, inputs: str, threads: int, runs: int) -> di
             sess.run(names, feeds)
     else:
         from . import compiler
-        from . import onnx_import  # noqa: F401  (the importer's libraries: part of the baseline)
+        from . import frontend  # noqa: F401  (the importer's libraries: part of the baseline)
         from .runtime import Runtime
 
         base = _rss_bytes()

@@ -292,7 +292,7 @@ def tune(model, threads: int, *, feeds: dict | None = None, budget_s: float = 12
     measurement comes on top); ``rounds`` x ``runs`` runs per configuration and candidate.
     Writes the profile when ``save`` (returned in ``.path``)."""
     from .compiler import partition_graph
-    from .onnx_import import import_model
+    from .frontend import import_model
     from .partition import PARTITIONER_VERSION
 
     say = progress or (lambda msg: None)

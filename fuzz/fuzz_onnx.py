@@ -42,7 +42,7 @@ if __name__ == "__main__":
     logging.disable(logging.WARNING)  # opset warnings on every other input
     with atheris.instrument_imports(include=["coacto"]):
         import coacto  # noqa: F401
-        import coacto.onnx_import  # noqa: F401
+        import coacto.frontend  # noqa: F401
         import coacto.partition  # noqa: F401
         import coacto.runtime  # noqa: F401
     atheris.Setup(sys.argv, lambda d: check(d))

@@ -11,7 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from coacto import ir
 from coacto.errors import ModelError, ShapeError, UnsupportedOperatorError
-from coacto.onnx_import import import_model, load_model
+from coacto.frontend import import_model, load_model
 from coacto.reference import run_reference
 
 F = TensorProto.FLOAT

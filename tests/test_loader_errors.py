@@ -185,7 +185,7 @@ def test_a_node_reading_a_value_nothing_produces_is_refused():
 
 
 def test_unexpected_failures_inside_the_importer_become_a_model_error(monkeypatch):
-    import coacto.onnx_import as imp
+    import coacto.frontend.importer as imp
 
     def broken(*a, **kw):
         raise RuntimeError("boom")

@@ -9,7 +9,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import coacto
 from coacto import ir
-from coacto.onnx_import import import_model
+from coacto.frontend import import_model
 from coacto.reference import run_reference
 from test_import import make as _make
 from test_import import onnxruntime_run

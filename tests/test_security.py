@@ -505,7 +505,7 @@ def test_a_model_too_costly_to_partition_is_refused_before_partitioning(ctx):
     partitioner's per-tap tables would be about 3 KB per column; refused from the imported
     graph's shapes, before any of them is built."""
     from coacto.server.store import partition_bytes
-    from coacto.onnx_import import import_model
+    from coacto.frontend import import_model
 
     rng = np.random.default_rng(0)
     w = numpy_helper.from_array(rng.standard_normal((2, 3, 7, 7)).astype(np.float32), "w")

@@ -14,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 import coacto
 from coacto import ir
 from coacto.errors import InputError, UnsupportedOperatorError
-from coacto.onnx_import import import_model
+from coacto.frontend import import_model
 from coacto.reference import run_reference
 
 from conftest import assert_close, assert_native_matches

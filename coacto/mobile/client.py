@@ -91,7 +91,7 @@ def resolve_model(model, tiles_per_layer=None, input_shapes=None, model_bytes=No
                   min_column_blocks: int = OFFLOAD_MIN_COLUMN_BLOCKS):
     """(TileGraph, ONNX bytes or None) from an ONNX path/bytes/ModelProto, a TileGraph or a .ctg."""
     from ..compiler import compile as compile_model
-    from ..onnx_import import load_model
+    from ..frontend import load_model
 
     def onnx_bytes(src):
         return None if src is None else load_model(src)[1]

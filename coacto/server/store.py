@@ -199,7 +199,7 @@ class ModelStore:
         """Loads every .onnx (hashed) and .ctg file of a folder, pinned and usable by every
         device; returns what was loaded. Raises CoactoError if the folder is missing; a file that
         does not load is logged in one line and skipped."""
-        from ..onnx_import import load_model
+        from ..frontend import load_model
 
         folder = Path(directory)
         if not folder.is_dir():
@@ -422,7 +422,7 @@ class ModelStore:
                     existing.owners.add(owner)
             return existing
         from ..compiler import partition_graph
-        from ..onnx_import import import_model
+        from ..frontend import import_model
 
         try:
             graph = import_model(data, input_shapes=kw["input_shapes"])

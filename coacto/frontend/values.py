@@ -1,5 +1,7 @@
-"""The importer's values: activations (layers read through an ONNX shape and a layout), views
-(index mappings of layers and constants) and the layers they become.
+"""The importer's values, and their handling. Per ONNX tensor name: a constant (a numpy array),
+``Act`` (a layer's storage read as a tensor of an ONNX shape, in a storage layout of coacto.ir),
+``View`` (an index mapping of layers and ``Const`` values: what indexing ops give) or ``UNKNOWN``
+(the value of a node that could not be imported).
 
 A view stays an index array until a real op consumes it. Then it becomes, in this order of
 preference: its source's own storage read with another shape (no layer at all: a reshape that keeps
@@ -8,30 +10,115 @@ sequence); or a GATHER layer, in the layout whose storage order its reads follow
 
 Ops that compute column by column over rows (activations, per-row affines, matrix products with
 weights, softmax, normalisation) read an activation whose shape differs from its layer's as long as
-the rows are the same: their output takes the input layer's columns (``_emit_rows``). Ops that need
-the layer's own (N, C, H, W) get a copy (``_act``).
+the rows are the same: their output takes the input layer's columns (``emit_rows``). Ops that need
+the layer's own (N, C, H, W) get a copy (``act``).
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import ir
-from .errors import ShapeError
-from .onnx_layout import Act, Const, Unsupported, View
+from .. import ir
+from ..errors import ShapeError
 
 LAST, CHANNELS = ir.LAYOUT_LAST, ir.LAYOUT_CHANNELS
 
+# ---------------------------------------------------------------------------------------- values
 
-class ValueMixin:
-    """Value handling of coacto.onnx_import's importer (needs ``layers``, ``names``, ``tables``,
-    ``kinds`` and ``_node_name``)."""
 
-    total_elements = 0  # of the layers emitted so far (ir.MAX_TOTAL_ELEMENTS)
+@dataclass(frozen=True)
+class Act:
+    """An activation: the storage of layer ``layer`` read as a tensor of ONNX shape ``shape`` in
+    layout ``layout`` ("" for the layer's own). Usually the layer's own shape; a reshape that
+    keeps the storage order (a flatten of positions, a view of a sequence's rows) gives another
+    shape of the same storage, which ops computing row by row can read without a copy."""
+
+    layer: int
+    shape: tuple[int, ...]
+    layout: str = ""
+
+
+class Const:
+    """Constant values taking part in an index mapping (a class token concatenated to a sequence of
+    patch embeddings): ``values`` in row-major order. Compared by identity."""
+
+    def __init__(self, values):
+        self.values = np.ascontiguousarray(values, dtype=np.float32).reshape(-1)
+
+
+@dataclass(eq=False)
+class View:
+    """An index mapping of layers: ``index`` has the value's ONNX shape; each entry is a flat index
+    into the concatenated *storage* of ``srcs`` (layer indices, or Const values), or -1 for
+    ``fill``."""
+
+    srcs: list
+    index: np.ndarray
+    fill: float = 0.0
+    name: str = ""
+    pad: tuple | None = None  # (Act, (pt, pl, pb, pr)) when a zero spatial Pad of a 4-D layer
+    acts: dict = field(default_factory=dict)  # layout requested ("" for any) -> the Act it became
+
+
+class Unknown:
+    """The value of a node that could not be imported (reported once, at its node)."""
+
+
+UNKNOWN = Unknown()
+
+
+class Unsupported(Exception):
+    """The node (or this form of it) cannot be run; collected and reported together."""
+
+
+def shape_of(v) -> tuple[int, ...]:
+    if isinstance(v, np.ndarray):
+        return tuple(v.shape)
+    if isinstance(v, Act):
+        return v.shape
+    if isinstance(v, View):
+        return tuple(v.index.shape)
+    raise Unsupported("an input has no known shape")
+
+
+def axis_index(a: int, rank: int) -> int:
+    if not -rank <= a < rank:
+        raise ShapeError(f"axis {a} is out of range for rank {rank}")
+    return a + rank if a < 0 else a
+
+
+def check_result(shape) -> tuple[int, ...]:
+    """``shape`` when a result of that shape may be allocated (ir.MAX_TENSOR_ELEMENTS): the ops
+    below whose result can be much larger than their inputs check it before computing."""
+    shape = tuple(int(d) for d in shape)
+    if any(d < 0 for d in shape):
+        raise ShapeError(f"its result would have shape {shape}, with a negative dimension")
+    ir.check_elements(shape, "its result")
+    return shape
+
+
+def row_axis(rank: int, layout: str) -> int:
+    """The ONNX axis a layout stores as rows."""
+    if rank <= 1:
+        return 0
+    return rank - 1 if layout == LAST else 1
+
+
+class Values:
+    """The layers emitted so far and the values over them; the base of the handlers' context
+    (coacto.frontend.context, which gives ``node_name``)."""
+
+    def __init__(self):
+        self.layers: list[ir.Layer] = []
+        self.names: set[str] = set()
+        self.tables: dict[tuple, np.ndarray] = {}
+        self.kinds: dict[int, str] = {}  # layer -> "int" / "bool" for integer-valued layers
+        self.total_elements = 0  # of the layers emitted so far (ir.MAX_TOTAL_ELEMENTS)
 
     # -- facts about values
-    def _layout_of(self, a: Act) -> str:
+    def layout_of(self, a: Act) -> str:
         return a.layout or self.layers[a.layer].layout
 
     def _size(self, src) -> int:
@@ -42,32 +129,32 @@ class ValueMixin:
 
     def _is_canonical(self, a: Act, layout: str | None = None) -> bool:
         """Whether ``a`` reads its layer exactly as the layer's own (N, C, H, W)."""
-        lay = self._layout_of(a)
+        lay = self.layout_of(a)
         if layout is not None and not ir.same_layout(len(a.shape), lay, layout):
             return False
         return ir.internal_shape(a.shape, lay) == self.layers[a.layer].shape
 
-    def _is_integer(self, v) -> bool:
+    def is_integer(self, v) -> bool:
         """Whether a computed value holds integers only (integer inputs, comparisons, views of
         them): casts of it to integer types are the identity."""
         srcs = v.srcs if isinstance(v, View) else [v.layer] if isinstance(v, Act) else []
         return bool(srcs) and all(isinstance(s, int) and self.kinds.get(s) in ("int", "bool")
                                   for s in srcs)
 
-    def _as_bool(self, v):
+    def as_bool(self, v):
         """``v != 0`` as 1.0 / 0.0 (what a Cast to bool computes)."""
         srcs = v.srcs if isinstance(v, View) else [v.layer]
         if all(isinstance(s, int) and self.kinds.get(s) == "bool" for s in srcs):
             return v
-        x = self._value_act(v)
-        eq = self._emit_like(self._node_name() + "/eq0", "BINARY", x,
-                             dict(kind=ir.BIN_EQUAL, act=ir.ACT_NONE, alpha=0.0, beta=0.0,
-                                  const_first=0),
-                             {"k": np.zeros((1, 1, 1, 1), np.float32)})
-        out = self._emit_like(self._node_name(), "AFFINE", eq, dict(act=ir.ACT_NONE, alpha=0.0,
-                                                                   beta=0.0),
-                              {"scale": np.full(self.layers[eq.layer].rows, -1.0, np.float32),
-                               "shift": np.ones(self.layers[eq.layer].rows, np.float32)})
+        x = self.resolve(v)
+        eq = self.emit_like(self.node_name + "/eq0", "BINARY", x,
+                            dict(kind=ir.BIN_EQUAL, act=ir.ACT_NONE, alpha=0.0, beta=0.0,
+                                 const_first=0),
+                            {"k": np.zeros((1, 1, 1, 1), np.float32)})
+        out = self.emit_like(self.node_name, "AFFINE", eq, dict(act=ir.ACT_NONE, alpha=0.0,
+                                                                beta=0.0),
+                             {"scale": np.full(self.layers[eq.layer].rows, -1.0, np.float32),
+                              "shift": np.ones(self.layers[eq.layer].rows, np.float32)})
         self.kinds[out.layer] = "bool"
         return out
 
@@ -85,11 +172,11 @@ class ValueMixin:
             t = self.tables[shape4] = storage.transpose(0, 3, 1, 2).ravel()
         return t.reshape(shape)
 
-    def _as_view(self, v) -> View:
+    def as_view(self, v) -> View:
         if isinstance(v, View):
             return v
         if isinstance(v, Act):
-            return View([v.layer], self._storage_index(v.shape, self._layout_of(v)))
+            return View([v.layer], self._storage_index(v.shape, self.layout_of(v)))
         if isinstance(v, np.ndarray):
             return View([Const(v)], np.arange(v.size, dtype=np.int64).reshape(v.shape))
         raise Unsupported("input has no known value")
@@ -101,7 +188,7 @@ class ValueMixin:
         fills = {v.fill for v in views if (v.index < 0).any()}
         fill = next(iter(fills)) if fills else 0.0
         if len(fills) > 1:  # only one fill value per view: make the others layers first
-            views = [self._as_view(self._materialize(v)) if (v.index < 0).any() and v.fill != fill
+            views = [self.as_view(self.materialize(v)) if (v.index < 0).any() and v.fill != fill
                      else v for v in views]
         srcs: list = []
         for v in views:
@@ -145,7 +232,7 @@ class ValueMixin:
         first = next((s for s in v.srcs if isinstance(s, int)), None)
         return self.layers[first].layout if first is not None else LAST
 
-    def _materialize(self, v: View, layout: str | None = None) -> Act:
+    def materialize(self, v: View, layout: str | None = None) -> Act:
         """The view as a layer read with its own (N, C, H, W), in ``layout`` (None: either)."""
         key = layout or ""
         for a in v.acts.values():  # made already, in a layout that will do
@@ -163,11 +250,11 @@ class ValueMixin:
             return a
         lay = layout or self._pick_layout(v)
         index = v.index.reshape(-1)[ir.storage_order(shape, lay)]
-        v.acts[key] = self._gather(v.name or self._node_name(), list(v.srcs), index, shape, v.fill,
+        v.acts[key] = self._gather(v.name or self.node_name, list(v.srcs), index, shape, v.fill,
                                    lay)
         return v.acts[key]
 
-    def _resolve(self, v) -> Act:
+    def resolve(self, v) -> Act:
         """A value as an activation, without a copy whenever its storage exists already."""
         if isinstance(v, Act):
             return v
@@ -179,55 +266,53 @@ class ValueMixin:
             if a is not None:
                 v.acts[""] = a
                 return a
-            return self._materialize(v)
+            return self.materialize(v)
         if isinstance(v, np.ndarray):
             raise Unsupported("its data input is a constant; coacto computes on inputs")
         raise Unsupported("input has no known value")
 
-    _value_act = _resolve
-
-    def _reshaped(self, v, shape):
+    def reshaped(self, v, shape):
         """The value with the same elements in ONNX order and another shape (a view)."""
-        view = self._as_view(v)
+        view = self.as_view(v)
         return View(view.srcs, view.index.reshape(tuple(int(d) for d in shape)), view.fill,
                     view.name)
 
-    def _act(self, v, layout: str | None = None) -> Act:
+    def act(self, v, layout: str | None = None) -> Act:
         """The value as a layer input read with the layer's own (N, C, H, W), in ``layout``
         (None: the value's own); copies through a GATHER when the storage does not fit."""
         if isinstance(v, View):
-            return self._materialize(v, layout)
+            return self.materialize(v, layout)
         if isinstance(v, Act):
-            want = layout or self._layout_of(v)
+            want = layout or self.layout_of(v)
             if self._is_canonical(v, want):
                 return v
-            return self._materialize(self._as_view(v), want)
+            return self.materialize(self.as_view(v), want)
         if isinstance(v, np.ndarray):
             raise Unsupported("its data input is a constant; coacto computes on inputs")
         raise Unsupported("input has no known value")
 
-    def _act_as(self, v, shape, layout: str | None = None) -> Act:
+    def act_as(self, v, shape, layout: str | None = None) -> Act:
         """The value (same elements, ONNX order) as a layer input of ONNX shape ``shape``."""
         shape = tuple(int(d) for d in shape)
         if layout is None and isinstance(v, Act):
-            layout = self._layout_of(v)
-        view = self._as_view(v)
-        return self._act(View(view.srcs, view.index.reshape(shape), view.fill,
-                              view.name or self._node_name()), layout)
+            layout = self.layout_of(v)
+        view = self.as_view(v)
+        return self.act(View(view.srcs, view.index.reshape(shape), view.fill,
+                             view.name or self.node_name), layout)
 
-    def _act_rows(self, v) -> Act:
+    def act_rows(self, v) -> Act:
         """The value for an op that computes column by column over its last axis: an activation
         in row-major storage (layout "last") whose layer's rows are that axis."""
-        a = self._resolve(v)
+        a = self.resolve(v)
         rank = len(a.shape)
-        lay = self._layout_of(a)
+        lay = self.layout_of(a)
         if (rank <= 2 or lay == LAST) and self.layers[a.layer].rows == a.shape[-1]:
             return Act(a.layer, a.shape, LAST if rank > 2 else lay)
-        return self._act(a, LAST)
+        return self.act(a, LAST)
 
     # -- layers
-    def _emit(self, name, op, inputs, onnx_shape, attrs=None, weights=None,
-              layout: str = CHANNELS) -> Act:
+    def emit(self, name, op, inputs, onnx_shape, attrs=None, weights=None,
+             layout: str = CHANNELS) -> Act:
         onnx_shape = tuple(int(d) for d in onnx_shape)
         if not 1 <= len(onnx_shape) <= 4:
             raise Unsupported(f"its output has rank {len(onnx_shape)}; coacto computes tensors "
@@ -252,26 +337,26 @@ class ValueMixin:
                                     onnx_shape=onnx_shape, layout=layout))
         return Act(len(self.layers) - 1, onnx_shape, layout)
 
-    def _emit_like(self, name, op, x: Act, attrs=None, weights=None, inputs=None) -> Act:
+    def emit_like(self, name, op, x: Act, attrs=None, weights=None, inputs=None) -> Act:
         """A layer with exactly the (N, C, H, W) of x's layer (elementwise ops); the value keeps x's
         shape and layout."""
         layer = self.layers[x.layer]
-        out = self._emit(name, op, inputs if inputs is not None else [x.layer], layer.onnx_shape,
-                         attrs, weights, layout=layer.layout)
-        return Act(out.layer, x.shape, self._layout_of(x))
+        out = self.emit(name, op, inputs if inputs is not None else [x.layer], layer.onnx_shape,
+                        attrs, weights, layout=layer.layout)
+        return Act(out.layer, x.shape, self.layout_of(x))
 
-    def _emit_rows(self, name, op, x: Act, rows: int, shape, attrs=None, weights=None,
-                   inputs=None) -> Act:
+    def emit_rows(self, name, op, x: Act, rows: int, shape, attrs=None, weights=None,
+                  inputs=None) -> Act:
         """A layer computing each column of x's layer into ``rows`` rows; the value has ONNX shape
         ``shape`` (x's shape with the row axis resized) in x's layout."""
-        lay = self._layout_of(x)
+        lay = self.layout_of(x)
         shape = tuple(int(d) for d in shape)
         inputs = inputs if inputs is not None else [x.layer]
         if self._is_canonical(x):
-            return self._emit(name, op, inputs, shape, attrs, weights, layout=lay)
+            return self.emit(name, op, inputs, shape, attrs, weights, layout=lay)
         n, _, h, w = self.layers[x.layer].shape
         own = (n, h, w, rows) if h > 1 else (n, w, rows)
-        out = self._emit(name, op, inputs, own, attrs, weights, layout=LAST)
+        out = self.emit(name, op, inputs, own, attrs, weights, layout=LAST)
         return Act(out.layer, shape, LAST)
 
     def _gather(self, name, srcs, index, shape, fill, layout: str = CHANNELS) -> Act:
@@ -299,12 +384,12 @@ class ValueMixin:
         weights = {"index": np.ascontiguousarray(index, dtype=np.int32)}
         if consts:
             weights["const"] = np.concatenate([c.values for c in consts])
-        return self._emit(name, "GATHER", layers, shape, {"fill": float(fill)}, weights,
-                          layout=layout)
+        return self.emit(name, "GATHER", layers, shape, {"fill": float(fill)}, weights,
+                         layout=layout)
 
-    def _copy(self, v: Act, name: str) -> Act:
+    def copy(self, v: Act, name: str) -> Act:
         """A GATHER that copies the value ``v`` to a new layer of its ONNX shape and layout."""
-        lay = self._layout_of(v)
+        lay = self.layout_of(v)
         index = self._storage_index(v.shape, lay).reshape(-1)[ir.storage_order(v.shape, lay)]
         return self._gather(name, [v.layer], index, v.shape, 0.0, lay)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import ir
+from .. import ir
 
 
 def fuse_layers(layers: list[ir.Layer], inputs: dict[str, int], outputs: dict[str, int]):

@@ -1,11 +1,11 @@
-"""Fusions for sequence models, on the layer list after coacto.onnx_fuse's:
+"""Fusions for sequence models, on the layer list after coacto.frontend.fuse's:
 
 - layer normalisation written out (ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div, Mul, Add, as
   exporters before opset 17 write it) -> one LAYERNORM;
 - GELU written out (with Erf, or the tanh approximation, in any order of its products): any chain
   of elementwise layers with scalar constants that reads one tensor and *computes* GELU of it,
   checked numerically on probe values, becomes one GELU activation (then fused into the
-  producing layer by onnx_fuse);
+  producing layer by coacto.frontend.fuse);
 - attention epilogues into the MATMUL of the scores: a scalar scale, a constant causal selection
   (``Where(tril, scores, fill)``, or the addition of a constant that is 0 on and below a diagonal
   and a huge negative value above), the additive mask;
@@ -27,8 +27,8 @@ import heapq
 
 import numpy as np
 
-from . import ir
-from .onnx_fuse import fuse_layers, prune_layers
+from .. import ir
+from .fuse import fuse_layers, prune_layers
 
 #: A constant added to scores counts as a causal mask when its masked value is at most this: x + c
 #: then rounds to c for every |x| below 1e22, so filling with c is exact for any real score.
@@ -40,7 +40,7 @@ def fuse_sequence_ops(layers: list[ir.Layer], inputs: dict[str, int], outputs: d
     for fuse in (_fuse_layernorm, _fuse_gelu, _fuse_matmul_epilogues, _fuse_heads_merge,
                  _fuse_causal_context, _drop_regrouping_copies):
         fuse(layers, _consumers(layers, outputs), outs)
-        layers, inputs, outputs = _prune(layers, inputs, outputs)
+        layers, inputs, outputs = prune_layers(layers, inputs, outputs)
         outs = set(outputs.values())
     return fuse_layers(layers, inputs, outputs)
 
@@ -60,11 +60,6 @@ def _consumers(layers, outputs):
             for p in layer.inputs:
                 cons[p].add(j)
     return cons
-
-
-def _prune(layers, inputs, outputs):
-    """Drops layers that no output reaches (inputs stay), renumbering the rest."""
-    return prune_layers(layers, inputs, outputs)
 
 
 def _replace(layers, j, layer: ir.Layer) -> None:
@@ -155,13 +150,13 @@ _PROBE = np.linspace(-10.0, 10.0, 401)
 
 
 def _gelu_erf(x):
-    from .reference import activation
+    from ..reference import activation
 
     return activation(x, ir.ACT_GELU)
 
 
 def _gelu_tanh(x):
-    from .reference import activation
+    from ..reference import activation
 
     return activation(x, ir.ACT_GELU_TANH)
 
@@ -219,7 +214,7 @@ def _fuse_gelu(layers, cons, outs):
 
 def _evaluate(layers, order, x, probe):
     """The group's function of x on probe values (float64), or None where it is not defined."""
-    from .reference import _BIN, activation
+    from ..reference import _BIN, activation
 
     vals = {x: probe}
     with np.errstate(all="ignore"):

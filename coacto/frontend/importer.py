@@ -1,27 +1,6 @@
-"""ONNX model -> operator graph (coacto.ir).
-
-The importer walks the live nodes of the model once, in topological order, and keeps one value per
-ONNX tensor name:
-
-- a *constant* (a numpy array): initializers, Constant nodes and everything computable from them
-  and from static shapes is folded with numpy, so PyTorch's Shape -> Gather -> Unsqueeze ->
-  Concat -> Reshape subgraphs vanish;
-- an *activation* (``_Act``): the output of a layer, with the ONNX shape of the value;
-- a *view* (``_View``): a pure index mapping (Reshape, Transpose, Slice, Pad, ...) of layers,
-  computed by applying the op to an index array. A view becomes a layer (a GATHER, or nothing at all
-  when it reads its source's storage in order) only when a real op consumes it or it is an output
-  (coacto.onnx_values).
-
-Each layer is stored in a layout (coacto.ir): convolution-family ops keep channels on axis 1;
-sequence ops (matrix products of activations, layer normalisation, softmax over the last axis,
-embeddings) keep the last axis as rows, so (B, S, D) tensors are stored exactly as ONNX lays them
-out; elementwise ops follow their input.
-
-The operators live in three tables: coacto.onnx_layout (folding and layout functions, which serve
-both roles: they fold constants and map index arrays), coacto.onnx_ops and coacto.onnx_seq (ops that
-emit layers). Fusions (BatchNorm / per-channel affine into the convolution, activations into their
-producer, residual additions into the convolution; layer normalisation, GELU and attention epilogues
-in coacto.onnx_fuse_seq) run afterwards on the layer list (coacto.onnx_fuse).
+"""The graph walk: the live nodes of an ONNX model once, in topological order, one value per
+tensor name (coacto.frontend.values), each node dispatched to its handlers (registry, context);
+nodes that cannot be run are reported together, then the fusions run on the layer list.
 """
 from __future__ import annotations
 
@@ -29,138 +8,26 @@ import collections
 import hashlib
 import logging
 import operator
-import os
 import threading
 
 import numpy as np
 import onnx
-from onnx import external_data_helper, helper, inliner, numpy_helper
+from onnx import helper, inliner, numpy_helper
 
-from . import ir
-from .errors import CoactoError, ModelError, ShapeError, UnsupportedOperatorError
-from .onnx_fuse import fuse_layers
-from .onnx_fuse_seq import fuse_sequence_ops
-from .onnx_layout import (
-    FOLD as _FOLD, LAYOUT as _LAYOUT, LAYOUT_DATA as _LAYOUT_DATA, PASS_THROUGH as _PASS_THROUGH,
-    SHAPE_OPS as _SHAPE_OPS, UNKNOWN as _UNKNOWN, Act as _Act, Unsupported as _Unsupported,
-    View as _View,
-)
-from .onnx_ops import COMPUTE as _COMPUTE
-from .onnx_seq import COMPUTE_SEQ as _COMPUTE_SEQ
-from .onnx_values import ValueMixin
-
-_COMPUTE = {**_COMPUTE, **_COMPUTE_SEQ}
+from .. import ir
+from ..errors import CoactoError, ModelError, ShapeError, UnsupportedOperatorError
+from . import folding, ops, registry  # noqa: F401  (folding and ops register their handlers)
+from .context import Context
+from .fuse import fuse_layers
+from .fuse_sequence import fuse_sequence_ops
+from .loader import check_names, load_model
+from .values import UNKNOWN, Unsupported, View
 
 log = logging.getLogger(__name__)
 
 SUPPORTED_OPSETS = (9, 18)  # tested range of the default ONNX domain
 _OLDEST_OPSET = 7  # older opsets differ in broadcasting rules
 
-
-# ----------------------------------------------------------------------------------------- loading
-
-def load_model(model) -> tuple[onnx.ModelProto, bytes]:
-    """Reads an ONNX model (path, serialized bytes or ModelProto) with its external data.
-
-    Returns the model and the bytes that identify it (the file, or the serialized model when its
-    weights were stored in external files, so the bytes are self-contained)."""
-    if isinstance(model, onnx.ModelProto):
-        proto = model
-        where = "the given ModelProto"
-        if _uses_external_data(proto):
-            raise ModelError("the given ModelProto refers to external data files that are not "
-                             "loaded; pass the model's file path instead")
-        try:
-            data = proto.SerializeToString()
-        except Exception as e:  # protobuf refuses models over 2 GiB
-            raise ModelError(f"cannot serialize the given ModelProto: {e}") from e
-    elif isinstance(model, (bytes, bytearray, memoryview)):
-        data = bytes(model)
-        where = "the given model bytes"
-        proto = _parse(data, where)
-        if _uses_external_data(proto):
-            raise ModelError("the model bytes refer to external data files; pass the model's "
-                             "file path instead so the data can be found next to it")
-    elif isinstance(model, (str, os.PathLike)):
-        path = os.fspath(model)
-        where = repr(path)
-        if not os.path.isfile(path):
-            raise ModelError(f"ONNX model file not found: {path!r}; check the path")
-        try:
-            with open(path, "rb") as f:
-                data = f.read()
-        except OSError as e:
-            raise ModelError(f"cannot read the ONNX model {path!r}: {e}") from e
-        proto = _parse(data, where)
-        if _uses_external_data(proto):
-            base = os.path.dirname(os.path.abspath(path))
-            try:
-                external_data_helper.load_external_data_for_model(proto, base)
-            except (OSError, ValueError) as e:
-                raise ModelError(f"cannot load the external data of {path!r}: {e}; keep the data "
-                                 "files next to the model, complete and unchanged") from e
-            try:
-                data = proto.SerializeToString()
-            except Exception as e:
-                raise ModelError(f"{path!r} is too large to be handled in one piece: {e}") from e
-    else:
-        raise TypeError("model must be a path, bytes or onnx.ModelProto, not "
-                        f"{type(model).__name__}")
-    _check_model(proto, where)
-    return proto, data
-
-
-def _parse(data: bytes, where: str) -> onnx.ModelProto:
-    proto = onnx.ModelProto()
-    try:
-        proto.ParseFromString(data)
-    except Exception as e:  # google.protobuf.message.DecodeError and friends
-        raise ModelError(f"{where} is not a valid ONNX model (truncated or corrupt: {e}); "
-                         "export or download it again") from e
-    return proto
-
-
-def _check_model(proto: onnx.ModelProto, where: str) -> None:
-    if not proto.HasField("graph") or not proto.graph.output or proto.ir_version <= 0:
-        raise ModelError(f"{where} does not contain an ONNX graph (truncated or not an ONNX file); "
-                         "export or download it again")
-    if not any(o.domain in ("", "ai.onnx") for o in proto.opset_import):
-        raise ModelError(f"{where} declares no version of the standard ONNX operator set; "
-                         "export it with an opset between 9 and 18")
-
-
-def _uses_external_data(proto: onnx.ModelProto) -> bool:
-    tensors = list(proto.graph.initializer)
-    for node in proto.graph.node:
-        for a in node.attribute:
-            if a.type == onnx.AttributeProto.TENSOR:
-                tensors.append(a.t)
-    return any(external_data_helper.uses_external_data(t) for t in tensors)
-
-
-def _check_names(graph) -> None:
-    """Every name the importer matches on is text: protobuf hands a string field that is not valid
-    UTF-8 back as bytes, which no name or operator type compares equal to."""
-    def bad(value) -> bool:
-        return not isinstance(value, str)
-
-    for i, node in enumerate(graph.node):
-        if bad(node.op_type) or bad(node.domain) or bad(node.name) or \
-                any(bad(x) for x in (*node.input, *node.output)) or \
-                any(bad(a.name) for a in node.attribute):
-            raise ModelError(f"node {i} ({node.op_type!r}) has a name, operator type or "
-                             f"attribute name that is not valid UTF-8; the file is corrupt")
-    for vi in (*graph.input, *graph.output, *graph.value_info):
-        if bad(vi.name):
-            raise ModelError(f"graph input/output {vi.name!r} has a name that is not valid "
-                             f"UTF-8; the file is corrupt")
-    for t in graph.initializer:
-        if bad(t.name):
-            raise ModelError(f"initializer {t.name!r} has a name that is not valid UTF-8; the "
-                             f"file is corrupt")
-
-
-# -------------------------------------------------------------------------------------- importer
 
 def import_model(model, input_shapes: dict[str, tuple[int, ...]] | None = None) -> ir.Graph:
     """Imports an ONNX model (path, bytes or ModelProto) as a coacto operator graph.
@@ -178,8 +45,8 @@ def import_model(model, input_shapes: dict[str, tuple[int, ...]] | None = None) 
     hasher.start()
     del data  # the hasher holds the bytes until it is done, not until the import is
     try:
-        _check_names(proto.graph)
-        graph = _Importer(proto, dict(input_shapes or {})).run()
+        check_names(proto.graph)
+        graph = Importer(proto, dict(input_shapes or {})).run()
     except CoactoError:
         raise
     except MemoryError as e:  # the size caps should have refused it first
@@ -210,7 +77,10 @@ _CHANNEL_OPS = {"Conv", "MaxPool", "AveragePool", "BatchNormalization", "GlobalA
                 "DepthToSpace", "SpaceToDepth", "Pad", "ConvTranspose"}
 
 
-class _Importer(ValueMixin):
+class Importer:
+    """One import: the ONNX graph's state (values by name, initializers, failures) around the
+    handlers' context ``ctx``, which holds the layers."""
+
     def __init__(self, proto: onnx.ModelProto, input_shapes: dict):
         if proto.functions:  # model-local functions (as dynamo-based exporters write): inline them
             try:
@@ -221,14 +91,10 @@ class _Importer(ValueMixin):
         self.g = proto.graph
         self.input_shapes = input_shapes
         self.opset = max(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx"))
-        self.layers: list[ir.Layer] = []
-        self.names: set[str] = set()
+        self.ctx = Context(self.opset)  # what handlers are given: the layers, the node
         self.values: dict[str, object] = {}
         self.inits = {t.name: t for t in self.g.initializer}
         self.failures: list[tuple[str, str, str]] = []
-        self.tables: dict[tuple, np.ndarray] = {}
-        self.kinds: dict[int, str] = {}  # layer -> "int" / "bool" for integer-valued layers
-        self.node = None  # the node being imported
 
     # -- driver
     def run(self) -> ir.Graph:
@@ -251,7 +117,7 @@ class _Importer(ValueMixin):
         outputs = self._outputs()
         if self.failures:
             self._raise_failures()
-        layers, inputs, outputs = fuse_layers(self.layers, inputs, outputs)
+        layers, inputs, outputs = fuse_layers(self.ctx.layers, inputs, outputs)
         layers, inputs, outputs = fuse_sequence_ops(layers, inputs, outputs)
         return ir.Graph(layers=layers, inputs=inputs, outputs=outputs)
 
@@ -278,19 +144,19 @@ class _Importer(ValueMixin):
                 dtype = _dtype_name(elem) if elem else "non-tensor"
                 self.failures.append((vi.name, "Input", f"input of type {dtype}; coacto runs "
                                       "float32 and integer inputs (cast in the model's caller)"))
-                self.values[vi.name] = _UNKNOWN
+                self.values[vi.name] = UNKNOWN
                 continue
             shape = self._input_shape(vi)
             if not 1 <= len(shape) <= 4:
                 self.failures.append((vi.name, "Input", f"input of rank {len(shape)}; coacto "
                                       "runs inputs of rank 1 to 4"))
-                self.values[vi.name] = _UNKNOWN
+                self.values[vi.name] = UNKNOWN
                 continue
             attrs = {} if elem == onnx.TensorProto.FLOAT else {"dtype": int(elem)}
-            idx = self._emit(vi.name, "INPUT", [], shape, attrs,
-                             layout=self._input_layout(vi.name, len(shape)))
+            idx = self.ctx.emit(vi.name, "INPUT", [], shape, attrs,
+                                layout=self._input_layout(vi.name, len(shape)))
             if attrs:
-                self.kinds[idx.layer] = "bool" if elem == onnx.TensorProto.BOOL else "int"
+                self.ctx.kinds[idx.layer] = "bool" if elem == onnx.TensorProto.BOOL else "int"
             self.values[vi.name] = idx
             out[vi.name] = idx.layer
         return out
@@ -414,7 +280,7 @@ class _Importer(ValueMixin):
             if v is None:
                 raise ModelError(f"graph output {name!r} is not produced by any node or input "
                                  "(is the file truncated?)")
-            if v is _UNKNOWN:
+            if v is UNKNOWN:
                 continue
             elem = vo.type.tensor_type.elem_type
             if elem not in (0, onnx.TensorProto.FLOAT):
@@ -425,18 +291,18 @@ class _Importer(ValueMixin):
             if isinstance(v, np.ndarray):
                 raise ModelError(f"graph output {name!r} is a constant (it does not depend on "
                                  "any input); remove it from the model's outputs")
-            if isinstance(v, _View):
+            if isinstance(v, View):
                 if not 1 <= v.index.ndim <= 4:
                     self.failures.append((v.name, "Output", f"output {name!r} has rank "
                                           f"{v.index.ndim}; coacto returns tensors of rank 1 to 4"))
                     continue
-                v = self._resolve(v)
-            layer = self.layers[v.layer]
-            lay = self._layout_of(v)
+                v = self.ctx.resolve(v)
+            layer = self.ctx.layers[v.layer]
+            lay = self.ctx.layout_of(v)
             if layer.onnx_shape != v.shape or not ir.same_layout(len(v.shape), layer.layout, lay):
                 # The same storage seen with another ONNX shape (e.g. (N, C, 1, 1) flattened).
                 if layer.op == "INPUT" or v.layer in out.values():
-                    v = self._copy(v, name)
+                    v = self.ctx.copy(v, name)
                 else:
                     layer.onnx_shape, layer.layout = v.shape, lay
             out[name] = v.layer
@@ -444,10 +310,10 @@ class _Importer(ValueMixin):
 
     # -- one node
     def _import_node(self, node, used: set[str]):
-        self.node = node
+        self.ctx.node = node
         op = node.op_type
         name = node.name or (node.output[0] if node.output else op)
-        self.attrs = _node_attrs(node, name)
+        self.ctx.attrs = _node_attrs(node, name)
         ins = []
         for n in node.input:
             if not n:
@@ -460,24 +326,24 @@ class _Importer(ValueMixin):
             ins.append(v)
         try:
             if node.domain not in ("", "ai.onnx"):
-                raise _Unsupported(f"operator of domain {node.domain!r} is not supported")
-            if any(v is _UNKNOWN for v in ins):
-                if op not in _FOLD and op not in _LAYOUT and op not in _COMPUTE and \
-                        op not in _PASS_THROUGH:
-                    raise _Unsupported("operator is not supported")
+                raise Unsupported(f"operator of domain {node.domain!r} is not supported")
+            if any(v is UNKNOWN for v in ins):
+                h = registry.handlers(op)
+                if not (h.fold or h.indexing or h.compute or h.pass_through):
+                    raise Unsupported("operator is not supported")
                 outs = []
             else:
-                outs = self._dispatch(node, op, ins)
+                outs = self._dispatch(op, ins)
                 for o in outs:  # so that no later node starts from a value over the limit
-                    if isinstance(o, (np.ndarray, _View)):
-                        ir.check_elements(np.shape(o.index if isinstance(o, _View) else o),
+                    if isinstance(o, (np.ndarray, View)):
+                        ir.check_elements(np.shape(o.index if isinstance(o, View) else o),
                                           "its result")
             for i, o in enumerate(node.output):
                 if o and o in used and (i >= len(outs) or outs[i] is None):
-                    if any(v is _UNKNOWN for v in ins):
+                    if any(v is UNKNOWN for v in ins):
                         break
-                    raise _Unsupported(f"its output {i} ({o!r}) is used, which is not supported")
-        except _Unsupported as e:
+                    raise Unsupported(f"its output {i} ({o!r}) is used, which is not supported")
+        except Unsupported as e:
             self.failures.append((name, op, str(e)))
             outs = []
         except ShapeError as e:
@@ -494,8 +360,8 @@ class _Importer(ValueMixin):
                              f"{type(e).__name__}: {e}") from e
         for i, o in enumerate(node.output):
             if o:
-                v = outs[i] if i < len(outs) and outs[i] is not None else _UNKNOWN
-                if isinstance(v, _View) and not v.name:
+                v = outs[i] if i < len(outs) and outs[i] is not None else UNKNOWN
+                if isinstance(v, View) and not v.name:
                     v.name = name
                 self.values[o] = v
         for n in node.input:
@@ -504,61 +370,25 @@ class _Importer(ValueMixin):
                 if self.init_uses[n] == 0 and n not in node.output:
                     self.values.pop(n, None)  # _value reads it again should anything ask
 
-    def _dispatch(self, node, op, ins):
-        if op in _PASS_THROUGH:
-            return _PASS_THROUGH[op](self, ins)
-        if op in _SHAPE_OPS:
-            return _SHAPE_OPS[op](self, ins)
+    def _dispatch(self, op, ins):
+        """The op's handlers in the order coacto.frontend.registry states."""
+        h, ctx = registry.handlers(op), self.ctx
+        if h.pass_through:
+            return h.pass_through(ctx, ins)
+        if h.shape:
+            return h.shape(ctx, ins)
         constant = all(v is None or isinstance(v, np.ndarray) for v in ins)
-        if constant and (op in _FOLD or op in _LAYOUT):
-            fn = _FOLD.get(op) or _LAYOUT[op]
-            return [None if r is None else np.asarray(r) for r in fn(self, ins)]
-        if op in _COMPUTE:
-            return _COMPUTE[op](self, ins)
-        if op in _LAYOUT:
-            return self._layout(op, ins)
-        if op in _FOLD:
-            raise _Unsupported("supported on constants only; here an input is computed from the "
-                               "model's inputs")
-        raise _Unsupported("operator is not supported")
-
-    def _layout(self, op, ins):
-        """Applies a layout op to index arrays: the result is a view of layers."""
-        data_pos = _LAYOUT_DATA.get(op, (0,))
-        if data_pos == "all":
-            data_pos = tuple(i for i, v in enumerate(ins) if v is not None)
-        views = [self._as_view(ins[i]) for i in data_pos]
-        srcs, indices, fill = self._combine(views)
-        args = list(ins)
-        for p, idx in zip(data_pos, indices):
-            args[p] = idx
-        self.indexing, self.last_pad = True, None
-        try:
-            outs = _LAYOUT[op](self, args)
-        finally:
-            self.indexing = False
-        pad = None
-        if op == "Pad" and self.last_pad[0] == "constant":
-            new_fill = self.last_pad[2]
-            if (views[0].index < 0).any() and views[0].fill != new_fill:
-                # one fill value per view: make the input a layer first
-                return self._layout(op, [self._materialize(views[0])] + list(ins[1:]))
-            fill = new_fill
-            if isinstance(ins[0], _Act):
-                pad = self._zero_pad_hint(ins[0])
-        res = []
-        for r in outs:
-            res.append(None if r is None else _View(srcs, np.asarray(r), fill, pad=pad))
-        return res
-
-    def _zero_pad_hint(self, src: _Act):
-        """(src, (pt, pl, pb, pr)) when the Pad just applied is a zero spatial pad of src."""
-        mode, pads, value = self.last_pad
-        if len(src.shape) != 4 or value != 0.0 or any(p < 0 for p in pads):
-            return None
-        if pads[0] or pads[1] or pads[4] or pads[5]:
-            return None
-        return (src, (pads[2], pads[3], pads[6], pads[7]))
+        if constant and (h.fold or h.indexing):
+            fn = h.fold or h.indexing
+            return [None if r is None else np.asarray(r) for r in fn(ctx, ins)]
+        if h.compute:
+            return h.compute(ctx, ins)
+        if h.indexing:
+            return ctx.index_map(op, ins)
+        if h.fold:
+            raise Unsupported("supported on constants only; here an input is computed from the "
+                              "model's inputs")
+        raise Unsupported("operator is not supported")
 
     # -- values
     def _value(self, name):
@@ -571,34 +401,6 @@ class _Importer(ValueMixin):
                                  "its external data) is truncated or corrupt") from e
             self.values[name] = v
         return v
-
-    # -- helpers for op functions
-    def _node_name(self) -> str:
-        node = self.node
-        return node.name or (node.output[0] if node.output else node.op_type)
-
-    def _attr(self, name, default=None):
-        return self.attrs.get(name, default)
-
-    def _const(self, v, what: str) -> np.ndarray:
-        if isinstance(v, np.ndarray):
-            return v
-        if v is None:
-            raise _Unsupported(f"{what} is missing")
-        raise _Unsupported(f"{what} must be a constant (computed from initializers and static "
-                           "shapes only)")
-
-    def _ints(self, v, what: str) -> list[int]:
-        return [int(x) for x in np.asarray(self._const(v, what)).reshape(-1)]
-
-    def _input_or_attr(self, ins, pos: int, attr: str, default=None):
-        """Opset-dependent parameters: an input in new opsets, an attribute in old ones."""
-        if len(ins) > pos and ins[pos] is not None:
-            return self._ints(ins[pos], attr)
-        return self._attr(attr, default)
-
-    indexing = False
-    last_pad = None
 
 
 def _dtype_name(elem: int) -> str:
@@ -633,4 +435,4 @@ def _attr_value(a):
     return v
 
 
-__all__ = ["load_model", "import_model"]
+__all__ = ["import_model", "SUPPORTED_OPSETS"]

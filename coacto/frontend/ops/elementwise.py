@@ -1,0 +1,365 @@
+"""Elementwise operators: arithmetic, comparisons, logic, activations, unary functions, Where."""
+from __future__ import annotations
+
+import numpy as np
+
+from ... import ir
+from ...errors import ShapeError
+from ..folding import clip_bounds
+from ..registry import op, register
+from ..values import CHANNELS, Act, Unsupported, View, row_axis, shape_of
+
+
+def affine(ctx, x, scale, shift, act=ir.ACT_NONE, alpha=0.0, beta=0.0, name=None):
+    """``act(x * scale + shift)``: scalars apply to any activation as it is stored; vectors are
+    per row (the channels of a CNN, the last axis of a sequence)."""
+    scale = np.asarray(scale, np.float64).reshape(-1)
+    shift = np.asarray(shift, np.float64).reshape(-1)
+    attrs = dict(act=act, alpha=float(alpha), beta=float(beta))
+    name = name or ctx.node_name
+    if scale.size == 1 and shift.size == 1:
+        pushed = _through_view(ctx, x, name, attrs, scale[0], shift[0])
+        if pushed is not None:
+            return pushed
+        x = ctx.resolve(x)
+        c = ctx.layers[x.layer].rows
+        return ctx.emit_like(name, "AFFINE", x, attrs,
+                             {"scale": np.full(c, scale[0], np.float32),
+                              "shift": np.full(c, shift[0], np.float32)})
+    x = _per_row_input(ctx, x)
+    c = ctx.layers[x.layer].rows
+    weights = {"scale": np.broadcast_to(scale, (c,)).astype(np.float32),
+               "shift": np.broadcast_to(shift, (c,)).astype(np.float32)}
+    return ctx.emit_rows(name, "AFFINE", x, c, x.shape, attrs, weights)
+
+
+def _through_view(ctx, v, name, attrs, scale, shift):
+    """A scalar affine of a view (the queries of attention scaled after their head split) as the
+    same view of the scaled source: no copy, and the scale can fold into the source's producer.
+    Only when the view covers most of its source (the work stays about the same)."""
+    if not (isinstance(v, View) and len(v.srcs) == 1 and isinstance(v.srcs[0], int)
+            and v.index.size and v.index.min() >= 0):
+        return None
+    src = ctx.layers[v.srcs[0]]
+    if 2 * v.index.size < src.columns * src.rows:
+        return None
+    c = src.rows
+    y = ctx.emit_like(name, "AFFINE", Act(v.srcs[0], src.onnx_shape, src.layout), attrs,
+                      {"scale": np.full(c, scale, np.float32),
+                       "shift": np.full(c, shift, np.float32)})
+    return View([y.layer], v.index, v.fill, v.name)
+
+
+def _per_row_input(ctx, x):
+    """x as an input whose rows are its row axis: channels (axis 1) in the channels layout, the
+    last axis otherwise."""
+    x = ctx.resolve(x)
+    if len(x.shape) > 2 and ctx.layout_of(x) == CHANNELS:
+        return ctx.act(x, CHANNELS)
+    return ctx.act_rows(x)
+
+
+def _activation(act, alpha_attr=None, alpha=0.0, beta_attr=None, beta=0.0):
+    def run(ctx, ins):
+        x = ins[0]
+        if isinstance(x, np.ndarray):
+            raise Unsupported("its data input is a constant; coacto computes on inputs")
+        a = ctx.attr(alpha_attr, alpha) if alpha_attr else alpha
+        b = ctx.attr(beta_attr, beta) if beta_attr else beta
+        return [affine(ctx, x, 1.0, 0.0, act, a, b)]
+    return run
+
+
+def _integer_preserving(act):
+    """Abs, Floor, Ceil, Round, Sign: of integers they give integers, so a result of an integer
+    input stays one (casts of it to integer types remain the identity)."""
+    def run(ctx, ins):
+        x = ins[0]
+        integer = ctx.is_integer(x)
+        y = _activation(act)(ctx, ins)
+        if integer:
+            for li in (y[0].srcs if isinstance(y[0], View) else [y[0].layer]):
+                ctx.kinds[li] = "int"
+        return y
+    return run
+
+
+@op("Celu")
+def _celu(ctx, ins):
+    if ctx.attr("alpha", 1.0) == 0.0:
+        raise ShapeError("Celu with alpha 0 (it divides by alpha)")
+    return _activation(ir.ACT_CELU, "alpha", 1.0)(ctx, ins)
+
+
+@op("Clip")
+def _clip(ctx, ins):
+    x = ins[0]
+    lo, hi = clip_bounds(ctx, ins)
+    if lo == 0.0 and hi == np.inf:
+        return [affine(ctx, x, 1.0, 0.0, ir.ACT_RELU)]
+    return [affine(ctx, x, 1.0, 0.0, ir.ACT_CLIP, lo, hi)]
+
+
+@op("PRelu")
+def _prelu(ctx, ins):
+    slope = np.asarray(ctx.const(ins[1], "slope"), np.float32).reshape(-1)
+    if slope.size != 1 and not np.all(slope == slope[0]):
+        raise Unsupported("PRelu with a slope per channel; coacto supports one slope")
+    return [affine(ctx, ins[0], 1.0, 0.0, ir.ACT_LEAKY, float(slope[0]))]
+
+
+@op("Max", "Min")
+def _min_max(ctx, ins):
+    """Max / Min of an activation and scalar constants (TF-style ReLU6): a clip."""
+    consts = [v for v in ins if isinstance(v, np.ndarray)]
+    acts = [v for v in ins if v is not None and not isinstance(v, np.ndarray)]
+    kind = ir.BIN_MAX if ctx.node.op_type == "Max" else ir.BIN_MIN
+    if len(acts) != 1 or any(np.asarray(k).size != 1 for k in consts):
+        vals = [v for v in ins if v is not None]
+        acc = vals[0]
+        for i, v in enumerate(vals[1:]):
+            last = i == len(vals) - 2
+            acc = binary_values(ctx, acc, v, kind,
+                                ctx.node_name if last else f"{ctx.node_name}/{i}")
+        return [acc]
+    x = ctx.resolve(acts[0])
+    bound = [float(np.asarray(k).reshape(())) for k in consts]
+    if ctx.node.op_type == "Max":
+        lo, hi = (max(bound) if bound else -np.inf), np.inf
+    else:
+        lo, hi = -np.inf, (min(bound) if bound else np.inf)
+    if lo == 0.0 and hi == np.inf:
+        return [affine(ctx, x, 1.0, 0.0, ir.ACT_RELU)]
+    return [affine(ctx, x, 1.0, 0.0, ir.ACT_CLIP, lo, hi)]
+
+
+@op("Neg")
+def _neg(ctx, ins):
+    return [affine(ctx, ins[0], -1.0, 0.0)]
+
+
+def _unary(act, kind=None):
+    def run(ctx, ins):
+        y = affine(ctx, ins[0], 1.0, 0.0, act)
+        if kind:  # y may be a view of the layer computed (see _through_view)
+            for li in (y.srcs if isinstance(y, View) else [y.layer]):
+                ctx.kinds[li] = kind
+        return [y]
+    return run
+
+
+@op("Gelu")
+def _gelu(ctx, ins):
+    approx = ctx.attr("approximate", "none")
+    if approx not in ("none", "tanh"):
+        raise Unsupported(f"Gelu approximate={approx!r}")
+    act = ir.ACT_GELU_TANH if approx == "tanh" else ir.ACT_GELU
+    return [affine(ctx, ins[0], 1.0, 0.0, act)]
+
+
+@op("Not")
+def _not(ctx, ins):
+    y = affine(ctx, ctx.as_bool(ctx.resolve(ins[0])), -1.0, 1.0)
+    ctx.kinds[y.layer] = "bool"
+    return [y]
+
+
+_BIN_KIND = {"Add": ir.BIN_ADD, "Sub": ir.BIN_SUB, "Mul": ir.BIN_MUL, "Div": ir.BIN_DIV,
+             "Equal": ir.BIN_EQUAL, "Less": ir.BIN_LESS, "Greater": ir.BIN_GREATER,
+             "GreaterOrEqual": ir.BIN_GREATER_EQUAL, "LessOrEqual": ir.BIN_LESS_EQUAL,
+             "Pow": ir.BIN_POW}
+
+
+#: Kinds whose result is 1.0 / 0.0.
+_COMPARISONS = (ir.BIN_EQUAL, ir.BIN_LESS, ir.BIN_GREATER, ir.BIN_GREATER_EQUAL,
+                ir.BIN_LESS_EQUAL)
+
+
+def emit_binary_const(ctx, x, k, kind, const_first, out_shape, name):
+    r = len(out_shape)
+    k = np.asarray(k, np.float32)
+    k = k.reshape((1,) * (r - k.ndim) + k.shape)
+    x = ctx.resolve(x)
+    lay = ctx.layout_of(x)
+    attrs = dict(kind=kind, act=ir.ACT_NONE, alpha=0.0, beta=0.0, const_first=int(const_first))
+    if k.size == 1 and tuple(out_shape) == tuple(x.shape):  # a scalar: any storage will do
+        return ctx.emit_like(name, "BINARY", x, attrs, {"k": k.reshape(1, 1, 1, 1)})
+    x = ctx.act_as(x, (1,) * (r - len(x.shape)) + tuple(x.shape), lay)
+    return ctx.emit(name, "BINARY", [x.layer], out_shape, attrs,
+                    {"k": np.ascontiguousarray(ir.internal_array(k, lay))}, layout=lay)
+
+
+def binary_values(ctx, a, b, kind, name):
+    """``a OP b`` for values of which at least one is computed."""
+    out = tuple(np.broadcast_shapes(shape_of(a), shape_of(b)))
+    if not 1 <= len(out) <= 4:
+        raise Unsupported(f"elementwise operation of rank {len(out)}; coacto computes tensors of "
+                          "rank 1 to 4")
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        const_first = isinstance(a, np.ndarray)
+        k, x = (a, b) if const_first else (b, a)
+        k = np.asarray(k, np.float64)
+        if k.size == 1 and out == shape_of(x) and kind <= ir.BIN_DIV and \
+                not (kind == ir.BIN_DIV and const_first):  # a scalar: an affine of any storage
+            v = float(k.reshape(-1)[0])
+            scale, shift = {ir.BIN_ADD: (1.0, v), ir.BIN_SUB: (-1.0, v) if const_first else
+                            (1.0, -v), ir.BIN_MUL: (v, 0.0), ir.BIN_DIV: (np.float64(1.0) / np.float64(v), 0.0)}[kind]
+            return affine(ctx, x, scale, shift, name=name)
+        x = ctx.resolve(x)
+        if out == x.shape and k.ndim <= len(out) and kind <= ir.BIN_DIV:
+            vec = _per_row(k, len(out), row_axis(len(out), ctx.layout_of(x)))
+            if vec is not None and not (kind == ir.BIN_DIV and const_first):
+                if kind == ir.BIN_ADD:
+                    scale, shift = 1.0, vec
+                elif kind == ir.BIN_SUB:
+                    scale, shift = (-1.0, vec) if const_first else (1.0, -vec)
+                elif kind == ir.BIN_MUL:
+                    scale, shift = vec, 0.0
+                else:
+                    scale, shift = 1.0 / vec, 0.0
+                return affine(ctx, x, scale, shift, name=name)
+        y = emit_binary_const(ctx, x, k, kind, const_first, out, name)
+    else:
+        y = _binary_acts(ctx, a, b, kind, out, name)
+    if kind in _COMPARISONS:
+        ctx.kinds[y.layer] = "bool"
+    return y
+
+
+def _binary_acts(ctx, a, b, kind, out, name):
+    attrs = dict(kind=kind, act=ir.ACT_NONE, alpha=0.0, beta=0.0, const_first=0)
+    xa, xb = ctx.resolve(a), ctx.resolve(b)
+    la, lb = ctx.layers[xa.layer], ctx.layers[xb.layer]
+    if xa.shape == xb.shape == out and la.shape == lb.shape and \
+            ir.same_layout(len(out), ctx.layout_of(xa), ctx.layout_of(xb)) and \
+            (la.layout == lb.layout or len(out) <= 2):
+        # the same storage order on both sides: elementwise over the storage as it is
+        return ctx.emit_like(name, "BINARY", xa, attrs, inputs=[xa.layer, xb.layer])
+    r = len(out)
+    lay = ctx.layout_of(xa) if len(xa.shape) >= len(xb.shape) else ctx.layout_of(xb)
+    xa = ctx.act_as(xa, (1,) * (r - len(xa.shape)) + xa.shape, lay)
+    xb = ctx.act_as(xb, (1,) * (r - len(xb.shape)) + xb.shape, lay)
+    return ctx.emit(name, "BINARY", [xa.layer, xb.layer], out, attrs, layout=lay)
+
+
+def _per_row(k: np.ndarray, rank: int, axis: int):
+    """The per-row vector of a constant broadcast over every axis but the row axis."""
+    kp = k.reshape((1,) * (rank - k.ndim) + k.shape)
+    if all(d == 1 for i, d in enumerate(kp.shape) if i != axis):
+        return kp.reshape(-1)
+    return None
+
+
+@op("Add", "Sub", "Mul", "Div", "Equal", "Less", "Greater", "GreaterOrEqual",
+    "LessOrEqual")
+def _binary(ctx, ins):
+    with np.errstate(divide="ignore"):
+        return [binary_values(ctx, ins[0], ins[1], _BIN_KIND[ctx.node.op_type], ctx.node_name)]
+
+
+@op("And", "Or", "Xor")
+def _logical(ctx, ins):
+    """And, Or, Xor of bool tensors, at least one computed. Bools are 1.0 / 0.0 here (what the
+    comparisons and a Cast to bool compute): And is their product, Or their maximum, Xor their
+    inequality."""
+    def as_bool(v):
+        if isinstance(v, np.ndarray):
+            return np.asarray(v != 0, np.float32)
+        return ctx.as_bool(ctx.resolve(v))
+
+    op = ctx.node.op_type
+    a, b = as_bool(ins[0]), as_bool(ins[1])
+    name = ctx.node_name
+    if op == "Xor":
+        eq = binary_values(ctx, a, b, ir.BIN_EQUAL, f"{name}/eq")
+        y = affine(ctx, eq, -1.0, 1.0, name=name)
+    else:
+        y = binary_values(ctx, a, b, ir.BIN_MUL if op == "And" else ir.BIN_MAX, name)
+    ctx.kinds[y.layer] = "bool"
+    return [y]
+
+
+@op("Sum", "Mean")
+def _sum(ctx, ins):
+    vals = [v for v in ins if v is not None]
+    name = ctx.node_name
+    acc = vals[0]
+    for i, v in enumerate(vals[1:]):
+        last = i == len(vals) - 2 and ctx.node.op_type == "Sum"
+        acc = binary_values(ctx, acc, v, ir.BIN_ADD, name if last else f"{name}/add{i}")
+    if ctx.node.op_type == "Mean" and len(vals) > 1:
+        acc = affine(ctx, acc, 1.0 / len(vals), 0.0, name=name)
+    return [acc]
+
+
+@op("Pow")
+def _pow(ctx, ins):
+    """x ** e: e = 1 is x, 2 is x * x, 0.5 a square root, others BINARY POW."""
+    if not isinstance(ins[1], np.ndarray):
+        return _binary(ctx, ins)
+    e = np.asarray(ins[1], np.float64).reshape(-1)
+    if e.size != 1 or isinstance(ins[0], np.ndarray):
+        return _binary(ctx, ins)
+    x = ctx.resolve(ins[0])
+    if e[0] == 1.0:
+        return [x]
+    if e[0] == 0.5:
+        return [affine(ctx, x, 1.0, 0.0, ir.ACT_SQRT)]
+    if e[0] == 2.0:
+        attrs = dict(kind=ir.BIN_MUL, act=ir.ACT_NONE, alpha=0.0, beta=0.0, const_first=0)
+        return [ctx.emit_like(ctx.node_name, "BINARY", x, attrs, inputs=[x.layer, x.layer])]
+    return _binary(ctx, ins)
+
+
+@op("Where")
+def _where(ctx, ins):
+    cond, x, y = ins[0], ins[1], ins[2]
+    out = tuple(np.broadcast_shapes(*(shape_of(v) for v in (cond, x, y))))
+    if not 1 <= len(out) <= 4:
+        raise Unsupported(f"Where of rank {len(out)}; coacto computes tensors of rank 1 to 4")
+    if isinstance(cond, np.ndarray):
+        c = np.asarray(cond).astype(bool)
+        for pick, v in ((c.all(), x), ((~c).all(), y)):
+            if pick and shape_of(v) == out and not isinstance(v, np.ndarray):
+                return [v]
+    vals = [cond, x, y]
+    first = next(v for v in vals if not isinstance(v, np.ndarray))
+    lay = ctx.layout_of(ctx.resolve(first))
+    r = len(out)
+    which, inputs, weights = 0, [], {}
+    for o, (key, v) in enumerate(zip(("cond", "x", "y"), vals)):
+        if isinstance(v, np.ndarray):
+            k = np.asarray(v).astype(np.float32)
+            k = k.reshape((1,) * (r - k.ndim) + k.shape)
+            weights[key] = np.ascontiguousarray(ir.internal_array(k, lay))
+        else:
+            a = ctx.act_as(v, (1,) * (r - len(shape_of(v))) + tuple(shape_of(v)), lay)
+            which |= 1 << o
+            inputs.append(a.layer)
+    res = ctx.emit(ctx.node_name, "WHERE", inputs, out, {"operands": which}, weights,
+                   layout=lay)
+    if all(ctx.is_integer(v) if not isinstance(v, np.ndarray) else
+           np.array_equal(v, np.round(v)) for v in (x, y)):
+        ctx.kinds[res.layer] = "int"
+    return [res]
+
+
+register("compute", {
+    "Relu": _activation(ir.ACT_RELU),
+    "LeakyRelu": _activation(ir.ACT_LEAKY, "alpha", 0.01),
+    "Sigmoid": _activation(ir.ACT_SIGMOID), "Tanh": _activation(ir.ACT_TANH),
+    "HardSigmoid": _activation(ir.ACT_HARDSIGMOID, "alpha", 0.2, "beta", 0.5),
+    "HardSwish": _activation(ir.ACT_HARDSWISH),
+    "Elu": _activation(ir.ACT_ELU, "alpha", 1.0),
+    # the defaults are the ONNX spec's float32 values of the self-normalising constants
+    "Selu": _activation(ir.ACT_SELU, "alpha", 1.67326319217681884765625, "gamma",
+                        1.05070102214813232421875),
+    "Softplus": _activation(ir.ACT_SOFTPLUS), "Softsign": _activation(ir.ACT_SOFTSIGN),
+    "ThresholdedRelu": _activation(ir.ACT_THRESHOLDED_RELU, "alpha", 1.0),
+    "Abs": _integer_preserving(ir.ACT_ABS), "Floor": _integer_preserving(ir.ACT_FLOOR),
+    "Ceil": _integer_preserving(ir.ACT_CEIL), "Round": _integer_preserving(ir.ACT_ROUND),
+    "Sign": _integer_preserving(ir.ACT_SIGN), "Log": _activation(ir.ACT_LOG),
+    "Erf": _unary(ir.ACT_ERF), "Sqrt": _unary(ir.ACT_SQRT),
+    "Reciprocal": _unary(ir.ACT_RECIPROCAL), "Exp": _unary(ir.ACT_EXP),
+    "IsNaN": _unary(ir.ACT_ISNAN, "bool"),
+})
