@@ -83,3 +83,12 @@ def test_wheel_tag_matches_the_extension():
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
     oldest = re.fullmatch(r">=3\.(\d+)", pyproject["project"]["requires-python"]).group(1)
     assert f'"py_limited_api": "cp3{oldest}"' in (ROOT / "setup.py").read_text()
+
+
+def test_every_package_is_in_the_wheel():
+    """pyproject.toml lists coacto's packages one by one: one missing there is missing from the
+    wheel, and an installed coacto fails to import it."""
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    found = {".".join(p.parent.relative_to(ROOT).parts)
+             for p in (ROOT / "coacto").rglob("__init__.py")}
+    assert found == set(pyproject["tool"]["setuptools"]["packages"])

@@ -161,3 +161,71 @@ def test_each_ops_contract_agrees_with_the_c_table():
         assert c.n_iparams <= 32 and c.n_fparams <= 8  # coacto_layer_desc's room
     assert lib.coacto_op_contract(lib.COACTO_OP_COUNT, info) == lib.COACTO_ERR_INVALID_ARGUMENT
     assert lib.coacto_op_contract(-1, info) == lib.COACTO_ERR_INVALID_ARGUMENT
+
+
+# ------------------------------------------------------------------------- the frontend's handlers
+
+FRONTEND = ROOT / "coacto" / "frontend"
+
+
+def _private_context_reads(tree: ast.Module) -> list[str]:
+    """Names starting with "_" read from a handler's context: an attribute of a function's first
+    parameter (what a handler, or a helper it passes the context to, calls it) or of any ``ctx``,
+    directly or through getattr."""
+    found = []
+    for fn in ast.walk(tree):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            continue
+        params = fn.args.posonlyargs + fn.args.args
+        names = {"ctx"} | ({params[0].arg} if params else set())
+        for n in ast.walk(fn):
+            if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name):
+                name, attr = n.value.id, n.attr
+            elif isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and \
+                    n.func.id in ("getattr", "setattr", "hasattr") and len(n.args) >= 2 and \
+                    isinstance(n.args[0], ast.Name) and isinstance(n.args[1], ast.Constant) and \
+                    isinstance(n.args[1].value, str):
+                name, attr = n.args[0].id, n.args[1].value
+            else:
+                continue
+            if name in names and attr.startswith("_"):
+                found.append(f"{getattr(fn, 'name', 'lambda')} line {n.lineno}: {name}.{attr}")
+    return sorted(set(found))
+
+
+def test_private_context_read_finder_finds_them():
+    bad = ("def _h(ctx, ins):\n"
+           "    return [ctx.attr('axis'), ctx._attr('axis')]\n"
+           "def _factory(kind):\n"
+           "    def run(imp, ins):\n"
+           "        return getattr(imp, '_const')(ins[1], 'k')\n"
+           "    return run\n"
+           "def _helper(c, x):\n"
+           "    return c._materialize(x), x._private\n")
+    assert _private_context_reads(ast.parse(bad)) == [
+        "_h line 2: ctx._attr", "_helper line 8: c._materialize", "run line 5: imp._const"]
+    assert _private_context_reads(ast.parse("def ok(ctx, ins):\n    return ctx.attr('x')\n")) == []
+
+
+def test_handlers_read_only_the_public_context():
+    """coacto/frontend/context.py is the handler API: handlers (ops/, folding.py) use its public
+    names only, so the importer's internals can change without touching them."""
+    modules = sorted((FRONTEND / "ops").glob("*.py")) + [FRONTEND / "folding.py"]
+    assert len(modules) >= 5
+    found = [f"{p.relative_to(ROOT)}: {r}" for p in modules
+             for r in _private_context_reads(ast.parse(p.read_text()))]
+    assert found == []
+
+
+def test_every_handler_module_is_loaded():
+    """A module of coacto/frontend/ops/ that nothing imports would register no handler."""
+    import sys
+
+    import coacto.frontend  # noqa: F401
+    from coacto.frontend import registry
+
+    for p in (FRONTEND / "ops").glob("*.py"):
+        if p.stem != "__init__":
+            assert f"coacto.frontend.ops.{p.stem}" in sys.modules, p.name
+    assert registry.OPS and all(
+        any(getattr(h, kind) for kind in registry.KINDS) for h in registry.OPS.values())
