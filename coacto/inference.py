@@ -47,9 +47,7 @@ def wire_ratios(tg: TileGraph, mode: str, feeds: dict | None = None) -> np.ndarr
     """Per layer: the bytes its tiles take encoded in ``mode`` per raw byte, from one local
     inference on ``feeds`` (default: the graph's example inputs; cached per mode then). What a
     client learns from its own inferences; the simulator prices tiles with it."""
-    cache = getattr(tg, "_wire_ratios", None)
-    if cache is None:
-        cache = tg._wire_ratios = {}
+    cache = tg.plan.memoised("wire_ratios", dict)
     if feeds is None and mode in cache:
         return cache[mode]
     with NativeInference(NativeRuntime(1), tg) as ni:

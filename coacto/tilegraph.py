@@ -510,21 +510,8 @@ def _check_tiles(t: dict, layers: list) -> None:
 
 
 def plan_from_bounds(col_bounds, row_bounds, parent_offsets, parents, flops) -> TilePlan:
-    counts = np.asarray([(len(c) - 1) * (len(r) - 1) for c, r in zip(col_bounds, row_bounds)])
-    first = np.zeros(len(counts) + 1, dtype=np.int64)
-    first[1:] = np.cumsum(counts)
-    n_tiles = int(first[-1])
+    counts = [(len(c) - 1) * (len(r) - 1) for c, r in zip(col_bounds, row_bounds)]
+    n_tiles = int(sum(counts))
     if parent_offsets.shape[0] != n_tiles + 1 or flops.shape[0] != n_tiles:
         raise GraphFileError("tile arrays disagree with the layer splits")
-    bounds = np.zeros((n_tiles, 4), dtype=np.int32)
-    for li, (cb, rb) in enumerate(zip(col_bounds, row_bounds)):
-        s = slice(first[li], first[li + 1])
-        bounds[s, 0] = np.repeat(cb[:-1], len(rb) - 1)
-        bounds[s, 1] = np.repeat(cb[1:], len(rb) - 1)
-        bounds[s, 2] = np.tile(rb[:-1], len(cb) - 1)
-        bounds[s, 3] = np.tile(rb[1:], len(cb) - 1)
-    tile_bytes = (bounds[:, 1] - bounds[:, 0]).astype(np.int64) * (bounds[:, 3] - bounds[:, 2]) * 4
-    return TilePlan(col_bounds=list(col_bounds), row_bounds=list(row_bounds), layer_first_tile=first,
-                    tile_layer=np.repeat(np.arange(len(counts), dtype=np.int32), counts),
-                    tile_bounds=bounds, parent_offsets=parent_offsets, parents=parents,
-                    tile_flops=flops, tile_bytes=tile_bytes)
+    return TilePlan.from_splits(col_bounds, row_bounds, parent_offsets, parents, flops)

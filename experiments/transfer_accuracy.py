@@ -33,9 +33,9 @@ TRANSFERS = ("lossless", "f16", "int8")
 
 
 def half_flops_cut(tg) -> int:
-    from coacto.mobile.policies import layer_flops, valid_cuts
+    from coacto.partition import flops_per_layer, valid_cuts
 
-    cum = np.cumsum(layer_flops(tg))
+    cum = np.cumsum(flops_per_layer(tg))
     inner = [c for c in valid_cuts(tg) if c not in tg.graph.inputs.values() and c < tg.n_layers - 1]
     return next((c for c in inner if cum[c] >= 0.5 * cum[-1]), inner[-1])
 

@@ -22,6 +22,7 @@ import coacto
 from coacto import protocol as P
 from coacto import zoo
 from coacto.mobile import Client, ServerVersionError, policies
+from coacto.partition import input_tiles
 from coacto.mobile.estimates import Goodput, RoundTrip
 from coacto.mobile.shaper import RateError, TokenBucket, parse_rate
 from coacto.server import Server
@@ -459,7 +460,7 @@ def test_a_device_share_over_zeromq_matches_onnxruntime(server, squeezenet, monk
                 timeout=10) as client:
         client.connect(10)
         tg = client.graph
-        computable = tg.n_tiles - len(policies.input_tiles(tg))
+        computable = tg.n_tiles - len(input_tiles(tg))
         for _ in range(2):
             assert_close(client.infer(feeds), ref, rel=1e-4)
             s = client.last_stats
@@ -472,7 +473,7 @@ def test_a_device_share_over_zeromq_matches_onnxruntime(server, squeezenet, monk
 def test_split_and_fl_offload_when_told_where(server, squeezenet):
     model, feeds, ref = squeezenet
     tg = coacto.compile(model, tiles_per_layer=TILES)
-    from coacto.mobile.policies import valid_cuts
+    from coacto.partition import valid_cuts
 
     cut = valid_cuts(tg)[len(valid_cuts(tg)) // 2]
     with Client(server.address, tg, threads=1, policy="split", split_layer=cut, timeout=10,
@@ -490,7 +491,7 @@ def test_tiles_travel_encoded_and_stay_exact(server, squeezenet):
     int8 send a half and a quarter and stay close; the learnt per-layer ratios price the cuts."""
     model, feeds, ref = squeezenet
     tg = coacto.compile(model, tiles_per_layer=TILES)
-    from coacto.mobile.policies import cut_bytes, valid_cuts
+    from coacto.partition import cut_bytes, valid_cuts
 
     # the first convolution followed by its ReLU (act 1), where about half the values are zero
     cut = next(c for c in valid_cuts(tg) if tg.graph.layers[c].op == "CONV"
@@ -524,7 +525,7 @@ def test_integer_inputs_travel_exact_under_lossy_transfers(server):
     m = zoo.build("bert", layers=2, hidden=64, heads=4, seq_len=16, vocab=1000)
     feeds, ref = _reference(m)
     tg = coacto.compile(m)
-    from coacto.mobile.policies import valid_cuts
+    from coacto.partition import valid_cuts
 
     cut = valid_cuts(tg)[len(valid_cuts(tg)) // 2]
     for transfer, rel in (("f16", 1e-2), ("int8", 0.1)):
@@ -560,7 +561,7 @@ def test_a_tensor_sent_whole_leaves_when_its_last_tile_completes(server, squeeze
     # link right after the cut's last tile ends on the device.
     model, feeds, ref = squeezenet
     tg = coacto.compile(model, tiles_per_layer=TILES)
-    from coacto.mobile.policies import layer_tiles, valid_cuts
+    from coacto.partition import layer_tiles, valid_cuts
 
     cut = next(c for c in valid_cuts(tg)[1:] if len(layer_tiles(tg, c)) >= 3)
     with Client(server.address, tg, threads=1, policy="split", split_layer=cut, timeout=10,

@@ -240,7 +240,7 @@ def test_linear_layers_of_a_sequence_get_equal_even_tiles():
     idle split. With 128 tokens or more the tokens are halved (TOKEN_BLOCKS), each half cut into
     equal row tiles: ViT's 197 x 768 -> 3072 as 2 x 4. 64 tokens (GPT-2) and weights over
     TOKEN_SPLIT_MAX_WEIGHT_BYTES (a language-model head) keep one token block."""
-    from coacto.partition import TOKEN_SPLIT_MAX_WEIGHT_BYTES, _balanced_parts, choose_splits
+    from coacto.partition.rules import TOKEN_SPLIT_MAX_WEIGHT_BYTES, _balanced_parts, choose_splits
 
     def linear(cols, d_in, d_out):
         w = np.zeros((d_out, d_in, 1, 1), np.float32)
@@ -297,7 +297,7 @@ def test_small_weight_layers_on_small_maps_split_by_columns():
     """A 1x1 convolution on a 7x7 map (49 columns) gets two column blocks when its weights are
     small (MobileNetV2's 160 -> 960), so a chain of them runs as two independent halves; with
     large weights (ResNet-50's 512 -> 2048) it keeps one column block and splits its rows."""
-    from coacto.partition import SMALL_WEIGHT_BYTES, choose_splits
+    from coacto.partition.rules import SMALL_WEIGHT_BYTES, choose_splits
 
     def pointwise_chain(cin, cmid):
         conv = dict(kh=1, kw=1, sh=1, sw=1, pt=0, pl=0, pb=0, pr=0, group=1)
@@ -332,7 +332,7 @@ def test_large_weight_convolutions_read_in_place_split_rows():
     positions and splits its channels instead, so its weights stream from memory 4 times, not 16;
     one with smaller weights (ResNet-50's 14 x 14 x 256), a short-row map (7 x 7, im2col) and a
     strided-width dilation (im2col) keep the column split."""
-    from coacto.partition import (LARGE_WEIGHT_BYTES, MIN_TILE_COLUMNS,
+    from coacto.partition.rules import (LARGE_WEIGHT_BYTES, MIN_TILE_COLUMNS,
                                   MIN_TILE_COLUMNS_LARGE_WEIGHTS, choose_splits)
 
     def conv3x3(c, hw, dw=1):
@@ -380,7 +380,7 @@ def test_offloading_tiles_keep_the_wavefront():
     from coacto.partition import OFFLOAD_MIN_COLUMN_BLOCKS
     import coacto
     from coacto import zoo
-    from coacto.mobile.policies import input_tiles
+    from coacto.partition import input_tiles
 
     tg = coacto.compile(zoo.build("resnet50"), min_column_blocks=OFFLOAD_MIN_COLUMN_BLOCKS)
     p = tg.plan

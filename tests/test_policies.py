@@ -14,6 +14,7 @@ import pytest
 import coacto
 from coacto.inference import (REPORT_DONE, REPORT_SEND, REPORT_TILE, SEND_ALWAYS, SEND_DECIDE, SEND_NEVER,
                               NativeInference, ReportQueue, now)
+from coacto import partition as tm
 from coacto.mobile import policies as P
 from coacto.runtime import NativeRuntime
 
@@ -33,7 +34,7 @@ def model(request):
 def all_plans(tg):
     fig = dict(device_flops=5e9, server_flops=20e9, bandwidth=2e6, rtt=0.002, alpha=1.0)
     return [P.make_plan(p, tg, **fig) for p in P.POLICIES] + [
-        P.plan_split(tg, 5e9, 20e9, 2e6, 0.002, layer=P.valid_cuts(tg)[len(P.valid_cuts(tg)) // 2]),
+        P.plan_split(tg, 5e9, 20e9, 2e6, 0.002, layer=tm.valid_cuts(tg)[len(tm.valid_cuts(tg)) // 2]),
         P.plan_fl(tg, 5e9, 5e9),
     ]
 
@@ -46,7 +47,7 @@ def exchange(tg, feeds, plan, timeout=60):
     dev, srv = NativeInference(dev_rt, tg, tag=1), NativeInference(srv_rt, tg, tag=2)
     out_mask = np.zeros(tg.n_tiles, np.uint8)
     for li in tg.graph.outputs.values():
-        out_mask[P.layer_tiles(tg, li)] = 1
+        out_mask[tm.layer_tiles(tg, li)] = 1
     dev.set_plan(local=plan.local, send=plan.send)
     srv.set_plan(report=out_mask)
     dev.set_offload_params(bandwidth=1e9, rtt=0.0, inputs_at_server=now() + 1e6, server_flops=1e9)
@@ -93,26 +94,26 @@ def test_check_plan_catches_an_unreachable_output(model):
 def test_cuts_send_every_tensor_read_after_them(model):
     tg, _, _ = model
     layers = tg.graph.layers
-    cuts = P.valid_cuts(tg)
+    cuts = tm.valid_cuts(tg)
     assert cuts[0] == max(tg.graph.inputs.values()) and cuts[-1] == len(layers) - 1
     several = 0
     for c in cuts:
         read_later = {p for layer in layers[c + 1:] for p in layer.inputs if p < c}
-        assert P.cut_layers(tg, c) == sorted(read_later) + [c], c
-        assert P.cut_bytes(tg)[c] == pytest.approx(
-            sum(float(tg.plan.tile_bytes[list(P.layer_tiles(tg, li))].sum())
+        assert tm.cut_layers(tg, c) == sorted(read_later) + [c], c
+        assert tm.cut_bytes(tg)[c] == pytest.approx(
+            sum(float(tg.plan.tile_bytes[list(tm.layer_tiles(tg, li))].sum())
                 for li in sorted(read_later) + [c]))
-        assert (c in P.single_tensor_cuts(tg)) == (not read_later)
+        assert (c in tm.single_tensor_cuts(tg)) == (not read_later)
         several += bool(read_later)
     assert several  # both models have cuts inside a block (a shortcut or a concat is live)
 
 
 def test_a_cut_inside_a_block_sends_both_tensors_and_matches_onnxruntime(model):
     tg, feeds, ref = model
-    c = next(c for c in P.valid_cuts(tg) if len(P.cut_layers(tg, c)) > 1)
+    c = next(c for c in tm.valid_cuts(tg) if len(tm.cut_layers(tg, c)) > 1)
     plan = P.plan_split(tg, 5e9, 20e9, 2e6, 0.002, layer=c)
     sent = np.flatnonzero(plan.send == SEND_ALWAYS)
-    assert set(sent.tolist()) == set(P.cut_tiles(tg, c).tolist())
+    assert set(sent.tolist()) == set(tm.cut_tiles(tg, c).tolist())
     out, stats = exchange(tg, feeds, plan)
     assert_close(out, ref, rel=1e-4)
 
@@ -187,13 +188,13 @@ def test_an_exported_encoder_cut_anywhere_matches_onnxruntime():
     that both blocks read, residual Adds). Every cut -- each sends the mask's bias and the block
     state live there -- gives onnxruntime's output through an in-process exchange."""
     m, tg, feeds, ref = _exported_encoder_case(seed=1, tokens=11)
-    cuts = P.valid_cuts(tg)
-    assert len(cuts) > 10 and P.single_tensor_cuts(tg) == [cuts[-1]]
+    cuts = tm.valid_cuts(tg)
+    assert len(cuts) > 10 and tm.single_tensor_cuts(tg) == [cuts[-1]]
     for c in cuts:
         out, _ = exchange(tg, feeds, P.plan_split(tg, 5e9, 20e9, 2e6, 0.002, layer=c))
         assert_close(out, ref, rel=1e-4)
     fast = P.plan_split(tg, device_flops=1e8, server_flops=1e12, bandwidth=1e8, rtt=1e-3)
-    assert fast.split_layer == cuts[0] and len(P.cut_layers(tg, cuts[0])) == 2
+    assert fast.split_layer == cuts[0] and len(tm.cut_layers(tg, cuts[0])) == 2
 
 
 @pytest.mark.parametrize("policy", ["split", "dynamic"])
@@ -204,7 +205,7 @@ def test_an_exported_encoder_offloads_over_zeromq(policy):
     from coacto.server import Server
 
     m, tg, feeds, ref = _exported_encoder_case(seed=2, tokens=9)
-    cut = max(P.valid_cuts(tg), key=lambda c: len(P.cut_layers(tg, c)))
+    cut = max(tm.valid_cuts(tg), key=lambda c: len(tm.cut_layers(tg, c)))
     options = {"split_layer": cut} if policy == "split" else {}
     with Server("tcp://127.0.0.1:0", threads=1, server_flops=20e9) as srv, \
             Client(srv.address, tg, threads=1, policy=policy, timeout=10, model_bytes=m,
@@ -215,7 +216,7 @@ def test_an_exported_encoder_offloads_over_zeromq(policy):
             s = client.last_stats
             assert not s["fallback"] and s["offloaded"] and s["tiles_sent"] > 0, s
     if policy == "split":  # (dynamic's device computes everything too and may finish first)
-        assert s["split_layer"] == cut and s["tiles_sent"] == len(P.cut_tiles(tg, cut))
+        assert s["split_layer"] == cut and s["tiles_sent"] == len(tm.cut_tiles(tg, cut))
         assert s["tiles_from_server"] > 0
 
 
@@ -235,14 +236,14 @@ def test_a_transformer_can_be_cut_anywhere_its_mask_goes_along():
     names = [o.name for o in sess.get_outputs()]
     ref = dict(zip(names, sess.run(names, feeds)))
     inputs = sorted(tg.graph.inputs.values())
-    cuts = P.valid_cuts(tg)
-    assert cuts[0] == inputs[-1] and P.cut_layers(tg, cuts[0]) == [
+    cuts = tm.valid_cuts(tg)
+    assert cuts[0] == inputs[-1] and tm.cut_layers(tg, cuts[0]) == [
         li for li in inputs if any(li in layer.inputs for layer in tg.graph.layers)]
-    assert len(P.single_tensor_cuts(tg)) < len(cuts) // 4  # the mask is live almost everywhere
+    assert len(tm.single_tensor_cuts(tg)) < len(cuts) // 4  # the mask is live almost everywhere
     # a fast link and server: the inputs go (a few hundred bytes), not the encoder's output
     plan = P.plan_split(tg, device_flops=1e9, server_flops=1e12, bandwidth=1e8, rtt=1e-3)
     assert plan.split_layer == cuts[0] and plan.info["predicted_s"] < plan.info["predicted_local_s"]
-    mid = next(c for c in cuts[len(cuts) // 2:] if len(P.cut_layers(tg, c)) > 1)
+    mid = next(c for c in cuts[len(cuts) // 2:] if len(tm.cut_layers(tg, c)) > 1)
     for layer in (cuts[0], mid):
         out, _ = exchange(tg, feeds, P.plan_split(tg, 5e9, 20e9, 2e6, 0.002, layer=layer))
         assert_close(out, ref, rel=1e-4)
@@ -252,8 +253,8 @@ def test_a_transformer_can_be_cut_anywhere_its_mask_goes_along():
     # send: the cut after it is a hair cheaper than the inputs, not worth streaming from the
     # device (a plan that keeps the device computing from the start; BERT lost 10-15% to it)
     wire = np.ones(tg.n_layers)
-    after = next(c for c in cuts[1:] if P.cut_layers(tg, c)[-1] == c and
-                 P.layer_bytes(tg)[c] <= max(P.layer_bytes(tg)[li] for li in inputs))
+    after = next(c for c in cuts[1:] if tm.cut_layers(tg, c)[-1] == c and
+                 tm.layer_bytes(tg)[c] <= max(tm.layer_bytes(tg)[li] for li in inputs))
     wire[after] = 0.0
     costs = P.split_costs(tg, 1e9, 1e12, 1e8, 1e-3, wire=wire)
     assert min(costs, key=lambda c: (costs[c], -c)) != cuts[0]  # the cheapest by a hair
@@ -264,13 +265,13 @@ def test_a_transformer_can_be_cut_anywhere_its_mask_goes_along():
 
 def test_cloud_and_dynamic_masks(model):
     tg, _, _ = model
-    inp = P.input_tiles(tg)
+    inp = tm.input_tiles(tg)
     cloud = P.plan_cloud(tg)
     assert cloud.local.sum() == len(inp) and (cloud.send[inp] == SEND_ALWAYS).all()
     assert cloud.send.sum() == SEND_ALWAYS * len(inp)
     dyn = P.plan_dynamic(tg)  # device speed unknown: CoActo's rule, inputs first
     assert dyn.local is None and (dyn.send[inp] == SEND_ALWAYS).all()
-    outs = np.concatenate([P.layer_tiles(tg, li) for li in set(tg.graph.outputs.values())])
+    outs = np.concatenate([tm.layer_tiles(tg, li) for li in set(tg.graph.outputs.values())])
     assert (dyn.send[outs] == SEND_NEVER).all()  # the device's own exit tiles stay here
     rest = np.setdiff1d(np.arange(tg.n_tiles), np.concatenate([inp, outs]))
     assert (dyn.send[rest] == SEND_DECIDE).all()
@@ -290,15 +291,15 @@ def test_dynamic_streams_a_cut_when_the_input_is_expensive(model):
     assert later[best] < 0.5 * costs[max(tg.graph.inputs.values())]
     dyn = P.plan_dynamic(tg, device_flops=1e10, server_flops=1e11, bandwidth=2e5, rtt=0.001)
     assert dyn.info["kind"] == "cut" and dyn.info["park_rest"]
-    needed = P.ancestors(tg, np.isin(np.arange(tg.n_tiles), P.cut_tiles(tg, best)))
-    needed[P.input_tiles(tg)] = True
+    needed = tg.plan.ancestors(np.isin(np.arange(tg.n_tiles), tm.cut_tiles(tg, best)))
+    needed[tm.input_tiles(tg)] = True
     assert (dyn.local.astype(bool) == needed).all() and P.check_plan(tg, dyn) == []
     out, stats = exchange(tg, feeds, dyn)  # the server computes everything after the cut
     assert_close(out, ref, rel=1e-4)
     assert stats["tiles_computed"] <= int(needed.sum())
     assert dyn.split_layer == best and dyn.info["predicted_s"] == pytest.approx(later[best])
     sent = np.nonzero(dyn.send)[0]
-    assert set(sent.tolist()) == set(P.cut_tiles(tg, best).tolist())
+    assert set(sent.tolist()) == set(tm.cut_tiles(tg, best).tolist())
     assert (dyn.send[sent] == SEND_ALWAYS).all()
     assert P.frontier(dyn) == f"cut {tg.graph.layers[best].name}"
 
@@ -308,7 +309,7 @@ def test_dynamic_streams_a_cut_when_the_input_is_expensive(model):
 def test_split_goes_to_the_cloud_with_a_fast_link_and_server(model):
     tg, _, _ = model
     plan = P.plan_split(tg, device_flops=1e9, server_flops=1e13, bandwidth=1e11, rtt=1e-4)
-    assert plan.split_layer == P.valid_cuts(tg)[0] and plan.uses_server
+    assert plan.split_layer == tm.valid_cuts(tg)[0] and plan.uses_server
     assert (plan.local == P.plan_cloud(tg).local).all()
 
 
@@ -335,7 +336,7 @@ def test_split_chooses_the_cheapest_predicted_cut(model):
 
 def test_split_rejects_an_invalid_layer(model):
     tg, _, _ = model
-    invalid = [c for c in range(tg.n_layers) if c not in P.valid_cuts(tg)]
+    invalid = [c for c in range(tg.n_layers) if c not in tm.valid_cuts(tg)]
     if invalid:
         with pytest.raises(P.PolicyError, match="valid split"):
             P.plan_split(tg, 1e9, 1e10, 1e6, 0.01, layer=invalid[-1])
@@ -349,17 +350,17 @@ def test_fl_recomputes_halos_on_the_device(model):
     tg, _, _ = model
     plan = P.plan_fl(tg, device_flops=5e9, server_flops=5e9)
     k = plan.split_layer
-    assert k in P.valid_cuts(tg) and 0 < plan.info["device_blocks"] < plan.info["blocks"]
-    tiles_k = np.asarray(P.layer_tiles(tg, k))
+    assert k in tm.valid_cuts(tg) and 0 < plan.info["device_blocks"] < plan.info["blocks"]
+    tiles_k = np.asarray(tm.layer_tiles(tg, k))
     dev_k = tiles_k[plan.send[tiles_k] == SEND_ALWAYS]
     srv_k = tiles_k[plan.send[tiles_k] != SEND_ALWAYS]
     assert len(dev_k) and len(srv_k)
     local = plan.local.astype(bool)
     assert local[dev_k].all() and not local[srv_k].any()
     # the halo: tiles the device computes that the server's part needs too
-    srv_anc = P.ancestors(tg, np.isin(np.arange(tg.n_tiles), srv_k))
+    srv_anc = tg.plan.ancestors(np.isin(np.arange(tg.n_tiles), srv_k))
     halo = local & srv_anc
-    halo[P.input_tiles(tg)] = False
+    halo[tm.input_tiles(tg)] = False
     assert halo.any() and plan.info["halo_tiles"] == int(halo.sum())
     # nothing after the stack is computed on the device
     assert not local[tg.plan.layer_first_tile[k + 1]:].any()
@@ -384,19 +385,19 @@ def _share_oracle(tg, k, m):
     tiles = np.arange(first[k], first[k + 1])
     dev_k = tiles[(tiles - first[k]) // n_rows >= n - m]
     srv_k = tiles[(tiles - first[k]) // n_rows < n - m]
-    dev = P.ancestors(tg, np.isin(np.arange(tg.n_tiles), dev_k))
-    srv = P.ancestors(tg, np.isin(np.arange(tg.n_tiles), srv_k))
+    dev = tg.plan.ancestors(np.isin(np.arange(tg.n_tiles), dev_k))
+    srv = tg.plan.ancestors(np.isin(np.arange(tg.n_tiles), srv_k))
     return dev, srv, dev_k
 
 
 def test_the_share_table_matches_the_ancestors_tile_by_tile(model):
     tg, _, _ = model
     table = P.share_table(tg)
-    assert len(table) and set(table.layer.tolist()) <= set(P.single_tensor_cuts(tg))
+    assert len(table) and set(table.layer.tolist()) <= set(tm.single_tensor_cuts(tg))
     flops = tg.plan.tile_flops.astype(float)
     raw = tg.plan.tile_bytes.astype(float)
-    inp = P.input_tiles(tg)
-    lf = np.cumsum(P.layer_flops(tg))
+    inp = tm.input_tiles(tg)
+    lf = np.cumsum(tm.flops_per_layer(tg))
     for i in range(0, len(table), max(1, len(table) // 7)):
         k, m = int(table.layer[i]), int(table.blocks[i])
         dev, srv, dev_k = _share_oracle(tg, k, m)
@@ -415,7 +416,7 @@ def test_a_share_plan_gives_the_two_sides_disjoint_parts(model):
     plan = P.plan_share(tg, k, m, {"predicted_s": 0.1})
     assert P.check_plan(tg, plan) == []
     dev, srv, dev_k = _share_oracle(tg, k, m)
-    inp = P.input_tiles(tg)
+    inp = tm.input_tiles(tg)
     local = plan.local.astype(bool)
     # the device computes its part and nothing else; it sends its blocks of layer k and the
     # inputs the server's part needs, nothing more
@@ -444,7 +445,7 @@ def test_share_costs_follow_their_model(model):
     server_part = srv_in + rtt / 2 + a * table.server_flops[i] / s
     device_part = max(table.device_flops[i] / d, srv_in) + table.device_out[i] / b + rtt / 2
     expect = max(server_part, device_part) + a * table.rest_flops[i] / s + \
-        P.output_bytes(tg) / down + rtt / 2
+        tm.output_bytes(tg) / down + rtt / 2
     assert costs[i] == pytest.approx(expect)
     # encoded bytes: halving every layer's wire bytes shortens every share's prediction
     _, halved = P.share_costs(tg, d, s, b, rtt, a, down, wire=np.full(tg.n_layers, 0.5))
@@ -496,7 +497,7 @@ def test_a_recorded_frontier_replays_the_same_plan():
                                              bandwidth=bw, frontier=P.frontier(chosen)))
     assert_close(out, ref, rel=1e-4)
     # a cut dynamic would not choose is still that cut
-    cut = P.valid_cuts(tg)[1]
+    cut = tm.valid_cuts(tg)[1]
     plan = P.plan_dynamic(tg, dev, srv, bw, 1e-3, frontier=f"cut {tg.graph.layers[cut].name}")
     assert plan.split_layer == cut and np.isnan(plan.info["predicted_s"]) == (cut != opts["cut"][1])
     for bad in ("device", "cut no-such-layer", "share no-such-layer 1/2", "inputs now", "", 3):
@@ -610,7 +611,7 @@ def test_share_plans_match_onnxruntime(model, blocks):
 @pytest.mark.parametrize("policy", P.POLICIES + ("split-mid", "fl-half"))
 def test_every_policy_matches_onnxruntime(model, policy):
     tg, feeds, ref = model
-    cuts = P.valid_cuts(tg)
+    cuts = tm.valid_cuts(tg)
     if policy == "split-mid":
         plan = P.plan_split(tg, 5e9, 20e9, 2e6, 0.002, layer=cuts[len(cuts) // 2])
     elif policy == "fl-half":

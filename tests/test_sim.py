@@ -10,7 +10,7 @@ import pytest
 
 import coacto
 from coacto import ir, protocol as P
-from coacto.partition import TilePlan
+from coacto.partition import TilePlan, input_tiles
 from coacto.sim import (BandwidthTrace, ProfileError, SimError, TraceError, load_profile,
                         lte_trace, simulate, wifi_trace)
 from coacto.sim import rule as sim_rule
@@ -632,7 +632,7 @@ def test_sim_bridge_replays_the_testbeds_sessions():
 def test_sim_bridge_plans_split_at_the_real_clients_cuts():
     B, _ = _experiments()
     tg = B.graph("squeezenet", 64)
-    from coacto.mobile.policies import valid_cuts
+    from coacto.partition import valid_cuts
 
     cuts = valid_cuts(tg)
     chosen = [cuts[len(cuts) // 2], cuts[-1]]  # one offloaded cut, then all on the device
@@ -714,7 +714,7 @@ def test_a_share_plan_runs_and_its_insurance_starts_when_the_server_is_late(sque
     kw = dict(device="raspberry-pi-4", server="threadripper-3990x", server_cores=8,
               bandwidth_mbps=50.0, inferences=2, device_flops=1e8)
     r = simulate(squeezenet_tg, "dynamic", **kw)
-    computable = squeezenet_tg.n_tiles - len(policies.input_tiles(squeezenet_tg))
+    computable = squeezenet_tg.n_tiles - len(input_tiles(squeezenet_tg))
     for inf in r.inferences:
         assert inf.frontier.startswith("share ") and not inf.fallback
         assert 0 < inf.tiles_local < computable and inf.tiles_server > 0

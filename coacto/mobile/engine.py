@@ -39,6 +39,7 @@ from .._version import __version__
 from ..errors import CoactoError, InferenceCancelled
 from ..inference import REPORT_DONE, SEND_ALWAYS, SEND_DECIDE, NativeInference, ReportQueue, now
 from ..native import lib
+from ..partition import input_tiles, output_bytes, wire_bytes
 from . import estimates, policies
 from .jobs import COALESCE_S, Job, job_stats
 from .link import Link
@@ -120,7 +121,7 @@ class Engine:
         # finished traced inferences waiting for the server's TRACE: id -> (job, outputs, stats)
         self._tracing: dict[int, tuple] = {}
         self._is_input = np.zeros(tg.n_tiles, bool)
-        self._is_input[policies.input_tiles(tg)] = True
+        self._is_input[input_tiles(tg)] = True
         if address:  # the planners' per-graph tables now, not in the first inference's time
             policies.prepare(tg)
         self._n_computable = tg.n_tiles - int(self._is_input.sum())
@@ -290,7 +291,7 @@ class Engine:
         e = self.est
         total = self.tg.total_flops
         t_server = (job.input_bytes / e.bandwidth + e.rtt.value + e.alpha * total / e.server_flops
-                    + policies.output_bytes(self.tg) / e.downlink)
+                    + output_bytes(self.tg) / e.downlink)
         t_device = total / e.device_flops if e.device_flops else float("inf")
         job.local_parked = True
         if t_server * INSURANCE_MARGIN < t_device:
@@ -544,7 +545,7 @@ class Engine:
         if plan.uses_server:
             send = plan.send
             job.inputs_to_send = int((send[self._is_input] == SEND_ALWAYS).sum())
-            job.input_bytes = policies.wire_bytes(
+            job.input_bytes = wire_bytes(
                 self.tg, self._is_input & (send == SEND_ALWAYS), self._wire())
             job.decides = bool((send == SEND_DECIDE).any())
             if plan.info.get("send_whole"):

@@ -26,6 +26,10 @@ import numpy as np
 
 from ..errors import CoactoError
 from ..inference import SEND_ALWAYS, SEND_DECIDE, SEND_NEVER
+from ..partition import (
+    cut_byte_array, cut_flops, cut_needs, cut_tiles, flops_per_layer, input_tiles, layer_tiles,
+    output_bytes, single_tensor_cuts, valid_cuts,
+)
 from ..tilegraph import TileGraph
 
 POLICIES = ("local", "cloud", "split", "fl", "dynamic")
@@ -60,154 +64,6 @@ class Plan:
     info: dict = field(default_factory=dict)
 
 
-# ------------------------------------------------------------------------------ graph helpers
-
-def layer_tiles(tg: TileGraph, li: int) -> range:
-    first = tg.plan.layer_first_tile
-    return range(int(first[li]), int(first[li + 1]))
-
-
-def input_tiles(tg: TileGraph) -> np.ndarray:
-    ids: list[int] = []
-    for li in sorted(tg.graph.inputs.values()):
-        ids.extend(layer_tiles(tg, li))
-    return np.asarray(ids, dtype=np.int64)
-
-
-def input_bytes(tg: TileGraph) -> int:
-    return int(tg.plan.tile_bytes[input_tiles(tg)].sum())
-
-
-def layer_flops(tg: TileGraph) -> np.ndarray:
-    """FLOPs per layer (sums of its tiles)."""
-    first = tg.plan.layer_first_tile
-    cs = np.concatenate([[0.0], np.cumsum(tg.plan.tile_flops)])
-    return cs[first[1:]] - cs[first[:-1]]
-
-
-def _last_reader(tg: TileGraph) -> np.ndarray:
-    """last[l]: the largest index of a layer reading layer l (-1: none reads it)."""
-    last = getattr(tg, "_last_reader", None)
-    if last is None:
-        last = np.full(len(tg.graph.layers), -1, dtype=np.int64)
-        for i, layer in enumerate(tg.graph.layers):
-            for p in layer.inputs:
-                last[p] = max(last[p], i)
-        tg._last_reader = last
-    return last
-
-
-def cut_layers(tg: TileGraph, c: int) -> list[int]:
-    """The layers whose tensors the server needs to compute everything after layer c from:
-    c itself and every earlier layer a later one reads (BERT's attention mask, a residual
-    block's shortcut)."""
-    return [int(l) for l in np.flatnonzero(_last_reader(tg)[:c] > c)] + [c]
-
-
-def valid_cuts(tg: TileGraph) -> list[int]:
-    """Layers c where the network can be cut: every input is at or before c and no graph output
-    lies before c (it would have to be sent too). Computing layers 0..c here and sending
-    cut_layers(tg, c) is then enough for the server to compute everything after c; a cut where
-    several tensors are live sends them all (split prices their bytes)."""
-    cached = getattr(tg, "_valid_cuts", None)
-    if cached is not None:
-        return cached
-    n = len(tg.graph.layers)
-    outs = sorted(tg.graph.outputs.values())
-    last_input = max(tg.graph.inputs.values())
-    cuts = [c for c in range(last_input, n) if not any(o < c for o in outs)]
-    tg._valid_cuts = cuts
-    return cuts
-
-
-def single_tensor_cuts(tg: TileGraph) -> list[int]:
-    """The valid cuts after which one tensor is live (no later layer reads a layer before c):
-    where a fused stack can end."""
-    cached = getattr(tg, "_single_cuts", None)
-    if cached is None:
-        last = _last_reader(tg)
-        cached = [c for c in valid_cuts(tg) if not (last[:c] > c).any()]
-        tg._single_cuts = cached
-    return cached
-
-
-def layer_bytes(tg: TileGraph) -> np.ndarray:
-    """Raw (float32) bytes of each layer's output."""
-    cached = getattr(tg, "_layer_bytes", None)
-    if cached is None:
-        first = tg.plan.layer_first_tile
-        cs = np.concatenate([[0], np.cumsum(tg.plan.tile_bytes, dtype=np.int64)])
-        cached = (cs[first[1:]] - cs[first[:-1]]).astype(np.float64)
-        tg._layer_bytes = cached
-    return cached
-
-
-def wire_bytes(tg: TileGraph, tiles, wire=None) -> float:
-    """Bytes the given tiles (ids or a bool mask) take on the wire: raw bytes times their
-    layer's ratio in ``wire`` (per layer; None: raw)."""
-    tb = tg.plan.tile_bytes[tiles]
-    if wire is None:
-        return float(tb.sum())
-    return float((tb * np.asarray(wire)[tg.plan.tile_layer[tiles]]).sum())
-
-
-def _cut_byte_array(tg: TileGraph, wire=None) -> np.ndarray:
-    """Bytes sent at each valid cut (valid_cuts' order), raw or at the per-layer wire ratios
-    (the cuts' layers are found once per graph: plans are made per inference)."""
-    cached = getattr(tg, "_cut_members", None)
-    if cached is None:
-        cuts = valid_cuts(tg)
-        members = [cut_layers(tg, c) for c in cuts]
-        starts = np.cumsum([0] + [len(m) for m in members[:-1]])
-        cached = (np.concatenate(members).astype(np.int64) if members else
-                  np.zeros(0, np.int64), starts.astype(np.int64))
-        tg._cut_members = cached
-    layers, starts = cached
-    if not len(layers):
-        return np.zeros(0)
-    per_layer = layer_bytes(tg) if wire is None else layer_bytes(tg) * np.asarray(wire)
-    return np.add.reduceat(per_layer[layers], starts)
-
-
-def cut_bytes(tg: TileGraph, wire=None) -> dict[int, float]:
-    """{valid cut: the bytes sent there}, raw or at the per-layer wire ratios ``wire``."""
-    return dict(zip(valid_cuts(tg), _cut_byte_array(tg, wire).tolist()))
-
-
-def cut_tiles(tg: TileGraph, c: int) -> np.ndarray:
-    """The tiles sent at cut c (those of cut_layers)."""
-    return np.concatenate([np.asarray(layer_tiles(tg, li), dtype=np.int64)
-                           for li in cut_layers(tg, c)])
-
-
-def cut_needs(tg: TileGraph, c: int) -> np.ndarray:
-    """local mask (uint8) of the tiles the cut at c sends and their ancestors, and the inputs
-    (cached per graph and cut: made at each inference that streams it)."""
-    cache = tg.__dict__.setdefault("_cut_needs", {})
-    if c not in cache:
-        m = ancestors(tg, _mask(tg, cut_tiles(tg, c))).astype(np.uint8)
-        m[input_tiles(tg)] = 1
-        cache[c] = m
-    return cache[c].copy()
-
-
-def ancestors(tg: TileGraph, mask: np.ndarray) -> np.ndarray:
-    """The tiles in ``mask`` and all their ancestors (bool mask). Tile ids are topological."""
-    out = np.asarray(mask, dtype=bool).copy()
-    off, par = tg.plan.parent_offsets, tg.plan.parents
-    hi = int(np.flatnonzero(out).max()) if out.any() else -1
-    for t in range(hi, -1, -1):
-        if out[t]:
-            out[par[off[t]:off[t + 1]]] = True
-    return out
-
-
-def _mask(tg: TileGraph, ids, value=1) -> np.ndarray:
-    m = np.zeros(tg.n_tiles, dtype=np.uint8)
-    m[np.asarray(list(ids), dtype=np.int64)] = value
-    return m
-
-
 # ------------------------------------------------------------------------------ policies
 
 def plan_local(tg: TileGraph) -> Plan:
@@ -219,7 +75,7 @@ def plan_cloud(tg: TileGraph) -> Plan:
     infers (``send_whole``: no tile-level overlap of transmission and server computation — that
     overlap is what ``dynamic`` adds)."""
     ids = input_tiles(tg)
-    return Plan("cloud", _mask(tg, ids), _mask(tg, ids, SEND_ALWAYS), uses_server=True,
+    return Plan("cloud", tg.plan.mask(ids), tg.plan.mask(ids, SEND_ALWAYS), uses_server=True,
                 info={"send_whole": True})
 
 
@@ -233,7 +89,7 @@ def dynamic_options(tg: TileGraph, device_flops: float, server_flops: float, ban
     cuts, costs = split_cost_array(tg, device_flops, server_flops, bandwidth, rtt, alpha,
                                    downlink, wire)
     last = tg.n_layers - 1
-    total = _cut_arrays(tg)[3]
+    total = cut_flops(tg)[3]
     out: dict[str, tuple[float, object]] = {"local": (total / device_flops, None)}
     inputs = tg.graph.inputs.values()
     at_inputs = max(inputs)
@@ -410,15 +266,16 @@ def _share_parts(bits: np.ndarray, n: int, m: int) -> tuple[np.ndarray, np.ndarr
 
 
 def share_table(tg: TileGraph) -> ShareTable:
-    """The graph's ShareTable (built once per graph: a few milliseconds per stack)."""
-    cached = getattr(tg, "_share_table", None)
-    if cached is not None:
-        return cached
+    """The graph's ShareTable (built once per plan: a few milliseconds per stack)."""
+    return tg.plan.memoised("share_table", lambda: _share_table(tg))
+
+
+def _share_table(tg: TileGraph) -> ShareTable:
     plan = tg.plan
     first = plan.layer_first_tile
     flops = plan.tile_flops.astype(np.float64)
     raw = plan.tile_bytes.astype(np.float64)
-    lf = layer_flops(tg)
+    lf = flops_per_layer(tg)
     cum = np.cumsum(lf)
     total = float(cum[-1])
     in_layers = np.asarray(sorted(tg.graph.inputs.values()), dtype=np.int64)
@@ -446,7 +303,6 @@ def share_table(tg: TileGraph) -> ShareTable:
         server_flops=np.asarray(cols[4], float), rest_flops=np.asarray(cols[5], float),
         server_inputs=np.asarray(cols[6], float).reshape(len(rows), len(in_layers)),
         input_layers=in_layers, device_out=np.asarray(cols[7], float), serves=serves)
-    tg._share_table = table
     return table
 
 
@@ -516,36 +372,13 @@ def best_share(tg: TileGraph, device_flops: float, server_flops: float, bandwidt
     return int(table.layer[i]), int(table.blocks[i]), float(costs[i])
 
 
-def output_bytes(tg: TileGraph) -> float:
-    """Bytes of the exit tiles: what the server returns."""
-    cached = getattr(tg, "_output_bytes", None)
-    if cached is None:
-        cached = float(sum(tg.plan.tile_bytes[list(layer_tiles(tg, li))].sum()
-                           for li in set(tg.graph.outputs.values())))
-        tg._output_bytes = cached
-    return cached
-
-
-def _cut_arrays(tg: TileGraph):
-    """(cuts, device FLOPs up to each, server FLOPs after each, total) as arrays, once per
-    graph: the cost model runs at every inference, inside a device's CPU quota."""
-    cached = getattr(tg, "_cut_arrays", None)
-    if cached is None:
-        cuts = np.asarray(valid_cuts(tg), dtype=np.int64)
-        cum = np.cumsum(layer_flops(tg))
-        total = float(cum[-1])
-        cached = (cuts, cum[cuts], total - cum[cuts], total)
-        tg._cut_arrays = cached
-    return cached
-
-
 def split_cost_array(tg: TileGraph, device_flops: float, server_flops: float,
                      bandwidth: float, rtt: float, alpha: float = 1.0,
                      downlink: float | None = None, wire=None) -> tuple[np.ndarray, np.ndarray]:
     """(valid cuts, predicted latency of each): split_costs as arrays (the last layer, when a
     valid cut, is the device alone)."""
-    cuts, before, after, total = _cut_arrays(tg)
-    sent = _cut_byte_array(tg, wire)
+    cuts, before, after, total = cut_flops(tg)
+    sent = cut_byte_array(tg, wire)
     back = output_bytes(tg) / (downlink or bandwidth)
     costs = before / device_flops + sent / bandwidth + rtt + alpha * after / server_flops + back
     if len(cuts) and cuts[-1] == tg.n_layers - 1:
@@ -563,7 +396,7 @@ def split_costs(tg: TileGraph, device_flops: float, server_flops: float, bandwid
     cuts, arr = split_cost_array(tg, device_flops, server_flops, bandwidth, rtt, alpha,
                                  downlink, wire)
     costs = dict(zip(cuts.tolist(), arr.tolist()))
-    costs.setdefault(tg.n_layers - 1, _cut_arrays(tg)[3] / device_flops)
+    costs.setdefault(tg.n_layers - 1, cut_flops(tg)[3] / device_flops)
     return costs
 
 
@@ -600,7 +433,7 @@ def fl_stack_layer(tg: TileGraph, share: float = FL_STACK_FLOPS_SHARE) -> int | 
     """The last layer of the fused stack: the first single-tensor cut after ``share`` of the
     FLOPs whose output has at least two column blocks (else the latest such cut before it); None
     if none."""
-    lf = layer_flops(tg)
+    lf = flops_per_layer(tg)
     cum = np.cumsum(lf)
     total = float(cum[-1])
     inputs = set(tg.graph.inputs.values())
@@ -641,8 +474,8 @@ def plan_fl(tg: TileGraph, device_flops: float, server_flops: float, alpha: floa
     dev_k = tiles_k[block_of < m]
     srv_k = tiles_k[block_of >= m]
     inp = input_tiles(tg)
-    dev_mask = ancestors(tg, _mask(tg, dev_k)) if len(dev_k) else np.zeros(tg.n_tiles, bool)
-    srv_mask = ancestors(tg, _mask(tg, srv_k)) if len(srv_k) else np.zeros(tg.n_tiles, bool)
+    dev_mask = tg.plan.ancestors(tg.plan.mask(dev_k)) if len(dev_k) else np.zeros(tg.n_tiles, bool)
+    srv_mask = tg.plan.ancestors(tg.plan.mask(srv_k)) if len(srv_k) else np.zeros(tg.n_tiles, bool)
     local = dev_mask.astype(np.uint8)
     local[inp] = 1
     send = np.zeros(tg.n_tiles, dtype=np.uint8)
@@ -697,8 +530,8 @@ def parse_frontier(tg: TileGraph, text: str) -> tuple[str, object]:
 def prepare(tg: TileGraph) -> None:
     """Builds the per-graph tables the planners cache (cuts, their bytes, the device shares):
     a few ms for the zoo's CNNs, spent once where it does not delay an inference."""
-    _cut_arrays(tg)
-    _cut_byte_array(tg)
+    cut_flops(tg)
+    cut_byte_array(tg)
     share_table(tg)
     output_bytes(tg)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..inference import tile_work
-from ..mobile import policies
+from ..partition import input_tiles
 from ..tilegraph import TileGraph
 from .profiles import OP_CLASSES, op_class
 
@@ -43,7 +43,7 @@ class SimGraph:
         self.nbytes = np.asarray(plan.tile_bytes, dtype=np.int64)
         self.nbytes_list = self.nbytes.tolist()
         self.work = tile_work(tg).tolist()
-        inputs = policies.input_tiles(tg)
+        inputs = input_tiles(tg)
         self.is_input = np.zeros(n, bool)
         self.is_input[inputs] = True
         self.inputs = inputs.tolist()
@@ -86,8 +86,4 @@ class SimGraph:
 
 
 def sim_graph(tg: TileGraph) -> SimGraph:
-    cached = getattr(tg, "_sim_graph", None)
-    if cached is None:
-        cached = SimGraph(tg)
-        tg._sim_graph = cached
-    return cached
+    return tg.plan.memoised("sim_graph", lambda: SimGraph(tg))

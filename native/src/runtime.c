@@ -313,7 +313,7 @@ static int scratch_reserve(worker *w, size_t floats) {
  * core; the partitioner's own tiles (about 100 MFLOP, see DEFAULT_TILE_FLOPS) stay whole. */
 #define CANCEL_PIECE_FLOPS 128e6
 /* Row pieces start on a multiple of this from the tile's first row: a multiple of every GEMM
- * kernel's panel width (partition.py's CONV_ROW_ALIGN), so each piece starts on a packed panel. */
+ * kernel's panel width (coacto/partition/rules.py's CONV_ROW_ALIGN), so each piece starts on a packed panel. */
 #define PIECE_ROW_ALIGN 32
 
 /* FLOPs per output value of the ops whose tiles can be long; 0 for the others (memory-bound:

@@ -1,4 +1,4 @@
-"""Exact tile dependencies of MATMUL and EMBED layers (coacto.partition handles the others).
+"""Exact tile dependencies of MATMUL and EMBED layers (coacto.partition.rules handles the others).
 
 Both read their inputs by position in the producer's storage rather than column for column, so their
 reads are described as *segments*: runs of consecutive storage elements ``[start, start + length)``
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import ir
+from .. import ir
 
 
 def block_of(bounds: np.ndarray, idx: np.ndarray) -> np.ndarray:

@@ -10,21 +10,21 @@ the receptive field of every output column (convolution / pooling taps with stri
 dilation), broadcasting maps, whole-batch reads for global pooling and fully connected layers, and
 the element index map of GATHER layers. Rows are intervals (a channel group of a grouped
 convolution, the LRN window, a CONCAT input's channel range). MATMUL and EMBED layers read their
-inputs by storage position (coacto.partition_seq).
+inputs by storage position (coacto.partition.sequence). The plan these rules make, its numbering
+and the queries asked of it are in coacto.partition.plan.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-
 import numpy as np
 
-from . import ir
-from .errors import CoactoError, ModelError, ShapeError
-from .partition_seq import embed_parent_pairs, matmul_parent_pairs
+from .. import ir
+from ..errors import CoactoError, ModelError, ShapeError
+from .plan import TilePlan, number_tiles
+from .sequence import embed_parent_pairs, matmul_parent_pairs
 
 #: Bumped whenever partitioning changes the tiles it derives for the same parameters (the rules
-#: and constants of this module and partition_seq): stored graphs and tuned tile counts made by
+#: and constants of this module and coacto.partition.sequence): stored graphs and tuned tile counts made by
 #: another version are rebuilt, not trusted.
 PARTITIONER_VERSION = 5
 
@@ -95,55 +95,6 @@ CONV_ROW_ALIGN = 32
 OTHER_ROW_ALIGN = 8
 #: Ops never split by rows: each tile would compute over all the rows of its columns anyway.
 WHOLE_ROWS = ("SOFTMAX", "INPUT", "LAYERNORM", "ROW_REDUCE")
-
-
-@dataclass
-class TilePlan:
-    """Tiles of a graph: numbered layer by layer, column block major, row block minor."""
-
-    col_bounds: list[np.ndarray]  # per layer: column block boundaries (len = blocks + 1)
-    row_bounds: list[np.ndarray]  # per layer: row block boundaries
-    layer_first_tile: np.ndarray  # [n_layers + 1]
-    tile_layer: np.ndarray  # int32 [n_tiles]
-    tile_bounds: np.ndarray  # int32 [n_tiles, 4]: col0, col1, row0, row1
-    parent_offsets: np.ndarray  # int32 [n_tiles + 1]
-    parents: np.ndarray  # int32
-    tile_flops: np.ndarray  # float64 [n_tiles]
-    tile_bytes: np.ndarray  # int64 [n_tiles]: output bytes
-
-    _work: np.ndarray | None = field(default=None, repr=False, compare=False)
-
-    @property
-    def n_tiles(self) -> int:
-        return int(self.tile_layer.shape[0])
-
-    def dependencies(self, tile: int) -> np.ndarray:
-        return self.parents[self.parent_offsets[tile]:self.parent_offsets[tile + 1]]
-
-    def tile_work(self) -> np.ndarray:
-        """FLOPs needed to produce each tile from the inputs: the tile and all its ancestors
-        (float64 [n_tiles]; what the send rule weighs). Exact, from ancestor bitsets built in
-        topological order (tile ids are topological); computed once per plan."""
-        if self._work is not None:
-            return self._work
-        n = self.n_tiles
-        words = (n + 63) // 64
-        anc = np.zeros((n, words), dtype=np.uint64)
-        off, par = self.parent_offsets, self.parents
-        one = np.uint64(1)
-        for t in range(n):
-            ps = par[off[t]:off[t + 1]]
-            if len(ps):
-                anc[t] = np.bitwise_or.reduce(anc[ps], axis=0)
-            anc[t, t >> 6] |= one << np.uint64(t & 63)
-        work = np.empty(n, dtype=np.float64)
-        chunk = max(1, (1 << 24) // max(n, 1))
-        for s in range(0, n, chunk):
-            bits = np.unpackbits(anc[s:s + chunk].view(np.uint8), axis=1,
-                                 bitorder="little")[:, :n]
-            work[s:s + chunk] = bits @ self.tile_flops
-        self._work = work
-        return work
 
 
 # ------------------------------------------------------------------------------------ costs
@@ -536,25 +487,13 @@ def _partition(graph: ir.Graph, tiles_per_layer, layer_tiles, min_column_blocks)
                 cb = _even_bounds(layer.columns, blocks)
         plan_cols.append(cb)
         plan_rows.append(rb)
-    counts = np.asarray([(len(plan_cols[i]) - 1) * (len(plan_rows[i]) - 1) for i in range(n_layers)])
-    first_tile = np.zeros(n_layers + 1, dtype=np.int64)
-    first_tile[1:] = np.cumsum(counts)
+    first_tile, _, bounds = number_tiles(plan_cols, plan_rows)
     n_tiles = int(first_tile[-1])
-
-    tile_layer = np.repeat(np.arange(n_layers, dtype=np.int32), counts)
-    bounds = np.zeros((n_tiles, 4), dtype=np.int32)
     flops = np.zeros(n_tiles, dtype=np.float64)
     for li in range(n_layers):
-        cb, rb = plan_cols[li], plan_rows[li]
-        c0 = np.repeat(cb[:-1], len(rb) - 1)
-        c1 = np.repeat(cb[1:], len(rb) - 1)
-        r0 = np.tile(rb[:-1], len(cb) - 1)
-        r1 = np.tile(rb[1:], len(cb) - 1)
         s = slice(first_tile[li], first_tile[li + 1])
-        bounds[s] = np.stack([c0, c1, r0, r1], axis=1)
-        flops[s] = tile_output_flops(graph, li, c1 - c0, r1 - r0)
-    tile_bytes = ((bounds[:, 1] - bounds[:, 0]).astype(np.int64)
-                  * (bounds[:, 3] - bounds[:, 2]) * 4)
+        b = bounds[s]
+        flops[s] = tile_output_flops(graph, li, b[:, 1] - b[:, 0], b[:, 3] - b[:, 2])
 
     outs, ins = [], []
     for li, layer in enumerate(graph.layers):
@@ -580,8 +519,5 @@ def _partition(graph: ir.Graph, tiles_per_layer, layer_tiles, min_column_blocks)
     offsets = np.cumsum(offsets)
     if offsets[-1] >= 2**31:
         raise CoactoError("the tile graph has more than 2^31 dependencies; use fewer tiles per layer")
-    return TilePlan(
-        col_bounds=plan_cols, row_bounds=plan_rows, layer_first_tile=first_tile,
-        tile_layer=tile_layer, tile_bounds=bounds, parent_offsets=offsets.astype(np.int32),
-        parents=parent.astype(np.int32), tile_flops=flops, tile_bytes=tile_bytes,
-    )
+    return TilePlan.from_splits(plan_cols, plan_rows, offsets.astype(np.int32),
+                                parent.astype(np.int32), flops)
