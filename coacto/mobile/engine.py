@@ -533,7 +533,7 @@ class Engine:
         mode = self._transfer_now()
         if mode != "raw":
             # the first inferences, then one in WIRE_SAMPLE_EVERY, measure what every tile
-            # would take encoded (a pass over each activation: 1 ms of ResNet-50's 40)
+            # would take encoded (a pass over each activation, a few percent of an inference)
             job.measures_wire = self._wire_runs < WIRE_SAMPLE_FIRST or \
                 self._wire_runs % WIRE_SAMPLE_EVERY == 0
             self._wire_runs += 1

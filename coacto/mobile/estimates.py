@@ -76,14 +76,13 @@ WIRE_GAIN = 0.5
 RTT_MIN_OF = 5
 #: A link may carry this much at once faster than its rate (a token bucket's burst, a Wi-Fi
 #: aggregate, a driver's queue): an isolated transfer bounds the goodput only by the bytes beyond
-#: it. Without this a 25 kB probe read a 5 Mbit/s tbf link (16 kB burst) as 16 Mbit/s, and BERT,
-#: whose inputs are too small to ever fill a measuring window, offloaded on that figure.
+#: it: a probe or an input smaller than the burst otherwise reads a slow link as fast (docs/
+#: SCHEDULER.md, "Measurements behind the constants").
 BURST_BYTES = 16 * 1024
 #: ... and a link that carried more than that at once has a larger burst: a transfer that crossed
 #: faster than this many times the last measured rate (of backlogged batches, after any burst)
-#: teaches the burst instead of raising the goodput (Goodput.burst). The testbed's tbf at 200
-#: Mbit/s lets 100 kB through at once (the kernel's timer needs it): 64 kB probes crossed in
-#: 0.4 ms and read the link as 1-2.5 Gbit/s, and MobileNetV2 offloaded on that figure.
+#: teaches the burst instead of raising the goodput (Goodput.burst): a fast link's shaper lets
+#: more through at once than BURST_BYTES, since its timer needs it.
 BURST_EVIDENCE = 1.5
 #: The largest burst believed (a transfer this large is a measurement whatever its speed).
 BURST_MAX_BYTES = 1 << 20

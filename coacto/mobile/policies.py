@@ -187,8 +187,8 @@ def plan_dynamic(tg: TileGraph, device_flops: float | None = None, server_flops:
     if kind == "cut":
         # The device computes what the cut needs and streams it; the rest waits as insurance
         # (the engine's _park_rest), as in a share: a device that went on computing took the
-        # CPU its engine needed to send the cut and read the results (MobileNetV2 at 100-200
-        # Mbit/s in a 25% quota: 31-40 ms where split, which stops at its cut, took 23-35).
+        # CPU its engine needed to send the cut and read the results (docs/SCHEDULER.md,
+        # "Measurements behind the constants").
         info["cut_name"] = tg.graph.layers[where].name
         info["park_rest"] = True
         send[:] = SEND_NEVER

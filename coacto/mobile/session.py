@@ -36,9 +36,8 @@ PROBE_MIN_BYTES, PROBE_MAX_BYTES = 24 << 10, 64 << 10
 PROBE_BURST_MAX_BYTES = 256 << 10
 #: A train whose probes the server stamped within this much of each other crossed in one burst
 #: and measured nothing but the burst: another follows at once, its probes sized by what that
-#: one read (up to PROBE_MAX_BYTES). On the testbed's 200 Mbit/s link (a 100 kB tbf burst) a
-#: train of three 24 kB probes passed whole and read 11 Gbit/s. (Every train that large would cost
-#: a device in a 25% quota 2-3 ms of its CPU each time the link is probed again.)
+#: one read (up to PROBE_MAX_BYTES), rather than every train being that large: probes cost a
+#: device in a CPU quota time each time the link is probed again.
 PROBE_BURST_SPREAD_S = PROBE_SECONDS / 4
 
 
