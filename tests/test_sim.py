@@ -369,8 +369,23 @@ def test_sim_cli_table_and_json(capsys, tmp_path):
     assert g["inferences"] and {row[1] for row in g["inferences"][0]["schedule"]} == {"server"}
     assert main(["--model", "squeezenet", "--policy", "all", "--trace", "wifi"]) == 0
     assert "dynamic" in capsys.readouterr().out
-    assert main(["--model", "squeezenet"]) == 1
+    assert main(["--model", "squeezenet"]) == 2
     assert "--bandwidth" in capsys.readouterr().err
+
+
+def test_sim_cli_reads_rates_as_every_command_does(capsys):
+    """A bare number is Mbit/s (the flag's documented unit); a unit is read as coacto-client
+    reads it, bytes and bits distinct; ambiguous and non-positive rates are refused."""
+    from coacto.sim.__main__ import main
+
+    assert main(["--model", "squeezenet", "--policy", "local", "--bandwidth", "40,40mbit,5MB/s",
+                 "--json"]) == 0
+    rates = [json.loads(line)["settings"]["bandwidth_mbps"]
+             for line in capsys.readouterr().out.splitlines()]
+    assert rates == [40.0, 40.0, 40.0]
+    for bad, says in (("20Mbps", "ambiguous"), ("0", "positive"), ("fast", "unit")):
+        assert main(["--model", "squeezenet", "--policy", "local", "--bandwidth", bad]) == 2
+        assert says in capsys.readouterr().err
 
 
 def test_coacto_profile_writes_a_profile_the_simulator_reads(tmp_path):

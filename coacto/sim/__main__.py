@@ -10,6 +10,8 @@ import sys
 
 from ..errors import CoactoError
 from ..mobile.policies import POLICIES
+from ..cli_common import EXIT_ERROR, UsageError, exit_codes_help, usage_error
+from ..mobile.shaper import RateError, parse_rate
 
 EPILOG = """\
 examples:
@@ -28,7 +30,8 @@ profiles: names in profiles/ (raspberry-pi-4, jetson-agx-xavier-cpu, threadrippe
 derived from public figures; others measured by `coacto profile`) or paths to JSON files.
 The simulator was checked against real runs on the 2-core EPYC (experiments/sim_vs_real.py;
 docs/SIMULATOR.md has the table and what remains approximate).
-"""
+
+""" + exit_codes_help() + "\n"
 
 
 def _floats(text: str, what: str) -> list[float]:
@@ -37,8 +40,30 @@ def _floats(text: str, what: str) -> list[float]:
     except ValueError:
         values = []
     if not values:
-        raise CoactoError(f"{what} {text!r}: write numbers separated by commas, e.g. 5,20,100")
+        raise UsageError(f"{what} {text!r}: write numbers separated by commas, e.g. 5,20,100")
     return values
+
+
+def _mbits(text: str) -> list[float]:
+    """--bandwidth's rates in Mbit/s: bare numbers are Mbit/s; a rate with a unit is read as
+    every command reads one (coacto.mobile.shaper.parse_rate: '20mbit', '2.5MB/s')."""
+    out = []
+    for item in (v.strip() for v in text.split(",")):
+        if not item:
+            continue
+        try:
+            out.append(float(item))
+        except ValueError:
+            try:
+                out.append(parse_rate(item) * 8 / 1e6)
+            except RateError as e:
+                raise UsageError(f"--bandwidth: {e}") from None
+    if not out:
+        raise UsageError(f"--bandwidth {text!r}: write rates separated by commas, e.g. 5,20,100 "
+                          "(Mbit/s) or 20mbit,2.5MB/s")
+    if not all(v > 0 and v != float("inf") for v in out):
+        raise UsageError(f"--bandwidth {text!r}: every rate must be positive and finite")
+    return out
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -52,8 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tiles", type=int, default=None, help="tiles per layer when compiling")
     p.add_argument("--policy", default="dynamic",
                    help=f"{', '.join(POLICIES)}, comma-separated, or 'all'")
-    p.add_argument("--bandwidth", default=None, metavar="MBPS",
-                   help="link bandwidth in Mbit/s (comma-separated: one run each)")
+    p.add_argument("--bandwidth", default=None, metavar="RATES",
+                   help="link bandwidth: a number is Mbit/s, or give the unit as the other "
+                        "commands read it ('20mbit', '2.5MB/s'); comma-separated: one run each")
     p.add_argument("--trace", default=None,
                    help="instead of --bandwidth: 'lte' or 'wifi' (synthetic traces, seeded), or a "
                         "JSON file holding [[t_s, mbps], ...]")
@@ -101,9 +127,11 @@ def main(argv=None) -> int:
                         format="%(name)s: %(message)s")
     try:
         return run(args)
+    except UsageError as e:
+        return usage_error("coacto.sim", e, "python -m coacto.sim")
     except CoactoError as e:
         print(f"coacto.sim: error: {e}", file=sys.stderr)
-        return 1
+        return EXIT_ERROR
     except KeyboardInterrupt:
         return 130
 
@@ -113,11 +141,15 @@ def run(args) -> int:
 
     policies = list(POLICIES) if args.policy == "all" else \
         [s.strip() for s in args.policy.split(",") if s.strip()]
+    unknown = [p for p in policies if p not in POLICIES]
+    if unknown or not policies:
+        raise UsageError(f"--policy {args.policy!r}: choose from {', '.join(POLICIES)}, "
+                         "comma-separated, or 'all'")
     if args.bandwidth is None and args.trace is None:
-        raise CoactoError("give --bandwidth MBPS or --trace lte|wifi|FILE.json")
+        raise UsageError("give --bandwidth RATES or --trace lte|wifi|FILE.json")
     if args.bandwidth is not None and args.trace is not None:
-        raise CoactoError("give --bandwidth or --trace, not both")
-    links = [("bandwidth_mbps", b) for b in _floats(args.bandwidth, "--bandwidth")] \
+        raise UsageError("give --bandwidth or --trace, not both")
+    links = [("bandwidth_mbps", b) for b in _mbits(args.bandwidth)] \
         if args.bandwidth is not None else [("trace", _load_trace(args.trace))]
     cores = [int(c) for c in _floats(args.server_cores, "--server-cores")] \
         if args.server_cores else [None]
