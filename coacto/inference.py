@@ -349,6 +349,8 @@ class NativeInference:
                 results[name] = fetched[li]
             else:
                 results[name] = fetched[li].copy()
+            if name in g.output_dtypes:
+                results[name] = ir.exact_integers(results[name], g.output_dtypes[name])
         return results
 
     def stats(self) -> dict:

@@ -344,6 +344,9 @@ class Graph:
     inputs: dict[str, int]  # ONNX input name -> layer index (op INPUT)
     outputs: dict[str, int]  # ONNX output name -> layer index
     model_hash: str = ""  # sha256 (hex) of the serialized ONNX model
+    #: ONNX element type of the outputs the model declares as integers or bool (the layers hold
+    #: exact integers; callers get that type back, as from onnxruntime); others are float32.
+    output_dtypes: dict[str, int] = field(default_factory=dict)
 
     def consumers(self) -> list[list[int]]:
         out: list[list[int]] = [[] for _ in self.layers]
@@ -393,6 +396,20 @@ def to_storage(x: np.ndarray, layout: str = LAYOUT_CHANNELS) -> np.ndarray:
         return np.ascontiguousarray(x).reshape(-1)
     x4 = as_nchw(x)
     return np.ascontiguousarray(x4.transpose(0, 2, 3, 1))
+
+
+#: ONNX element type -> numpy dtype of the integer and bool types inputs and outputs may have.
+INTEGER_NUMPY_TYPES = {7: np.int64, 6: np.int32, 5: np.int16, 3: np.int8, 2: np.uint8,
+                       4: np.uint16, 12: np.uint32, 9: np.bool_}
+
+
+def exact_integers(values: np.ndarray, elem: int) -> np.ndarray:
+    """A float32 tensor of exact integers (what integer-valued layers hold) as ONNX type ``elem``:
+    bool is non-zero; integers are rounded (they are whole already) and cast."""
+    dtype = INTEGER_NUMPY_TYPES[int(elem)]
+    if dtype is np.bool_:
+        return values != 0
+    return np.rint(values).astype(dtype)
 
 
 def from_storage(s: np.ndarray, shape4: tuple[int, int, int, int], onnx_shape,

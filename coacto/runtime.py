@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 # ---------------------------------------------------------------------------- onnxruntime's API
 
 #: ONNX element type -> onnxruntime's type string, for the element types coacto's inputs take
-#: (outputs are always float32: the importer refuses others).
+#: and its integer-valued outputs are returned as.
 _ORT_TYPES = {1: "tensor(float)", 2: "tensor(uint8)", 3: "tensor(int8)", 4: "tensor(uint16)",
               5: "tensor(int16)", 6: "tensor(int32)", 7: "tensor(int64)", 9: "tensor(bool)",
               12: "tensor(uint32)"}
@@ -60,7 +60,8 @@ def graph_inputs(tg: TileGraph) -> list[NodeArg]:
 def graph_outputs(tg: TileGraph) -> list[NodeArg]:
     """The outputs of a tile graph in the ONNX model's order, as NodeArgs."""
     g = tg.graph
-    return [NodeArg(name, [int(d) for d in g.layers[li].onnx_shape], _ORT_TYPES[1])
+    return [NodeArg(name, [int(d) for d in g.layers[li].onnx_shape],
+                    _ORT_TYPES[int(g.output_dtypes.get(name, 1))])
             for name, li in g.outputs.items()]
 
 

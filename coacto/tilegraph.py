@@ -188,7 +188,8 @@ class TileGraph:
         return {
             "format": FORMAT_VERSION, "graph_id": self.graph_id, "model_hash": g.model_hash,
             "params": self.params,
-            "inputs": g.inputs, "outputs": g.outputs, "layers": layers,
+            "inputs": g.inputs, "outputs": g.outputs, "output_dtypes": g.output_dtypes,
+            "layers": layers,
             "tiles": {
                 "col_bounds": [b.astype("<i8").tobytes() for b in p.col_bounds],
                 "row_bounds": [b.astype("<i8").tobytes() for b in p.row_bounds],
@@ -302,7 +303,7 @@ class TileGraph:
             arrays.append([ArraySpec(a[0], a[1], tuple(a[2]), int(a[3]), int(a[4]))
                            for a in ld["arrays"]])
         graph = ir.Graph(layers=layers, inputs=dict(h["inputs"]), outputs=dict(h["outputs"]),
-                         model_hash=h["model_hash"])
+                         model_hash=h["model_hash"], output_dtypes=dict(h.get("output_dtypes", {})))
         t = h["tiles"]
         col_bounds = [np.frombuffer(b, "<i8").astype(np.int64) for b in t["col_bounds"]]
         row_bounds = [np.frombuffer(b, "<i8").astype(np.int64) for b in t["row_bounds"]]
@@ -456,6 +457,11 @@ def check_header(h, blob_size: int) -> None:
                 raise GraphFileError(f"{key[:-1]} {name!r}: layer {li} has no onnx_shape")
     if not h["outputs"]:
         raise GraphFileError("the graph has no outputs")
+    dtypes = h.get("output_dtypes", {})
+    if not isinstance(dtypes, dict) or any(
+            name not in h["outputs"] or elem not in _INTEGER_DTYPES for name, elem in dtypes.items()):
+        raise GraphFileError(f"output_dtypes {dtypes!r}: each must name an output and an integer "
+                             f"or bool ONNX type {_INTEGER_DTYPES}")
     _check_tiles(_need(h, "tiles", dict, "the header"), layers)
 
 
