@@ -120,9 +120,16 @@ class Runtime:
     InferenceCancelled. Ctrl-C during ``run`` on the main thread stops the native work too and
     raises KeyboardInterrupt. Either way the work stops within milliseconds (a long tile stops at
     its next piece of about 128 MFLOP) and the Runtime is ready for the next run.
+
+    ``warmup`` (default True): the Runtime runs one inference on example inputs when it is made,
+    so that the first ``run`` is at the steady speed rather than paying for what a first
+    inference touches first (activation buffers and scratch mapped and faulted in, the weights of
+    a loaded ``.ctg`` read from its file, the threads' stacks): as onnxruntime prepares a session
+    before its first run. ``warmup=False`` makes the Runtime at once.
     """
 
-    def __init__(self, graph: TileGraph, threads: int | None = None, share: "Runtime | None" = None):
+    def __init__(self, graph: TileGraph, threads: int | None = None, share: "Runtime | None" = None,
+                 warmup: bool = True):
         if not isinstance(graph, TileGraph):
             raise CoactoError("Runtime needs a TileGraph: use coacto.compile('model.onnx') or "
                               "coacto.load('model.ctg')")
@@ -143,6 +150,12 @@ class Runtime:
         self._active = 0
         self._closed = False
         self.last_stats: dict = {}
+        if warmup:
+            try:
+                self._run(graph.example_feeds(), None)
+            except CoactoError as e:  # synthetic inputs a model refuses: the first run warms up
+                log.debug("warm-up inference skipped: %s", e)
+            self.last_stats = {}
 
     @property
     def threads(self) -> int:

@@ -96,6 +96,10 @@ float *graph_buffer_get(coacto_graph *g, int64_t bytes) {
         g->cache[0] = g->cache[--g->cache_n];
     }
     g->live_bytes += bytes;
+    /* The limit follows the live bytes as they grow, not only the peak noted when an inference
+     * ends: the buffers the first inference returns are then kept for the second, which
+     * otherwise maps (and page-faults) them all again. */
+    if (4 * g->live_bytes > g->cache_limit) g->cache_limit = 4 * g->live_bytes;
     pthread_mutex_unlock(&g->cache_mu);
     for (int i = 0; i < n_evicted; i++) buffer_free(evicted[i], evicted_bytes[i]);
     if (!buf) {
