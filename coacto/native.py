@@ -88,6 +88,15 @@ def gemm_kernels_available() -> list[str]:
     return ffi.string(lib.coacto_gemm_kernels_available()).decode().split(",")
 
 
+def gemm_blocking() -> dict:
+    """The GEMM blocking the runtime derived from this machine's caches (coacto_gemm_blocking):
+    {"block_k", "block_m", "l1d_bytes", "l2_bytes", "cache_source"}."""
+    b = ffi.new("coacto_blocking *")
+    lib.coacto_gemm_blocking(b)
+    return {"block_k": int(b.block_k), "block_m": int(b.block_m), "l1d_bytes": int(b.l1d_bytes),
+            "l2_bytes": int(b.l2_bytes), "cache_source": ffi.string(b.cache_source).decode()}
+
+
 def kernel_summary() -> str:
     """The GEMM kernel in use, what capped it and the caches: one line for benchmarks and
     profiles ("gemm_f32_6x16__avx2 (COACTO_ISA=avx2; this CPU also runs ...); L1d 48 KiB, ...")."""
@@ -100,8 +109,15 @@ def kernel_summary() -> str:
     if os.environ.get("COACTO_FORCE_SCALAR", "0") not in ("", "0"):
         why.append("COACTO_FORCE_SCALAR")
     notes = why + ([f"this CPU also runs {', '.join(others)}"] if others else [])
+    b = gemm_blocking()
+    blocking = f"blocking K {b['block_k']} x M {b['block_m']}"
+    if b["cache_source"] == "environment":
+        blocking += (f" for L1d {b['l1d_bytes'] >> 10} KiB, L2 {b['l2_bytes'] >> 10} KiB "
+                     "(COACTO_L1D_BYTES / COACTO_L2_BYTES)")
+    elif b["cache_source"] == "assumed":
+        blocking += " for assumed caches (none could be read)"
     return name + (f" ({'; '.join(notes)})" if notes else "") + \
-        f"; caches {format_caches(cache_sizes())}"
+        f"; caches {format_caches(cache_sizes())}; {blocking}"
 
 
 # ---------------------------------------------------------------------------- descriptions

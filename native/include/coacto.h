@@ -157,6 +157,16 @@ coacto_status coacto_op_contract(int32_t op, coacto_op_info *out);
 const char *coacto_gemm_kernel_name(void);
 /* Every GEMM micro-kernel this CPU runs, best first, comma-separated (the cap aside). */
 const char *coacto_gemm_kernels_available(void);
+/* The GEMM blocking on this machine and the caches it is derived from: block_k reduction values
+ * per block (a packed panel slice, block_k x the kernel's NR floats, fills half the L1 data
+ * cache), block_m rows per pass over the panels (their block_k-long rows fill a quarter of L2;
+ * also the positions per im2col block of a convolution). cache_source: "sysfs", "sysconf",
+ * "assumed" or "environment" (COACTO_L1D_BYTES / COACTO_L2_BYTES, read before the first call). */
+typedef struct coacto_blocking {
+    int64_t l1d_bytes, l2_bytes, block_k, block_m;
+    const char *cache_source;
+} coacto_blocking;
+void coacto_gemm_blocking(coacto_blocking *out);
 
 /* A runtime owns the computing threads and the ready pool; any number of graphs and inferences
  * share it. */

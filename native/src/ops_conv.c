@@ -15,7 +15,7 @@
  *                   (gemm_block_k values per row) at a time.
  * Depthwise convolutions (group == C_in == C_out) use a direct loop over contiguous channels.
  *
- * Loop order of a GEMM tile: blocks of up to CONV_BLOCK_ROWS positions; per block, the whole
+ * Loop order of a GEMM tile: blocks of up to gemm_block_m positions; per block, the whole
  * reduction. The weights are streamed once per block (they are the cold operand: a layer's weights
  * were last read one inference ago), so blocks are as large as the im2col slice that must stay in
  * L2 allows, and im2col is built slice by slice right before the GEMM that consumes it, so it is
@@ -41,10 +41,9 @@ enum { CONV_IM2COL = 0, CONV_POINTWISE = 1, CONV_FC = 2, CONV_DEPTHWISE = 3, CON
 #define WINOGRAD_MAX_WEIGHTS (512 * 512)
 #define WINOGRAD_MIN_POSITIONS (28 * 28)
 
-/* Output positions per block: the weights stream once per block, and the im2col slice of a
- * block (CONV_BLOCK_ROWS x gemm_block_k floats, 256 KiB) stays in L2 while every panel of the
- * tile's channels reads it. */
-#define CONV_BLOCK_ROWS 256
+/* Output positions per im2col block: gemm_block_m. The weights stream once per block, and the
+ * im2col slice of a block (gemm_block_m x gemm_block_k floats, a quarter of L2) stays in L2
+ * while every panel of the tile's channels reads it. */
 /* Positions per block of CONV_POINTWISE and CONV_FC, which read A in place (no im2col scratch):
  * the block only bounds the temporary of a tile that starts inside a panel. */
 #define CONV_BLOCK_ROWS_DIRECT 1024
@@ -197,7 +196,7 @@ coacto_status conv_prepare(layer *l, char *err, size_t err_size) {
     else
         l->variant = CONV_IM2COL;
 
-    size_t block = l->variant == CONV_IM2COL ? CONV_BLOCK_ROWS : CONV_BLOCK_ROWS_DIRECT;
+    size_t block = l->variant == CONV_IM2COL ? gemm_block_m(kern) : CONV_BLOCK_ROWS_DIRECT;
     block = block / kern->mr * kern->mr;
     l->block_cols = (int32_t)block;
     /* An im2col slice of a block, then a block x nr temporary for a tile whose first channel is

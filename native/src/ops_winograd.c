@@ -25,11 +25,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/cpu.h"
 #include "ops_internal.h"
 
 /* Winograd tiles per block: the block's V (16 x tiles x cin floats) and M (16 x tiles x channels)
- * stay in L2 between the input transform, the 16 products and the output transform. */
-#define WINO_BLOCK_BYTES (1024 * 1024)
+ * stay in L2 (cpu_get_caches) between the input transform, the 16 products and the output
+ * transform. */
 #define WINO_BLOCK_MAX 112
 
 size_t winograd_packed_stride(const gemm_kernel *kern, int64_t cin, int64_t cout) {
@@ -38,7 +39,8 @@ size_t winograd_packed_stride(const gemm_kernel *kern, int64_t cin, int64_t cout
 
 static int64_t winograd_block_tiles(const gemm_kernel *kern, int64_t cin, int64_t cout) {
     const int64_t mr = (int64_t)kern->mr;
-    int64_t t = (int64_t)(WINO_BLOCK_BYTES / (16 * sizeof(float) * (size_t)(cin + cout)));
+    const size_t l2 = (size_t)cpu_get_caches()->l2_bytes;
+    int64_t t = (int64_t)(l2 / (16 * sizeof(float) * (size_t)(cin + cout)));
     if (t > WINO_BLOCK_MAX) t = WINO_BLOCK_MAX;
     t = t / mr * mr;
     return t < mr ? mr : t;

@@ -1,6 +1,11 @@
+#define _POSIX_C_SOURCE 200809L
 #include "kernels/cpu.h"
 
 #include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 #if defined(__x86_64__) || defined(_M_X64)
 #if defined(_MSC_VER) && !defined(__clang__)
@@ -80,4 +85,79 @@ const cpu_features *cpu_get_features(void)
 {
     pthread_once(&features_once, init_features);
     return &features;
+}
+
+/* ------------------------------------------------------------------------------------ caches */
+
+/* "48K", "1024K", "32M" or a plain byte count -> bytes; 0 if unreadable. */
+static long parse_size(const char *text)
+{
+    char *end = NULL;
+    long v = strtol(text, &end, 10);
+    if (end == text || v <= 0) return 0;
+    if (*end == 'K' || *end == 'k') v <<= 10;
+    else if (*end == 'M' || *end == 'm') v <<= 20;
+    return v;
+}
+
+static int read_line(const char *path, char *buf, size_t n)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    int ok = fgets(buf, (int)n, f) != NULL;
+    fclose(f);
+    if (ok) buf[strcspn(buf, "\n")] = '\0';
+    return ok;
+}
+
+static void caches_from_sysfs(cpu_caches *c)
+{
+    for (int i = 0; i < 16; i++) {
+        char path[96], level[16], type[32], size[32];
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/level", i);
+        if (!read_line(path, level, sizeof level)) break;
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/type", i);
+        if (!read_line(path, type, sizeof type)) continue;
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/size", i);
+        if (!read_line(path, size, sizeof size)) continue;
+        long bytes = parse_size(size);
+        if (strcmp(level, "1") == 0 && strcmp(type, "Data") == 0) c->l1d_bytes = bytes;
+        if (strcmp(level, "2") == 0 && strcmp(type, "Instruction") != 0) c->l2_bytes = bytes;
+    }
+}
+
+static long env_bytes(const char *name)
+{
+    const char *v = getenv(name);
+    return v ? parse_size(v) : 0;
+}
+
+static cpu_caches caches;
+static pthread_once_t caches_once = PTHREAD_ONCE_INIT;
+
+static void init_caches(void)
+{
+    caches_from_sysfs(&caches);
+    caches.source = "sysfs";
+#if defined(_SC_LEVEL1_DCACHE_SIZE) && defined(_SC_LEVEL2_CACHE_SIZE)
+    if (caches.l1d_bytes <= 0 || caches.l2_bytes <= 0) {
+        long l1 = sysconf(_SC_LEVEL1_DCACHE_SIZE), l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+        if (caches.l1d_bytes <= 0 && l1 > 0) caches.l1d_bytes = l1;
+        if (caches.l2_bytes <= 0 && l2 > 0) caches.l2_bytes = l2;
+        caches.source = "sysconf";
+    }
+#endif
+    if (caches.l1d_bytes <= 0 || caches.l2_bytes <= 0) caches.source = "assumed";
+    if (caches.l1d_bytes <= 0) caches.l1d_bytes = 32L << 10;
+    if (caches.l2_bytes <= 0) caches.l2_bytes = 512L << 10;
+    long l1 = env_bytes("COACTO_L1D_BYTES"), l2 = env_bytes("COACTO_L2_BYTES");
+    if (l1 > 0) caches.l1d_bytes = l1;
+    if (l2 > 0) caches.l2_bytes = l2;
+    if (l1 > 0 || l2 > 0) caches.source = "environment";
+}
+
+const cpu_caches *cpu_get_caches(void)
+{
+    pthread_once(&caches_once, init_caches);
+    return &caches;
 }

@@ -14,4 +14,16 @@ typedef struct cpu_features {
 
 const cpu_features *cpu_get_features(void);
 
+/* The data caches the blocking is sized for: the level-1 data cache and the level-2 cache of one
+ * core, in bytes. Read once from Linux's sysfs (/sys/devices/system/cpu/cpu0/cache), else from
+ * sysconf, else assumed (32 KiB, 512 KiB: the smallest of the machines coacto is for);
+ * COACTO_L1D_BYTES / COACTO_L2_BYTES in the environment override either (to try the blocking of
+ * another machine). source says which: "sysfs", "sysconf", "assumed" or "environment". */
+typedef struct cpu_caches {
+    long l1d_bytes, l2_bytes;
+    const char *source;
+} cpu_caches;
+
+const cpu_caches *cpu_get_caches(void);
+
 #endif

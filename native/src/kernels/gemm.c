@@ -97,18 +97,38 @@ const char *coacto_gemm_kernels_available(void)
     return available_names;
 }
 
+static size_t clamp_size(size_t v, size_t lo, size_t hi) { return v < lo ? lo : v > hi ? hi : v; }
+
 /* The panel slice one ukernel call reads (kc x nr floats) stays in L1 while the row blocks walk
- * over it: 256 x 32 floats is 32 KiB (AVX-512), 256 x 16 is 16 KiB (AVX2, NEON). Longer blocks
- * measured no faster on the AVX-512 kernel; the C round trip between blocks is cheap. */
+ * over it: half the L1 data cache, the rest for the rows of A and C the calls touch. A multiple
+ * of 16 (whole cache lines of A per row), 64 to 512. */
 size_t gemm_block_k(const gemm_kernel *kern)
 {
-    (void)kern;
-    return 256;
+    const size_t l1 = (size_t)cpu_get_caches()->l1d_bytes;
+    return clamp_size(l1 / 2 / (kern->nr * sizeof(float)) / 16 * 16, 64, 512);
 }
 
-/* Rows per pass over the panels: their A block (256 x kc floats, 256 KiB for the AVX-512 kernel)
- * stays in L2 while every panel of the channel range reuses it. */
-#define BLOCK_M 256
+/* Rows per pass over the panels: their A block (mc x kc floats) stays in L2 while every panel
+ * of the channel range reuses it, in a quarter of L2 (the panels stream through the rest). A
+ * multiple of the kernel's MR, 4 MR to 1024. */
+size_t gemm_block_m(const gemm_kernel *kern)
+{
+    const size_t l2 = (size_t)cpu_get_caches()->l2_bytes;
+    const size_t mc = l2 / 4 / (gemm_block_k(kern) * sizeof(float));
+    return clamp_size(mc, 4 * kern->mr, 1024) / kern->mr * kern->mr;
+}
+
+void coacto_gemm_blocking(coacto_blocking *out)
+{
+    if (!out) return;
+    const cpu_caches *c = cpu_get_caches();
+    const gemm_kernel *kern = gemm_select();
+    out->l1d_bytes = c->l1d_bytes;
+    out->l2_bytes = c->l2_bytes;
+    out->block_k = (int64_t)gemm_block_k(kern);
+    out->block_m = (int64_t)gemm_block_m(kern);
+    out->cache_source = c->source;
+}
 /* The row-outer loop order below: reductions this short (a panel of 16 KiB at most, read from
  * L2 by every row block), whose packed weights fit in this many bytes. */
 #define SMALL_K 128
@@ -203,7 +223,7 @@ void gemm_run_k(const gemm_kernel *kern, size_t m, size_t j0, size_t j1, size_t 
 {
     const size_t mr_max = kern->mr, nr_max = kern->nr;
     const size_t kc_max = gemm_block_k(kern);
-    const size_t mc_max = BLOCK_M / mr_max * mr_max;
+    const size_t mc_max = gemm_block_m(kern);
     assert(j0 % nr_max == 0);
     assert(k0 <= k1 && k1 <= k && (k0 < k1 || k == 0));
     if (m == 0 || j1 <= j0) return;
@@ -224,7 +244,7 @@ void gemm_run_k(const gemm_kernel *kern, size_t m, size_t j0, size_t j1, size_t 
         }
         return;
     }
-    /* Loop order (BLIS): K blocks, then row chunks of BLOCK_M, then (run_block) panels, then MR
+    /* Loop order (BLIS): K blocks, then row chunks of gemm_block_m, then (run_block) panels, then MR
      * row blocks. Later K blocks accumulate into C; only the last applies the epilogue. k == 0
      * still runs once, so C = epilogue(0). */
     size_t kb = k0;
