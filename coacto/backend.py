@@ -14,8 +14,9 @@ and compiles that model instead; the compiled graphs are cached by the inputs fo
 values. A model that compiles with its inputs live is never folded.
 
 Nothing is converted behind the caller's back: inputs and outputs coacto cannot carry (float64,
-float16, integer outputs, ranks above 4) are refused with coacto's error, as ``coacto.compile``
-refuses them.
+float16, integer outputs of values not whole by construction, ranks above 4) are refused with
+coacto's error, as ``coacto.compile`` refuses them. Integer and bool outputs of integer inputs,
+comparisons and casts come back in their declared type, as from onnxruntime.
 """
 from __future__ import annotations
 

@@ -265,3 +265,56 @@ def test_cancelling_the_awaiting_task_stops_the_inference():
         assert isinstance(future.exception(timeout=5), coacto.InferenceCancelled)
         del client.infer_async
         assert_close(client.infer(feeds), ref, rel=1e-5)  # the client goes on
+
+
+def _integer_outputs_model():
+    """A mask-style graph: token ids in, a comparison (bool), its cast (int64), the ids gathered
+    by position (int64) and a float score out."""
+    ids = helper.make_tensor_value_info("ids", TensorProto.INT64, [2, 5])
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 5])
+    outs = [helper.make_tensor_value_info("pad", TensorProto.BOOL, [2, 5]),
+            helper.make_tensor_value_info("keep", TensorProto.INT64, [2, 5]),
+            helper.make_tensor_value_info("firsts", TensorProto.INT64, [2, 2]),
+            helper.make_tensor_value_info("score", TensorProto.FLOAT, [2, 5])]
+    nodes = [
+        helper.make_node("Equal", ["ids", "zero"], ["pad"]),
+        helper.make_node("Not", ["pad"], ["keep_b"]),
+        helper.make_node("Cast", ["keep_b"], ["keep"], to=TensorProto.INT64),
+        helper.make_node("Slice", ["ids", "s0", "s1", "ax"], ["firsts"]),
+        helper.make_node("Cast", ["keep"], ["keep_f"], to=TensorProto.FLOAT),
+        helper.make_node("Mul", ["x", "keep_f"], ["score"]),
+    ]
+    inits = [numpy_helper.from_array(np.array(0, np.int64), "zero"),
+             numpy_helper.from_array(np.array([0], np.int64), "s0"),
+             numpy_helper.from_array(np.array([2], np.int64), "s1"),
+             numpy_helper.from_array(np.array([1], np.int64), "ax")]
+    g = helper.make_graph(nodes, "masks", [ids, x], outs, inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    return m
+
+
+def test_integer_and_bool_outputs_come_back_in_their_type(tmp_path):
+    """As onnxruntime returns them: the dtypes the model declares, equal values, described so by
+    get_outputs(), and kept by a .ctg; a cast of computed floats to an integer type is still
+    refused (coacto computes in float32 and cannot promise the rounding)."""
+    import onnxruntime as ort
+
+    model = _integer_outputs_model()
+    ids = np.array([[5, 0, 7, 0, 1], [0, 3, 3, 9, 0]], np.int64)
+    feeds = {"ids": ids, "x": np.linspace(-1, 1, 10, dtype=np.float32).reshape(2, 5)}
+    ref = ort.InferenceSession(model.SerializeToString(),
+                               providers=["CPUExecutionProvider"]).run(None, feeds)
+    path = coacto.compile(model).save(tmp_path / "m.ctg")
+    with coacto.Runtime(coacto.load(path), threads=1) as rt:
+        got = rt.run(None, feeds)
+        types = [o.type for o in rt.get_outputs()]
+    assert types == ["tensor(bool)", "tensor(int64)", "tensor(int64)", "tensor(float)"]
+    for g, r in zip(got, ref):
+        assert g.dtype == r.dtype and g.shape == r.shape and np.array_equal(g, r)
+
+    bad = helper.make_graph([helper.make_node("Cast", ["x"], ["y"], to=TensorProto.INT64)], "b",
+                            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                            [helper.make_tensor_value_info("y", TensorProto.INT64, [2])])
+    with pytest.raises(coacto.UnsupportedOperatorError, match="casts computed data to int64"):
+        coacto.compile(helper.make_model(bad, opset_imports=[helper.make_opsetid("", 13)]))

@@ -196,7 +196,7 @@ def test_unexpected_failures_inside_the_importer_become_a_model_error(monkeypatc
 
 
 def test_unexpected_failures_inside_the_partitioner_become_a_model_error(monkeypatch):
-    import coacto.partition as part
+    import coacto.partition.rules as part
 
     monkeypatch.setattr(part, "choose_splits", lambda *a, **kw: 1 / 0)
     msg = _compile_error(_conv_model(), ModelError, internal=True)

@@ -21,7 +21,7 @@ from .context import Context
 from .fuse import fuse_layers
 from .fuse_sequence import fuse_sequence_ops
 from .loader import check_names, load_model
-from .values import UNKNOWN, Unsupported, View
+from .values import UNKNOWN, Act, Unsupported, View
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +107,7 @@ class Importer:
             log.warning("ONNX opset %d is outside the tested range %d..%d", self.opset,
                         *SUPPORTED_OPSETS)
         inputs = self._inputs()
+        self.output_dtypes: dict[str, int] = {}
         nodes, used = self._live_nodes()
         # Initializer arrays are dropped after their last reader: the layers hold their own
         # (re-laid, fused) copies, so the model's weights are not held twice more than needed.
@@ -119,7 +120,8 @@ class Importer:
             self._raise_failures()
         layers, inputs, outputs = fuse_layers(self.ctx.layers, inputs, outputs)
         layers, inputs, outputs = fuse_sequence_ops(layers, inputs, outputs)
-        return ir.Graph(layers=layers, inputs=inputs, outputs=outputs)
+        return ir.Graph(layers=layers, inputs=inputs, outputs=outputs,
+                        output_dtypes=self.output_dtypes)
 
     def _raise_failures(self):
         lines = [f"  {name or '(unnamed)'} ({op}): {why}" for name, op, why in self.failures]
@@ -284,10 +286,17 @@ class Importer:
                 continue
             elem = vo.type.tensor_type.elem_type
             if elem not in (0, onnx.TensorProto.FLOAT):
-                self.failures.append((name, "Output", (
-                    f"output {name!r} is {_dtype_name(elem)}; coacto "
-                    f"computes and returns float32 tensors")))
-                continue
+                # Integer and bool outputs of values coacto knows are whole numbers (integer
+                # inputs, comparisons, casts and views of them) come back in their type.
+                if elem in ir.INTEGER_NUMPY_TYPES and isinstance(v, (Act, View)) and \
+                        self.ctx.is_integer(v):
+                    self.output_dtypes[name] = int(elem)
+                else:
+                    self.failures.append((name, "Output", (
+                        f"output {name!r} is {_dtype_name(elem)}; coacto computes float32 "
+                        "tensors and returns integer or bool ones only where the values are "
+                        "whole numbers by construction (integer inputs, comparisons, casts)")))
+                    continue
             if isinstance(v, np.ndarray):
                 raise ModelError(f"graph output {name!r} is a constant (it does not depend on "
                                  "any input); remove it from the model's outputs")
