@@ -98,8 +98,7 @@ class Context(Values):
     def _zero_pad_hint(self, src: Act):
         """(src, (pt, pl, pb, pr)) when the Pad just applied is a zero spatial pad of src."""
         mode, pads, value = self.last_pad
-        if len(src.shape) != 4 or value != 0.0 or any(p < 0 for p in pads):
-            return None
-        if pads[0] or pads[1] or pads[4] or pads[5]:
+        if len(src.shape) != 4 or value != 0.0 or any(p < 0 for p in pads) or \
+                pads[0] or pads[1] or pads[4] or pads[5]:
             return None
         return (src, (pads[2], pads[3], pads[6], pads[7]))

@@ -22,14 +22,10 @@ def _constant(ctx, ins):
     a = ctx.attrs
     if "value" in a:
         return [np.asarray(a["value"])]
-    if "value_float" in a:
-        return [np.array(a["value_float"], dtype=np.float32)]
-    if "value_floats" in a:
-        return [np.array(a["value_floats"], dtype=np.float32)]
-    if "value_int" in a:
-        return [np.array(a["value_int"], dtype=np.int64)]
-    if "value_ints" in a:
-        return [np.array(a["value_ints"], dtype=np.int64)]
+    for key, dtype in (("value_float", np.float32), ("value_floats", np.float32),
+                       ("value_int", np.int64), ("value_ints", np.int64)):
+        if key in a:
+            return [np.array(a[key], dtype=dtype)]
     raise Unsupported(f"Constant with {sorted(a)} is not supported")
 
 

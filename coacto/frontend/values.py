@@ -242,8 +242,7 @@ class Values:
         if not 1 <= len(shape) <= 4:
             raise Unsupported(f"its input has rank {len(shape)}; coacto computes on tensors of "
                               "rank 1 to 4")
-        rank = len(shape)
-        tries = [layout] if layout else ([LAST, CHANNELS] if rank > 2 else [CHANNELS])
+        tries = [layout] if layout else ([LAST, CHANNELS] if len(shape) > 2 else [CHANNELS])
         a = self._zero_copy(v, tries)
         if a is not None and self._is_canonical(a):
             v.acts[key] = a
@@ -261,8 +260,7 @@ class Values:
         if isinstance(v, View):
             if v.acts:
                 return next(iter(v.acts.values()))
-            shape = tuple(v.index.shape)
-            a = self._zero_copy(v, [LAST, CHANNELS] if len(shape) > 2 else [CHANNELS])
+            a = self._zero_copy(v, [LAST, CHANNELS] if v.index.ndim > 2 else [CHANNELS])
             if a is not None:
                 v.acts[""] = a
                 return a
@@ -287,9 +285,7 @@ class Values:
             if self._is_canonical(v, want):
                 return v
             return self.materialize(self.as_view(v), want)
-        if isinstance(v, np.ndarray):
-            raise Unsupported("its data input is a constant; coacto computes on inputs")
-        raise Unsupported("input has no known value")
+        return self.resolve(v)  # neither: refused there
 
     def act_as(self, v, shape, layout: str | None = None) -> Act:
         """The value (same elements, ONNX order) as a layer input of ONNX shape ``shape``."""

@@ -16,7 +16,8 @@ from .matmul import transpose_last2
 
 
 def _window(ctx, sizes, kernel, ceil_mode=False):
-    """Strides, dilations, begin/end pads and output sizes of a conv / pool window."""
+    """A conv / pool window's attributes (kh, kw, sh, sw, pt, pl, pb, pr, dh, dw; 1-D windows as
+    2-D ones, H = 1) and output sizes."""
     d = len(sizes)
     strides = list(ctx.attr("strides", [1] * d))
     dil = list(ctx.attr("dilations", [1] * d))
@@ -52,7 +53,12 @@ def _window(ctx, sizes, kernel, ceil_mode=False):
         begin.append(b)
         end.append(e)
         out.append(o)
-    return strides, dil, begin, end, out
+    kh, kw = _as_2d(kernel, 1)
+    sh, sw = _as_2d(strides, 1)
+    dh, dw = _as_2d(dil, 1)
+    pt, pl = _as_2d(begin, 0)
+    pb, pr = _as_2d(end, 0)
+    return dict(kh=kh, kw=kw, sh=sh, sw=sw, pt=pt, pl=pl, pb=pb, pr=pr, dh=dh, dw=dw), out
 
 
 def _check_window(kernel, strides, dil, pads, d: int) -> None:
@@ -101,7 +107,6 @@ def _as_2d(vals, fill):
 def _conv(ctx, ins):
     x = ins[0]
     w = np.asarray(ctx.const(ins[1], "the weight input W"), dtype=np.float32)
-    bias = ins[2] if len(ins) > 2 else None
     if w.ndim not in (3, 4):
         raise Unsupported(f"{w.ndim - 2}-D convolution; coacto runs 1-D and 2-D convolutions")
     extra = (0, 0, 0, 0)
@@ -124,21 +129,21 @@ def _conv(ctx, ins):
         raise ShapeError(f"group {group} (must be at least 1)")
     if c != cin_g * group or m % group:
         raise ShapeError(f"{c} input channels, weights {w.shape} and group {group} do not match")
-    strides, dil, begin, end, out = _window(ctx, sizes, kernel)
+    attrs, out = _window(ctx, sizes, kernel)
     _check_taps(n, out, kernel)
-    sh, sw = _as_2d(strides, 1)
-    dh, dw = _as_2d(dil, 1)
-    pt, pl = _as_2d(begin, 0)
-    pb, pr = _as_2d(end, 0)
-    kh, kw = _as_2d(kernel, 1)
-    wt = conv_weights(w.reshape(m, cin_g, kh, kw), group)
-    b = np.zeros(m, np.float32) if bias is None else \
-        np.asarray(ctx.const(bias, "the bias input B"), np.float32).reshape(m)
-    attrs = dict(kh=kh, kw=kw, sh=sh, sw=sw, pt=pt + extra[0], pl=pl + extra[1],
-                 pb=pb + extra[2], pr=pr + extra[3], dh=dh, dw=dw, group=group,
-                 act=ir.ACT_NONE, alpha=0.0, beta=0.0)
+    for key, e in zip(("pt", "pl", "pb", "pr"), extra):
+        attrs[key] += e
+    wt = conv_weights(w.reshape(m, cin_g, attrs["kh"], attrs["kw"]), group)
+    attrs.update(group=group, act=ir.ACT_NONE, alpha=0.0, beta=0.0)
     return [ctx.emit(ctx.node_name, "CONV", [x.layer], (n, m, *out), attrs,
-                     {"w": wt, "b": b.copy()})]
+                     {"w": wt, "b": _bias(ctx, ins, m)})]
+
+
+def _bias(ctx, ins, m: int) -> np.ndarray:
+    """A convolution's bias (input 2; zeros without one), float32."""
+    if len(ins) < 3 or ins[2] is None:
+        return np.zeros(m, np.float32)
+    return np.asarray(ctx.const(ins[2], "the bias input B"), np.float32).reshape(m).copy()
 
 
 @op("ConvTranspose")
@@ -187,13 +192,12 @@ def _conv_transpose(ctx, ins):
     stuffed = ctx.act(View(view.srcs, np.ascontiguousarray(index), 0.0,
                            ctx.node_name + "/stuffed"), CHANNELS)
     wc = np.ascontiguousarray(w.transpose(1, 0, 2, 3)[:, :, ::-1, ::-1])
-    b = np.zeros(m, np.float32) if len(ins) < 3 or ins[2] is None else \
-        np.asarray(ctx.const(ins[2], "the bias input B"), np.float32).reshape(m)
+    b = _bias(ctx, ins, m)
     attrs = dict(kh=kh, kw=kw, sh=1, sw=1, pt=0, pl=0, pb=0, pr=0, dh=1, dw=1, group=1,
                  act=ir.ACT_NONE, alpha=0.0, beta=0.0)
     out = (n, m, len(rows) - kh + 1, len(cols) - kw + 1)
     return [ctx.emit(ctx.node_name, "CONV", [stuffed.layer], out, attrs,
-                     {"w": conv_weights(wc, 1), "b": b.copy()})]
+                     {"w": conv_weights(wc, 1), "b": b})]
 
 
 def _pool(kind):
@@ -209,16 +213,9 @@ def _pool(kind):
             raise ShapeError(f"kernel_shape {kernel} for an input of shape {x.shape}")
         if kind == ir.POOL_AVG and ctx.attr("dilations", None) not in (None, [1] * len(kernel)):
             raise Unsupported("AveragePool with dilations")
-        strides, dil, begin, end, out = _window(ctx, list(x.shape[2:]), kernel,
-                                                bool(ctx.attr("ceil_mode", 0)))
+        window, out = _window(ctx, list(x.shape[2:]), kernel, bool(ctx.attr("ceil_mode", 0)))
         _check_taps(x.shape[0], out, kernel)
-        kh, kw = _as_2d(kernel, 1)
-        sh, sw = _as_2d(strides, 1)
-        dh, dw = _as_2d(dil, 1)
-        pt, pl = _as_2d(begin, 0)
-        pb, pr = _as_2d(end, 0)
-        attrs = dict(kind=kind, kh=kh, kw=kw, sh=sh, sw=sw, pt=pt, pl=pl, pb=pb, pr=pr, dh=dh,
-                     dw=dw, count_include_pad=int(ctx.attr("count_include_pad", 0)))
+        attrs = dict(kind=kind, **window, count_include_pad=int(ctx.attr("count_include_pad", 0)))
         return [ctx.emit(ctx.node_name, "POOL", [x.layer], (*x.shape[:2], *out), attrs)]
     return run
 

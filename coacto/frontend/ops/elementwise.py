@@ -59,29 +59,29 @@ def _per_row_input(ctx, x):
     return ctx.act_rows(x)
 
 
-def _activation(act, alpha_attr=None, alpha=0.0, beta_attr=None, beta=0.0):
+def _activation(act, alpha_attr=None, alpha=0.0, beta_attr=None, beta=0.0, kind=None):
+    """``kind`` "bool": the result is one (IsNaN); "int": the result of an integer input is one
+    (Abs, Floor, Ceil, Round, Sign give integers of integers, so casts of it to integer types
+    remain the identity)."""
     def run(ctx, ins):
-        x = ins[0]
-        if isinstance(x, np.ndarray):
+        if isinstance(ins[0], np.ndarray):  # refused before the attributes are read
             raise Unsupported("its data input is a constant; coacto computes on inputs")
+        mark = kind == "bool" or (kind == "int" and ctx.is_integer(ins[0]))
         a = ctx.attr(alpha_attr, alpha) if alpha_attr else alpha
         b = ctx.attr(beta_attr, beta) if beta_attr else beta
-        return [affine(ctx, x, 1.0, 0.0, act, a, b)]
+        y = affine(ctx, ins[0], 1.0, 0.0, act, a, b)
+        if mark:  # y may be a view of the layer computed (see _through_view)
+            for li in (y.srcs if isinstance(y, View) else [y.layer]):
+                ctx.kinds[li] = kind
+        return [y]
     return run
 
 
-def _integer_preserving(act):
-    """Abs, Floor, Ceil, Round, Sign: of integers they give integers, so a result of an integer
-    input stays one (casts of it to integer types remain the identity)."""
-    def run(ctx, ins):
-        x = ins[0]
-        integer = ctx.is_integer(x)
-        y = _activation(act)(ctx, ins)
-        if integer:
-            for li in (y[0].srcs if isinstance(y[0], View) else [y[0].layer]):
-                ctx.kinds[li] = "int"
-        return y
-    return run
+def _clip_act(ctx, x, lo, hi):
+    """``clip(x, lo, hi)``: a ReLU when that is what it is."""
+    if lo == 0.0 and hi == np.inf:
+        return affine(ctx, x, 1.0, 0.0, ir.ACT_RELU)
+    return affine(ctx, x, 1.0, 0.0, ir.ACT_CLIP, lo, hi)
 
 
 @op("Celu")
@@ -93,11 +93,7 @@ def _celu(ctx, ins):
 
 @op("Clip")
 def _clip(ctx, ins):
-    x = ins[0]
-    lo, hi = clip_bounds(ctx, ins)
-    if lo == 0.0 and hi == np.inf:
-        return [affine(ctx, x, 1.0, 0.0, ir.ACT_RELU)]
-    return [affine(ctx, x, 1.0, 0.0, ir.ACT_CLIP, lo, hi)]
+    return [_clip_act(ctx, ins[0], *clip_bounds(ctx, ins))]
 
 
 @op("PRelu")
@@ -115,37 +111,30 @@ def _min_max(ctx, ins):
     acts = [v for v in ins if v is not None and not isinstance(v, np.ndarray)]
     kind = ir.BIN_MAX if ctx.node.op_type == "Max" else ir.BIN_MIN
     if len(acts) != 1 or any(np.asarray(k).size != 1 for k in consts):
-        vals = [v for v in ins if v is not None]
-        acc = vals[0]
-        for i, v in enumerate(vals[1:]):
-            last = i == len(vals) - 2
-            acc = binary_values(ctx, acc, v, kind,
-                                ctx.node_name if last else f"{ctx.node_name}/{i}")
-        return [acc]
+        return [_chain(ctx, [v for v in ins if v is not None], kind, "")]
     x = ctx.resolve(acts[0])
     bound = [float(np.asarray(k).reshape(())) for k in consts]
     if ctx.node.op_type == "Max":
         lo, hi = (max(bound) if bound else -np.inf), np.inf
     else:
         lo, hi = -np.inf, (min(bound) if bound else np.inf)
-    if lo == 0.0 and hi == np.inf:
-        return [affine(ctx, x, 1.0, 0.0, ir.ACT_RELU)]
-    return [affine(ctx, x, 1.0, 0.0, ir.ACT_CLIP, lo, hi)]
+    return [_clip_act(ctx, x, lo, hi)]
+
+
+def _chain(ctx, vals, kind, prefix, last_named=True):
+    """``vals[0] OP vals[1] OP ...``: the layers named ``node/<prefix><i>``, the last one after
+    the node itself unless ``last_named`` is False."""
+    acc = vals[0]
+    for i, v in enumerate(vals[1:]):
+        last = last_named and i == len(vals) - 2
+        acc = binary_values(ctx, acc, v, kind,
+                            ctx.node_name if last else f"{ctx.node_name}/{prefix}{i}")
+    return acc
 
 
 @op("Neg")
 def _neg(ctx, ins):
     return [affine(ctx, ins[0], -1.0, 0.0)]
-
-
-def _unary(act, kind=None):
-    def run(ctx, ins):
-        y = affine(ctx, ins[0], 1.0, 0.0, act)
-        if kind:  # y may be a view of the layer computed (see _through_view)
-            for li in (y.srcs if isinstance(y, View) else [y.layer]):
-                ctx.kinds[li] = kind
-        return [y]
-    return run
 
 
 @op("Gelu")
@@ -199,25 +188,14 @@ def binary_values(ctx, a, b, kind, name):
         const_first = isinstance(a, np.ndarray)
         k, x = (a, b) if const_first else (b, a)
         k = np.asarray(k, np.float64)
-        if k.size == 1 and out == shape_of(x) and kind <= ir.BIN_DIV and \
-                not (kind == ir.BIN_DIV and const_first):  # a scalar: an affine of any storage
-            v = float(k.reshape(-1)[0])
-            scale, shift = {ir.BIN_ADD: (1.0, v), ir.BIN_SUB: (-1.0, v) if const_first else
-                            (1.0, -v), ir.BIN_MUL: (v, 0.0), ir.BIN_DIV: (np.float64(1.0) / np.float64(v), 0.0)}[kind]
-            return affine(ctx, x, scale, shift, name=name)
+        as_affine = kind <= ir.BIN_DIV and not (kind == ir.BIN_DIV and const_first)
+        if as_affine and k.size == 1 and out == shape_of(x):  # a scalar: an affine of any storage
+            return affine(ctx, x, *_affine_of(kind, k.reshape(-1)[0], const_first), name=name)
         x = ctx.resolve(x)
-        if out == x.shape and k.ndim <= len(out) and kind <= ir.BIN_DIV:
+        if as_affine and out == x.shape and k.ndim <= len(out):
             vec = _per_row(k, len(out), row_axis(len(out), ctx.layout_of(x)))
-            if vec is not None and not (kind == ir.BIN_DIV and const_first):
-                if kind == ir.BIN_ADD:
-                    scale, shift = 1.0, vec
-                elif kind == ir.BIN_SUB:
-                    scale, shift = (-1.0, vec) if const_first else (1.0, -vec)
-                elif kind == ir.BIN_MUL:
-                    scale, shift = vec, 0.0
-                else:
-                    scale, shift = 1.0 / vec, 0.0
-                return affine(ctx, x, scale, shift, name=name)
+            if vec is not None:
+                return affine(ctx, x, *_affine_of(kind, vec, const_first), name=name)
         y = emit_binary_const(ctx, x, k, kind, const_first, out, name)
     else:
         y = _binary_acts(ctx, a, b, kind, out, name)
@@ -240,6 +218,18 @@ def _binary_acts(ctx, a, b, kind, out, name):
     xa = ctx.act_as(xa, (1,) * (r - len(xa.shape)) + xa.shape, lay)
     xb = ctx.act_as(xb, (1,) * (r - len(xb.shape)) + xb.shape, lay)
     return ctx.emit(name, "BINARY", [xa.layer, xb.layer], out, attrs, layout=lay)
+
+
+def _affine_of(kind, k, const_first):
+    """(scale, shift) of ``x OP k`` (``k OP x`` when const_first) for Add, Sub, Mul, Div; k a
+    float64 scalar or per-row vector."""
+    if kind == ir.BIN_ADD:
+        return 1.0, k
+    if kind == ir.BIN_SUB:
+        return (-1.0, k) if const_first else (1.0, -k)
+    if kind == ir.BIN_MUL:
+        return k, 0.0
+    return 1.0 / k, 0.0
 
 
 def _per_row(k: np.ndarray, rank: int, axis: int):
@@ -282,24 +272,18 @@ def _logical(ctx, ins):
 @op("Sum", "Mean")
 def _sum(ctx, ins):
     vals = [v for v in ins if v is not None]
-    name = ctx.node_name
-    acc = vals[0]
-    for i, v in enumerate(vals[1:]):
-        last = i == len(vals) - 2 and ctx.node.op_type == "Sum"
-        acc = binary_values(ctx, acc, v, ir.BIN_ADD, name if last else f"{name}/add{i}")
+    acc = _chain(ctx, vals, ir.BIN_ADD, "add", ctx.node.op_type == "Sum")
     if ctx.node.op_type == "Mean" and len(vals) > 1:
-        acc = affine(ctx, acc, 1.0 / len(vals), 0.0, name=name)
+        acc = affine(ctx, acc, 1.0 / len(vals), 0.0, name=ctx.node_name)
     return [acc]
 
 
 @op("Pow")
 def _pow(ctx, ins):
     """x ** e: e = 1 is x, 2 is x * x, 0.5 a square root, others BINARY POW."""
-    if not isinstance(ins[1], np.ndarray):
+    if not isinstance(ins[1], np.ndarray) or ins[1].size != 1 or isinstance(ins[0], np.ndarray):
         return _binary(ctx, ins)
     e = np.asarray(ins[1], np.float64).reshape(-1)
-    if e.size != 1 or isinstance(ins[0], np.ndarray):
-        return _binary(ctx, ins)
     x = ctx.resolve(ins[0])
     if e[0] == 1.0:
         return [x]
@@ -356,10 +340,10 @@ register("compute", {
                         1.05070102214813232421875),
     "Softplus": _activation(ir.ACT_SOFTPLUS), "Softsign": _activation(ir.ACT_SOFTSIGN),
     "ThresholdedRelu": _activation(ir.ACT_THRESHOLDED_RELU, "alpha", 1.0),
-    "Abs": _integer_preserving(ir.ACT_ABS), "Floor": _integer_preserving(ir.ACT_FLOOR),
-    "Ceil": _integer_preserving(ir.ACT_CEIL), "Round": _integer_preserving(ir.ACT_ROUND),
-    "Sign": _integer_preserving(ir.ACT_SIGN), "Log": _activation(ir.ACT_LOG),
-    "Erf": _unary(ir.ACT_ERF), "Sqrt": _unary(ir.ACT_SQRT),
-    "Reciprocal": _unary(ir.ACT_RECIPROCAL), "Exp": _unary(ir.ACT_EXP),
-    "IsNaN": _unary(ir.ACT_ISNAN, "bool"),
+    "Abs": _activation(ir.ACT_ABS, kind="int"), "Floor": _activation(ir.ACT_FLOOR, kind="int"),
+    "Ceil": _activation(ir.ACT_CEIL, kind="int"), "Round": _activation(ir.ACT_ROUND, kind="int"),
+    "Sign": _activation(ir.ACT_SIGN, kind="int"), "Log": _activation(ir.ACT_LOG),
+    "Erf": _activation(ir.ACT_ERF), "Sqrt": _activation(ir.ACT_SQRT),
+    "Reciprocal": _activation(ir.ACT_RECIPROCAL), "Exp": _activation(ir.ACT_EXP),
+    "IsNaN": _activation(ir.ACT_ISNAN, kind="bool"),
 })

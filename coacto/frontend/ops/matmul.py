@@ -39,7 +39,6 @@ def fc(ctx, a, bmat: np.ndarray, bias, name=None):
     name = name or ctx.node_name
     conv = dict(sh=1, sw=1, pt=0, pl=0, pb=0, pr=0, dh=1, dw=1, group=1, act=ir.ACT_NONE,
                 alpha=0.0, beta=0.0)
-    y = None
     flat = _flatten_of_layer(ctx, a, f)
     if flat is not None:
         src, perm = flat
@@ -52,8 +51,6 @@ def fc(ctx, a, bmat: np.ndarray, bias, name=None):
         n_rows = n
     else:
         shp = shape_of(a)
-        if len(shp) < 1:
-            raise Unsupported("matrix product of a scalar")
         x = ctx.act_rows(a)
         if shp[-1] != f:
             raise ShapeError(f"input of {shp[-1]} features for a weight matrix of shape "
@@ -121,9 +118,7 @@ def matmul_shape(sa, sb) -> tuple[int, ...]:
 
 @op("MatMul")
 def _matmul(ctx, ins):
-    a, b = ins[0], ins[1]
-    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
-        return [np.matmul(a, b)]
+    a, b = ins[0], ins[1]  # not both constants: MatMul folds first
     if isinstance(b, np.ndarray):
         return [_matmul_const_b(ctx, a, b)]
     if isinstance(a, np.ndarray):
