@@ -1,4 +1,7 @@
-"""Fusions on an imported layer list, before partitioning.
+"""Fusions on an imported layer list, before partitioning: the importer runs ``fuse_layers``, then
+``fuse_sequence_ops`` (which ends with ``fuse_layers`` again).
+
+``fuse_layers``:
 
 - AFFINE (BatchNormalization, per-channel Mul / Add) into the preceding CONV: scaled weights and
   bias; into a preceding AFFINE without activation or a LAYERNORM: one affine;
@@ -7,12 +10,41 @@
 
 A producer is fused only when the fused layer is its single consumer and it is not a graph output.
 Then dead layers (not reaching an output; inputs stay) are dropped and indices renumbered.
+
+``fuse_sequence_ops``, for sequence models:
+
+- layer normalisation written out (ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div, Mul, Add, as
+  exporters before opset 17 write it) -> one LAYERNORM;
+- GELU written out (with Erf, or the tanh approximation, in any order of its products): any chain
+  of elementwise layers with scalar constants that reads one tensor and *computes* GELU of it,
+  checked numerically on probe values, becomes one GELU activation (then fused into the
+  producing layer by ``fuse_layers``);
+- attention epilogues into the MATMUL of the scores: a scalar scale, a constant causal selection
+  (``Where(tril, scores, fill)``, or the addition of a constant that is 0 on and below a diagonal
+  and a huge negative value above), the additive mask;
+- a Transpose + Reshape that puts the heads of an attention context side by side (a GATHER of the
+  whole MATMUL output) -> the MATMUL writes that arrangement itself (out_mode 1);
+- a context MATMUL whose probabilities are the softmax of causal scores sums over the kept keys
+  only (causal 2): the other probabilities are exactly zero, so its tiles need only the values of
+  earlier tokens, and half the work goes;
+- a GATHER that only copies (the same storage under another grouping of columns, as a
+  ``Reshape(-1, D) -> Gemm -> Reshape(B, S, D)`` leaves before a residual addition): the layers
+  computing its input take its grouping of columns instead, when all they compute is per column.
+
+Each pattern's final layer is replaced in place (its consumers keep their references); the layers it
+absorbed lose their consumers and are pruned.
 """
 from __future__ import annotations
+
+import heapq
 
 import numpy as np
 
 from .. import ir
+
+#: A constant added to scores counts as a causal mask when its masked value is at most this: x + c
+#: then rounds to c for every |x| below 1e22, so filling with c is exact for any real score.
+HUGE_NEGATIVE = -1e30
 
 
 def fuse_layers(layers: list[ir.Layer], inputs: dict[str, int], outputs: dict[str, int]):
@@ -61,8 +93,7 @@ def fuse_layers(layers: list[ir.Layer], inputs: dict[str, int], outputs: dict[st
                                      shape=conv.shape, attrs=dict(conv.attrs),
                                      weights=conv.weights, onnx_shape=layer.onnx_shape,
                                      layout=layer.layout)
-                    for key in ("act", "alpha", "beta"):
-                        fused.attrs[key] = layer.attrs[key]
+                    _set_act(fused, layer)
                     layers[j] = fused
                     alive[c] = False
                     break
@@ -94,10 +125,6 @@ def prune_layers(layers, inputs, outputs, alive=None):
             {k: new_index[v] for k, v in outputs.items()})
 
 
-def _is_pure_activation(layer: ir.Layer) -> bool:
-    return bool(np.all(layer.weights["scale"] == 1.0) and np.all(layer.weights["shift"] == 0.0))
-
-
 def _set_act(producer: ir.Layer, affine: ir.Layer) -> None:
     for key in ("act", "alpha", "beta"):
         producer.attrs[key] = affine.attrs[key]
@@ -113,15 +140,14 @@ def _clip_range(attrs):
 
 def _fold_affine(producer: ir.Layer, affine: ir.Layer) -> bool:
     """Folds ``affine`` into ``producer`` when possible (returns whether it did)."""
+    scale = affine.weights["scale"].astype(np.float64)
+    shift = affine.weights["shift"].astype(np.float64)
     if producer.op == "LAYERNORM" and affine.attrs["act"] == ir.ACT_NONE:
-        scale = affine.weights["scale"].astype(np.float64)
-        producer.weights["scale"] = (producer.weights["scale"] * scale).astype(np.float32)
-        shift = producer.weights["shift"] * scale + affine.weights["shift"]
-        producer.weights["shift"] = shift.astype(np.float32)
+        _compose(producer, scale, shift)
         return True
     if producer.op not in ("CONV", "AFFINE", "BINARY"):
         return False
-    pure = _is_pure_activation(affine)
+    pure = bool(np.all(scale == 1.0) and np.all(shift == 0.0))
     if producer.attrs["act"] != ir.ACT_NONE:
         # clip(clip(x, a, b), c, d) = clip(x, max(a, c), min(b, d)) when the ranges overlap
         r1, r2 = _clip_range(producer.attrs), _clip_range(affine.attrs)
@@ -135,8 +161,6 @@ def _fold_affine(producer: ir.Layer, affine: ir.Layer) -> bool:
         if producer.attrs["act"] == ir.ACT_RELU:
             producer.attrs.update(alpha=0.0, beta=0.0)
         return True
-    scale = affine.weights["scale"].astype(np.float64)
-    shift = affine.weights["shift"].astype(np.float64)
     if producer.op == "CONV":
         if not pure:
             if len(producer.inputs) > 1:  # the residual would be scaled too
@@ -148,10 +172,428 @@ def _fold_affine(producer: ir.Layer, affine: ir.Layer) -> bool:
             producer.weights["b"] = (producer.weights["b"] * scale + shift).astype(np.float32)
     elif producer.op == "AFFINE":
         if not pure:
-            producer.weights["scale"] = (producer.weights["scale"] * scale).astype(np.float32)
-            shift = producer.weights["shift"] * scale + shift
-            producer.weights["shift"] = shift.astype(np.float32)
+            _compose(producer, scale, shift)
     elif not pure:  # BINARY takes activations only
         return False
     _set_act(producer, affine)
     return True
+
+
+def _compose(producer: ir.Layer, scale, shift) -> None:
+    """The producer's scale and shift (AFFINE, LAYERNORM), then ``scale`` and ``shift``, as one."""
+    producer.weights["scale"] = (producer.weights["scale"] * scale).astype(np.float32)
+    producer.weights["shift"] = (producer.weights["shift"] * scale + shift).astype(np.float32)
+
+
+def fuse_sequence_ops(layers: list[ir.Layer], inputs: dict[str, int], outputs: dict[str, int]):
+    outs = set(outputs.values())
+    for fuse in (_fuse_layernorm, _fuse_gelu, _fuse_matmul_epilogues, _fuse_heads_merge,
+                 _fuse_causal_context, _drop_regrouping_copies):
+        fuse(layers, _consumers(layers, outputs), outs)
+        layers, inputs, outputs = prune_layers(layers, inputs, outputs)
+        outs = set(outputs.values())
+    return fuse_layers(layers, inputs, outputs)
+
+
+def _consumers(layers, outputs):
+    """Per layer, the set of live layers reading it (reachable from an output)."""
+    live = [False] * len(layers)
+    for i in outputs.values():
+        live[i] = True
+    for j in range(len(layers) - 1, -1, -1):
+        if live[j]:
+            for p in layers[j].inputs:
+                live[p] = True
+    cons: list[set] = [set() for _ in layers]
+    for j, layer in enumerate(layers):
+        if live[j]:
+            for p in layer.inputs:
+                cons[p].add(j)
+    return cons
+
+
+def _replace(layers, j, layer: ir.Layer) -> None:
+    """Layer j becomes ``layer`` with j's name, shapes and layout (its consumers read it on)."""
+    old = layers[j]
+    layer.name, layer.shape, layer.onnx_shape, layer.layout = \
+        old.name, old.shape, old.onnx_shape, old.layout
+    layers[j] = layer
+
+
+def _only(cons, p, j, outs) -> bool:
+    return cons[p] == {j} and p not in outs
+
+
+def _scalar(a: np.ndarray):
+    a = np.asarray(a).reshape(-1)
+    return float(a[0]) if a.size and np.all(a == a[0]) else None
+
+
+# ------------------------------------------------------------------------------------ LayerNorm
+
+def _is(layers, i, op, **attrs) -> bool:
+    layer = layers[i]
+    return layer.op == op and all(layer.attrs.get(k) == v for k, v in attrs.items())
+
+
+def _fuse_layernorm(layers, cons, outs):
+    for y in range(len(layers)):
+        found = _layernorm_at(layers, cons, outs, y)
+        if found is not None:
+            x, eps, scale, shift = found
+            c = layers[x].rows
+            weights = {"scale": np.broadcast_to(np.asarray(scale, np.float32), (c,)).copy(),
+                       "shift": np.broadcast_to(np.asarray(shift, np.float32), (c,)).copy()}
+            _replace(layers, y, ir.Layer("", "LAYERNORM", [x], layers[y].shape,
+                                         {"eps": float(eps)}, weights))
+
+
+def _layernorm_at(layers, cons, outs, y):
+    """(x, eps, scale, shift) when layer y ends a written-out layer normalisation of x."""
+    scale, shift = 1.0, 0.0
+    n = y
+    if _is(layers, y, "AFFINE", act=ir.ACT_NONE) and layers[layers[y].inputs[0]].op == "BINARY":
+        n = layers[y].inputs[0]
+        if not _only(cons, n, y, outs):
+            return None
+        scale, shift = layers[y].weights["scale"], layers[y].weights["shift"]
+    L = layers[n]
+    if L.op != "BINARY" or len(L.inputs) != 2 or L.attrs["act"] != ir.ACT_NONE:
+        return None
+    d, s = L.inputs
+    if L.attrs["kind"] == ir.BIN_MUL and _is(layers, s, "AFFINE", act=ir.ACT_RECIPROCAL) and \
+            _scalar(layers[s].weights["scale"]) == 1.0 and \
+            _scalar(layers[s].weights["shift"]) == 0.0 and _only(cons, s, n, outs):
+        r, s = s, layers[s].inputs[0]  # d * (1 / sqrt(v + eps))
+        if not _only(cons, s, r, outs):
+            return None
+    elif L.attrs["kind"] == ir.BIN_DIV and _only(cons, s, n, outs):
+        pass  # d / sqrt(v + eps)
+    else:
+        return None
+    S = layers[s]
+    if S.op != "AFFINE" or S.attrs["act"] != ir.ACT_SQRT or _scalar(S.weights["scale"]) != 1.0:
+        return None
+    eps = _scalar(S.weights["shift"])
+    v = S.inputs[0]
+    if eps is None or eps < 0 or not _is(layers, v, "ROW_REDUCE", kind=ir.REDUCE_MEAN) or \
+            not _only(cons, v, s, outs):
+        return None
+    q = layers[v].inputs[0]
+    if not (_is(layers, q, "BINARY", kind=ir.BIN_MUL, act=ir.ACT_NONE)
+            and layers[q].inputs == [d, d] and _only(cons, q, v, outs)):
+        return None
+    D = layers[d]
+    if not (D.op == "BINARY" and D.attrs["kind"] == ir.BIN_SUB and D.attrs["act"] == ir.ACT_NONE
+            and len(D.inputs) == 2 and cons[d] == {q, n} and d not in outs):
+        return None
+    x, m = D.inputs
+    if not (_is(layers, m, "ROW_REDUCE", kind=ir.REDUCE_MEAN) and layers[m].inputs == [x]
+            and _only(cons, m, d, outs) and D.shape == layers[x].shape == layers[y].shape):
+        return None
+    return x, eps, scale, shift
+
+
+# ----------------------------------------------------------------------------------------- GELU
+
+_PROBE = np.linspace(-10.0, 10.0, 401)
+
+
+def _elementwise_scalar(layer: ir.Layer) -> bool:
+    """An elementwise layer whose constants are one scalar each (GELU's building blocks)."""
+    if layer.op == "AFFINE":
+        return _scalar(layer.weights["scale"]) is not None and \
+            _scalar(layer.weights["shift"]) is not None
+    if layer.op == "BINARY":
+        return len(layer.inputs) == 2 or np.asarray(layer.weights["k"]).size == 1
+    return False
+
+
+def _fuse_gelu(layers, cons, outs):
+    from ..reference import activation
+
+    for y in range(len(layers)):
+        if layers[y].op not in ("AFFINE", "BINARY") or not _elementwise_scalar(layers[y]):
+            continue
+        group = {y}
+        # Absorb producers used by the group only, latest first (a producer is decided after
+        # every consumer that could join).
+        heap = [-p for p in set(layers[y].inputs)]
+        heapq.heapify(heap)
+        seen = set()
+        while heap:
+            p = -heapq.heappop(heap)
+            if p in seen:
+                continue
+            seen.add(p)
+            if p not in outs and cons[p] and cons[p] <= group and \
+                    _elementwise_scalar(layers[p]) and layers[p].shape == layers[y].shape:
+                group.add(p)
+                for q in layers[p].inputs:
+                    heapq.heappush(heap, -q)
+        external = {p for j in group for p in layers[j].inputs if p not in group}
+        if len(group) < 2 or len(external) != 1:
+            continue
+        x = external.pop()
+        if layers[x].shape != layers[y].shape:
+            continue
+        f = _evaluate(layers, sorted(group), x, _PROBE)
+        for act in (ir.ACT_GELU, ir.ACT_GELU_TANH):
+            want = activation(_PROBE, act)
+            if f is not None and np.all(np.abs(f - want) <= 1e-5 * (1.0 + np.abs(want))):
+                c = layers[x].rows
+                _replace(layers, y, ir.Layer("", "AFFINE", [x], layers[y].shape,
+                                             dict(act=act, alpha=0.0, beta=0.0),
+                                             {"scale": np.ones(c, np.float32),
+                                              "shift": np.zeros(c, np.float32)}))
+                for j in group - {y}:
+                    cons[x].discard(j)
+                cons[x].add(y)
+                break
+
+
+def _evaluate(layers, order, x, probe):
+    """The group's function of x on probe values (float64), or None where it is not defined."""
+    from ..reference import _BIN, activation
+
+    vals = {x: probe}
+    with np.errstate(all="ignore"):
+        for j in order:
+            L = layers[j]
+            a = L.attrs
+            if L.op == "AFFINE":
+                v = vals[L.inputs[0]] * _scalar(L.weights["scale"]) + _scalar(L.weights["shift"])
+            else:
+                u = vals[L.inputs[0]]
+                w = vals[L.inputs[1]] if len(L.inputs) == 2 else _scalar(L.weights["k"])
+                u, w = (w, u) if len(L.inputs) == 1 and a.get("const_first") else (u, w)
+                v = _BIN[a["kind"]](u, w)
+            vals[j] = activation(np.asarray(v, np.float64), a.get("act", ir.ACT_NONE),
+                                 a.get("alpha", 0.0), a.get("beta", 0.0))
+    out = vals[order[-1]]
+    return out if np.all(np.isfinite(out)) else None
+
+
+# --------------------------------------------------------------------------- attention epilogues
+
+def _matmul_storage_axes(mm: ir.Layer):
+    """For each logical axis (b0, b1, i, j) of a MATMUL in out_mode 0, its (N, C, H, W) axis."""
+    a = mm.attrs
+    b0, b1, m, n = a["batch0"], a["batch1"], a["m"], a["n"]
+    if mm.shape == (b0, n, b1, m):
+        return (0, 2, 3, 1)
+    if (b0, b1) == (1, 1) and mm.shape == (m, n, 1, 1):
+        return (None, None, 0, 1)
+    return None
+
+
+def _causal_offset(keep: np.ndarray):
+    """The offset o with keep[i, j] == (j <= i + o), or None."""
+    m, n = keep.shape
+    o = int(keep[-1].sum()) - 1 - (m - 1)
+    if keep.all() or not keep.any():
+        return None
+    want = np.arange(n)[None, :] <= np.arange(m)[:, None] + o
+    return o if np.array_equal(keep, want) else None
+
+
+def _logical(mm: ir.Layer, k4: np.ndarray) -> np.ndarray:
+    """A constant given like the MATMUL's output (N, C, H, W, broadcast) as (b0, b1, i, j)."""
+    a = mm.attrs
+    full = np.broadcast_to(k4, mm.shape)
+    flat = ir.internal_to_storage(np.ascontiguousarray(full))
+    return flat.reshape(a["batch0"], a["batch1"], a["m"], a["n"])
+
+
+def _per_batch(mm: ir.Layer, k4: np.ndarray):
+    """The (i, j) constant every batch of the MATMUL's output has (k4 as for _logical), or None
+    when the pattern differs between batches."""
+    k = _logical(mm, k4)
+    return k[0, 0] if (k == k[:1, :1]).all() else None
+
+
+def _causal_of(mm: ir.Layer, keep4: np.ndarray):
+    keep = _per_batch(mm, keep4 != 0)
+    return None if keep is None else _causal_offset(keep)
+
+
+def _fuse_matmul_epilogues(layers, cons, outs):
+    for j, L in enumerate(layers):
+        mms = [p for p in L.inputs if layers[p].op == "MATMUL" and _only(cons, p, j, outs)
+               and layers[p].attrs["out_mode"] == 0 and layers[p].shape == L.shape]
+        if not mms:
+            continue
+        p = mms[0]
+        mm = layers[p]
+        a = mm.attrs
+        fused = None
+        if L.op == "AFFINE" and L.attrs["act"] == ir.ACT_NONE and not a["causal"] and \
+                not a["has_mask"]:
+            s, t = _scalar(L.weights["scale"]), _scalar(L.weights["shift"])
+            if s is not None and t == 0.0:
+                fused = _with(mm, scale=float(a["scale"] * s))
+        elif L.op == "WHERE" and L.attrs["operands"] == 2 and not a["causal"] and \
+                not a["has_mask"] and np.asarray(L.weights["y"]).size == 1:
+            off = _causal_of(mm, np.asarray(L.weights["cond"]))
+            if off is not None:
+                fused = _with(mm, causal=1, offset=off, fill=float(L.weights["y"].reshape(-1)[0]))
+        elif L.op == "BINARY" and L.attrs["kind"] == ir.BIN_ADD and L.attrs["act"] == ir.ACT_NONE:
+            if len(L.inputs) == 1 and not a["causal"] and not a["has_mask"]:
+                fused = _additive_causal(mm, np.asarray(L.weights["k"], np.float64))
+            elif len(L.inputs) == 2 and L.inputs[0] != L.inputs[1] and not a["has_mask"]:
+                q = L.inputs[1] if L.inputs[0] == p else L.inputs[0]
+                fused = _with_mask(mm, q, layers[q])
+        if fused is not None:
+            _replace(layers, j, fused)
+            cons[p] = set()
+            for i in fused.inputs:
+                cons[i].add(j)
+
+
+def _with(mm: ir.Layer, **attrs) -> ir.Layer:
+    return ir.Layer("", "MATMUL", list(mm.inputs), mm.shape, dict(mm.attrs, **attrs))
+
+
+def _additive_causal(mm, k4):
+    """scores + constant: a causal fill when the constant is 0 where kept and one huge negative
+    value elsewhere."""
+    k = _per_batch(mm, k4)
+    if k is None:
+        return None
+    masked = k != 0
+    off = _causal_offset(~masked)
+    fill = np.unique(k[masked])
+    if off is None or fill.size != 1 or not fill[0] <= HUGE_NEGATIVE:
+        return None
+    return _with(mm, causal=1, offset=off, fill=float(fill[0]))
+
+
+def _with_mask(mm: ir.Layer, q: int, mask: ir.Layer):
+    """scores + mask (an activation broadcast to the scores): the mask read through strides."""
+    axes = _matmul_storage_axes(mm)
+    if axes is None:
+        return None
+    dims = mask.shape
+    _, qc, qh, qw = dims
+    # storage strides of the mask's (N, C, H, W), 0 where it broadcasts
+    strides = (qh * qw * qc, 1, qw * qc, qc)
+    logical = [0 if ax is None or dims[ax] == 1 else strides[ax] for ax in axes]
+    if logical[3] not in (0, 1):
+        return None
+    return ir.Layer("", "MATMUL", list(mm.inputs) + [q], mm.shape,
+                    dict(mm.attrs, has_mask=1, m_off=0, m_s0=logical[0], m_s1=logical[1],
+                         m_si=logical[2], m_sj=logical[3]))
+
+
+# ------------------------------------------------------------------------------- heads merging
+
+def _fuse_heads_merge(layers, cons, outs):
+    """GATHER(context) that puts the heads side by side -> the MATMUL writes that way."""
+    for g, G in enumerate(layers):
+        if G.op != "GATHER" or len(G.inputs) != 1 or "const" in G.weights:
+            continue
+        p = G.inputs[0]
+        mm = layers[p]
+        if mm.op != "MATMUL" or mm.attrs["out_mode"] != 0 or not _only(cons, p, g, outs):
+            continue
+        a = mm.attrs
+        b0, b1, m, n = a["batch0"], a["batch1"], a["m"], a["n"]
+        if G.columns != b0 * m or G.rows != b1 * n or b1 == 1:
+            continue
+        want = np.arange(b0 * b1 * m * n).reshape(b0, b1, m, n).transpose(0, 2, 1, 3).ravel()
+        if np.array_equal(np.asarray(G.weights["index"], np.int64), want):
+            _replace(layers, g, _with(mm, out_mode=1))
+            cons[p] = set()
+
+
+# ------------------------------------------------------------------------------ causal context
+
+def _fuse_causal_context(layers, cons, outs):
+    for c, C in enumerate(layers):
+        if C.op != "MATMUL" or C.attrs["causal"] or C.attrs["has_mask"]:
+            continue
+        s = C.inputs[0]
+        if not _is(layers, s, "SOFTMAX", log=0):
+            continue
+        p = layers[s].inputs[0]
+        P = layers[p]
+        if P.op != "MATMUL" or P.attrs["causal"] != 1 or P.attrs["has_mask"] or \
+                P.attrs["fill"] > HUGE_NEGATIVE or P.attrs["out_mode"] != 0:
+            continue
+        a, b = C.attrs, P.attrs
+        m, k = b["m"], b["n"]
+        # A must read the probabilities exactly as the scores lie: (b0, b1, i, k) row-major
+        if (a["batch0"], a["batch1"], a["m"], a["k"]) != (b["batch0"], b["batch1"], m, k) or \
+                (a["a_off"], a["a_si"]) != (0, k) or \
+                (b["batch0"] > 1 and a["a_s0"] != b["batch1"] * m * k) or \
+                (b["batch1"] > 1 and a["a_s1"] != m * k):
+            continue
+        _replace(layers, c, _with(C, causal=2, offset=b["offset"]))
+
+
+# ---------------------------------------------------------------------------- regrouping copies
+
+#: Ops that read their input only through its storage (their own columns are free to group).
+_STORAGE_READERS = ("MATMUL", "EMBED", "GATHER")
+
+
+def _per_column(layer: ir.Layer) -> bool:
+    """Ops whose output column c is computed from input column c alone (same grouping)."""
+    a = layer.attrs
+    if layer.op in ("AFFINE", "SOFTMAX", "LAYERNORM", "ROW_REDUCE"):
+        return True
+    return layer.op == "CONV" and (a["kh"], a["kw"], a["sh"], a["sw"]) == (1, 1, 1, 1) and \
+        a["pt"] + a["pl"] + a["pb"] + a["pr"] == 0
+
+
+def _regroup(layers, cons, outs, top: int, cols) -> list[int] | None:
+    """Layers to give the column grouping ``cols`` = (n, h, w) so that layer ``top`` has it: top
+    and, through per-column ops, their inputs, down to a layer that reads by storage position.
+    None when a layer on the way (or a consumer of one) depends on the grouping."""
+    chain, todo = [], [top]
+    while todo:
+        li = todo.pop()
+        L = layers[li]
+        if li in chain:
+            continue
+        if not (L.layout == ir.LAYOUT_LAST or len(L.onnx_shape) <= 2) or L.op == "INPUT":
+            return None
+        chain.append(li)
+        if L.op in _STORAGE_READERS:
+            continue
+        if not _per_column(L):
+            return None
+        todo.extend(dict.fromkeys(L.inputs))
+    members = set(chain)
+    for li in chain:  # everyone else reading these must read by storage position
+        for j in cons[li]:
+            if j not in members and layers[j].op not in _STORAGE_READERS:
+                return None
+    return chain
+
+
+def _drop_regrouping_copies(layers, cons, outs):
+    for g, G in enumerate(layers):
+        if G.op != "GATHER" or len(G.inputs) != 1 or "const" in G.weights or g in outs:
+            continue
+        p = G.inputs[0]
+        P = layers[p]
+        size = P.columns * P.rows
+        index = np.asarray(G.weights["index"])
+        if P.rows != G.rows or index.size != size or \
+                not np.array_equal(index, np.arange(size)) or P.shape == G.shape:
+            continue
+        n, _, h, w = G.shape
+        saved = cons[p]
+        cons[p] = {j for j in cons[p] if j != g}
+        chain = _regroup(layers, cons, outs, p, (n, h, w))
+        cons[p] = saved
+        if chain is None:
+            continue
+        for li in chain:
+            layers[li].shape = (n, layers[li].rows, h, w)
+        for j in cons[g]:  # G's readers read its input, now grouped the same way
+            layers[j].inputs = [p if q == g else q for q in layers[j].inputs]
+            cons[p].add(j)
+        cons[p].discard(g)
+        cons[g] = set()

@@ -18,8 +18,7 @@ from .. import ir
 from ..errors import CoactoError, ModelError, ShapeError, UnsupportedOperatorError
 from . import folding, ops, registry  # noqa: F401  (folding and ops register their handlers)
 from .context import Context
-from .fuse import fuse_layers
-from .fuse_sequence import fuse_sequence_ops
+from .fuse import fuse_layers, fuse_sequence_ops
 from .loader import check_names, load_model
 from .values import UNKNOWN, Act, Unsupported, View
 
@@ -321,7 +320,7 @@ class Importer:
     def _import_node(self, node, used: set[str]):
         self.ctx.node = node
         op = node.op_type
-        name = node.name or (node.output[0] if node.output else op)
+        name = self.ctx.node_name
         self.ctx.attrs = _node_attrs(node, name)
         ins = []
         for n in node.input:
