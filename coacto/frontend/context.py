@@ -90,10 +90,7 @@ class Context(Values):
             fill = new_fill
             if isinstance(ins[0], Act):
                 pad = self._zero_pad_hint(ins[0])
-        res = []
-        for r in outs:
-            res.append(None if r is None else View(srcs, np.asarray(r), fill, pad=pad))
-        return res
+        return [None if r is None else View(srcs, np.asarray(r), fill, pad=pad) for r in outs]
 
     def _zero_pad_hint(self, src: Act):
         """(src, (pt, pl, pb, pr)) when the Pad just applied is a zero spatial pad of src."""

@@ -1,7 +1,4 @@
-"""Fusions on an imported layer list, before partitioning: the importer runs ``fuse_layers``, then
-``fuse_sequence_ops`` (which ends with ``fuse_layers`` again).
-
-``fuse_layers``:
+"""Fusions on an imported layer list, before partitioning. ``fuse_layers``:
 
 - AFFINE (BatchNormalization, per-channel Mul / Add) into the preceding CONV: scaled weights and
   bias; into a preceding AFFINE without activation or a LAYERNORM: one affine;
@@ -11,7 +8,7 @@
 A producer is fused only when the fused layer is its single consumer and it is not a graph output.
 Then dead layers (not reaching an output; inputs stay) are dropped and indices renumbered.
 
-``fuse_sequence_ops``, for sequence models:
+``fuse_sequence_ops`` (after ``fuse_layers``, and ending with it again), for sequence models:
 
 - layer normalisation written out (ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div, Mul, Add, as
   exporters before opset 17 write it) -> one LAYERNORM;
@@ -186,12 +183,10 @@ def _compose(producer: ir.Layer, scale, shift) -> None:
 
 
 def fuse_sequence_ops(layers: list[ir.Layer], inputs: dict[str, int], outputs: dict[str, int]):
-    outs = set(outputs.values())
     for fuse in (_fuse_layernorm, _fuse_gelu, _fuse_matmul_epilogues, _fuse_heads_merge,
                  _fuse_causal_context, _drop_regrouping_copies):
-        fuse(layers, _consumers(layers, outputs), outs)
+        fuse(layers, _consumers(layers, outputs), set(outputs.values()))
         layers, inputs, outputs = prune_layers(layers, inputs, outputs)
-        outs = set(outputs.values())
     return fuse_layers(layers, inputs, outputs)
 
 

@@ -1,7 +1,5 @@
-"""The graph walk: the live nodes of an ONNX model once, in topological order, one value per
-tensor name (coacto.frontend.values), each node dispatched to its handlers (registry, context);
-nodes that cannot be run are reported together, then the fusions run on the layer list.
-"""
+"""The graph walk (docs/ARCHITECTURE.md §2.1): each live node once, in topological order, handed
+to its handlers; nodes that cannot be run are reported together, then the fusions run."""
 from __future__ import annotations
 
 import collections
@@ -95,7 +93,6 @@ class Importer:
         self.inits = {t.name: t for t in self.g.initializer}
         self.failures: list[tuple[str, str, str]] = []
 
-    # -- driver
     def run(self) -> ir.Graph:
         if self.opset < _OLDEST_OPSET:
             raise UnsupportedOperatorError(
@@ -316,7 +313,6 @@ class Importer:
             out[name] = v.layer
         return out
 
-    # -- one node
     def _import_node(self, node, used: set[str]):
         self.ctx.node = node
         op = node.op_type
@@ -398,7 +394,6 @@ class Importer:
                               "model's inputs")
         raise Unsupported("operator is not supported")
 
-    # -- values
     def _value(self, name):
         v = self.values.get(name)
         if v is None and name in self.inits:

@@ -1,10 +1,8 @@
 """The one table of ONNX operators: each op type's handlers (``fn(ctx, ins) -> outs``,
-coacto.frontend.context) by kind. The importer tries them in this order (``Importer._dispatch``):
-``pass_through`` and ``shape`` (any input); with every input a constant, ``fold`` or else
-``indexing`` (index mappings fold too); ``compute`` (emits layers); ``indexing`` on index arrays of
-the ``data`` inputs ((0,), or "all" given), a view of layers (``Context.index_map``); a ``fold``
-alone is then refused. Handlers register with ``@op("Conv")``, ``@op("Concat", kind="indexing",
-data="all")``, or ``register("compute", {"Relu": _activation(ir.ACT_RELU), ...})``.
+coacto.frontend.context) by kind, tried in the order docs/ARCHITECTURE.md §2.1 gives
+(``Importer._dispatch``); ``indexing`` runs on index arrays of the ``data`` inputs. Handlers
+register with ``@op("Conv")``, ``@op("Concat", kind="indexing", data="all")``, or
+``register("compute", {"Relu": _activation(ir.ACT_RELU), ...})``.
 """
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""The importer's values, and their handling. Per ONNX tensor name: a constant (a numpy array),
-``Act`` (a layer's storage read as a tensor of an ONNX shape, in a storage layout of coacto.ir),
-``View`` (an index mapping of layers and ``Const`` values: what indexing ops give) or ``UNKNOWN``
-(the value of a node that could not be imported).
+"""The importer's values (docs/ARCHITECTURE.md §2.1: a constant, ``Act``, ``View``; ``UNKNOWN``
+for a node that could not be imported), and their handling.
 
 A view stays an index array until a real op consumes it. Then it becomes, in this order of
 preference: its source's own storage read with another shape (no layer at all: a reshape that keeps
@@ -24,8 +22,6 @@ from .. import ir
 from ..errors import ShapeError
 
 LAST, CHANNELS = ir.LAYOUT_LAST, ir.LAYOUT_CHANNELS
-
-# ---------------------------------------------------------------------------------------- values
 
 
 @dataclass(frozen=True)

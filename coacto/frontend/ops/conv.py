@@ -200,11 +200,17 @@ def _conv_transpose(ctx, ins):
                      {"w": conv_weights(wc, 1), "b": b})]
 
 
+def _image(ctx, v, what: str):
+    """v in the channels layout, of rank 3 or 4 (a 1-D or 2-D image)."""
+    x = ctx.act(v, CHANNELS)
+    if len(x.shape) not in (3, 4):
+        raise Unsupported(f"{what} of a rank-{len(x.shape)} tensor")
+    return x
+
+
 def _pool(kind):
     def run(ctx, ins):
-        x = ctx.act(ins[0], CHANNELS)
-        if len(x.shape) not in (3, 4):
-            raise Unsupported(f"pooling of a rank-{len(x.shape)} tensor")
+        x = _image(ctx, ins[0], "pooling")
         kernel = ctx.attr("kernel_shape")
         if not isinstance(kernel, list):
             raise ShapeError(f"{ctx.node.op_type} without a kernel_shape attribute (a list of "
@@ -222,9 +228,7 @@ def _pool(kind):
 
 def _global_pool(kind):
     def run(ctx, ins):
-        x = ctx.act(ins[0], CHANNELS)
-        if len(x.shape) not in (3, 4):
-            raise Unsupported(f"global pooling of a rank-{len(x.shape)} tensor")
+        x = _image(ctx, ins[0], "global pooling")
         out = x.shape[:2] + (1,) * (len(x.shape) - 2)
         return [ctx.emit(ctx.node_name, "GLOBAL_POOL", [x.layer], out, {"kind": kind})]
     return run
@@ -247,9 +251,7 @@ def _batch_norm(ctx, ins):
 
 @op("LRN")
 def _lrn(ctx, ins):
-    x = ctx.act(ins[0], CHANNELS)
-    if len(x.shape) not in (3, 4):
-        raise Unsupported(f"LRN of a rank-{len(x.shape)} tensor")
+    x = _image(ctx, ins[0], "LRN")
     if not isinstance(ctx.attr("size"), int) or ctx.attr("size") < 1:
         raise ShapeError(f"LRN size {ctx.attr('size')!r} (must be an integer of at least 1)")
     attrs = dict(size=int(ctx.attr("size")), alpha=float(ctx.attr("alpha", 1e-4)),

@@ -26,7 +26,9 @@ def affine(ctx, x, scale, shift, act=ir.ACT_NONE, alpha=0.0, beta=0.0, name=None
         return ctx.emit_like(name, "AFFINE", x, attrs,
                              {"scale": np.full(c, scale[0], np.float32),
                               "shift": np.full(c, shift[0], np.float32)})
-    x = _per_row_input(ctx, x)
+    x = ctx.resolve(x)  # per row: the channels (axis 1) in the channels layout, else the last axis
+    x = ctx.act(x, CHANNELS) if len(x.shape) > 2 and ctx.layout_of(x) == CHANNELS else \
+        ctx.act_rows(x)
     c = ctx.layers[x.layer].rows
     weights = {"scale": np.broadcast_to(scale, (c,)).astype(np.float32),
                "shift": np.broadcast_to(shift, (c,)).astype(np.float32)}
@@ -48,15 +50,6 @@ def _through_view(ctx, v, name, attrs, scale, shift):
                       {"scale": np.full(c, scale, np.float32),
                        "shift": np.full(c, shift, np.float32)})
     return View([y.layer], v.index, v.fill, v.name)
-
-
-def _per_row_input(ctx, x):
-    """x as an input whose rows are its row axis: channels (axis 1) in the channels layout, the
-    last axis otherwise."""
-    x = ctx.resolve(x)
-    if len(x.shape) > 2 and ctx.layout_of(x) == CHANNELS:
-        return ctx.act(x, CHANNELS)
-    return ctx.act_rows(x)
 
 
 def _activation(act, alpha_attr=None, alpha=0.0, beta_attr=None, beta=0.0, kind=None):

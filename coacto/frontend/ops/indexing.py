@@ -128,10 +128,8 @@ def _pad(ctx, ins):
     mode = ctx.attr("mode", "constant")
     if len(ins) > 1 and ins[1] is not None:
         pads = ctx.ints(ins[1], "pads")
-        value = ins[2] if len(ins) > 2 and ins[2] is not None else None
-        if value is not None:
-            value = float(np.asarray(ctx.const(value, "value")).reshape(-1)[0])
-        value = 0.0 if value is None else value
+        value = 0.0 if len(ins) < 3 or ins[2] is None else \
+            float(np.asarray(ctx.const(ins[2], "value")).reshape(-1)[0])
         axes = ctx.ints(ins[3], "axes") if len(ins) > 3 and ins[3] is not None else None
     else:
         pads = ctx.attr("pads", ctx.attr("paddings"))
@@ -272,9 +270,8 @@ def _concat(ctx, ins):
     name = ctx.node_name
     while len(acts) > 8:  # the runtime concatenates at most 8 inputs at once
         part = acts[:8]
-        c = sum(a.shape[axis] for a in part)
         shape = list(part[0].shape)
-        shape[axis] = c
+        shape[axis] = sum(a.shape[axis] for a in part)
         first = ctx.emit(f"{name}/part", "CONCAT", [a.layer for a in part], shape, layout=lay)
         acts = [first] + acts[8:]
     if len(acts) == 1:

@@ -170,18 +170,19 @@ def fit_strides(index: np.ndarray):
         if size == 1:
             strides.append(0)
             continue
-        unit = [0] * index.ndim
-        unit[axis] = 1
-        s = int(index[tuple(unit)]) - off
+        s = int(index[(0,) * axis + (1,) + (0,) * (index.ndim - 1 - axis)]) - off
         if s < 0:
             return None
         strides.append(s)
-        shape = [1] * index.ndim
-        shape[axis] = size
-        expected = expected + np.arange(size, dtype=np.int64).reshape(shape) * s
+        expected = expected + _along(axis, size, index.ndim) * s
     if not np.array_equal(index, expected):
         return None
     return off, strides
+
+
+def _along(axis: int, size: int, ndim: int) -> np.ndarray:
+    """0, 1, ..., size - 1 along ``axis`` of an ``ndim``-D array (size 1 on the others)."""
+    return np.arange(size, dtype=np.int64).reshape([size if a == axis else 1 for a in range(ndim)])
 
 
 def _segments_in_columns(off, strides, dims, seg_axis, rows) -> bool:
@@ -191,9 +192,7 @@ def _segments_in_columns(off, strides, dims, seg_axis, rows) -> bool:
     for axis, (size, s) in enumerate(zip(dims, strides)):
         if axis == seg_axis or size == 1:
             continue
-        shape = [1] * len(dims)
-        shape[axis] = size
-        starts = starts + np.arange(size, dtype=np.int64).reshape(shape) * s
+        starts = starts + _along(axis, size, len(dims)) * s
     return bool(((starts % rows) + dims[seg_axis] <= rows).all())
 
 
