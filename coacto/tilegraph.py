@@ -345,8 +345,8 @@ _REQUIRED_ATTRS = {
 #: Attributes the runtime reads as floats (coacto_layer_desc.fparams); every other one is one of
 #: its int32 parameters.
 _FLOAT_ATTRS = frozenset({"alpha", "beta", "bias", "eps", "scale", "fill"})
-#: ONNX element types of integer inputs (the importer's _INTEGER_INPUTS).
-_INTEGER_DTYPES = (7, 6, 5, 3, 2, 4, 12, 9)  # INT64, INT32, INT16, INT8, UINT8/16/32, BOOL
+#: ONNX element types of integer inputs and outputs (coacto.ir.INTEGER_NUMPY_TYPES).
+_INTEGER_DTYPES = tuple(ir.INTEGER_NUMPY_TYPES)  # INT64 first: an INPUT's default
 #: The native runtime's limits (native/src/graph.c): a file beyond them is refused here, before
 #: the tile arrays are allocated.
 MAX_LAYERS = 1 << 20

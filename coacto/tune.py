@@ -178,7 +178,7 @@ class _Bench:
                 self.runtimes[key] = self._pool
             else:
                 self.runtimes[key] = self._Runtime(tg, share=self._pool)
-            self.runtimes[key].run(self.feeds)  # packs weights, warms buffers
+            # (a Runtime packs the weights and warms its buffers with one inference when made)
         return self.runtimes[key]
 
     def forget(self, tg) -> None:

@@ -65,9 +65,7 @@ def import_model(model, input_shapes: dict[str, tuple[int, ...]] | None = None) 
 
 
 #: Integer element types an input may have (token ids, attention masks): fed as float32.
-_INTEGER_INPUTS = {onnx.TensorProto.INT64, onnx.TensorProto.INT32, onnx.TensorProto.INT16,
-                   onnx.TensorProto.INT8, onnx.TensorProto.UINT8, onnx.TensorProto.UINT16,
-                   onnx.TensorProto.UINT32, onnx.TensorProto.BOOL}
+_INTEGER_INPUTS = set(ir.INTEGER_NUMPY_TYPES)
 #: Operators that read axis 1 as channels: an input of rank 3 or 4 they consume keeps that layout.
 _CHANNEL_OPS = {"Conv", "MaxPool", "AveragePool", "BatchNormalization", "GlobalAveragePool",
                 "GlobalMaxPool", "LRN", "InstanceNormalization", "Resize", "Upsample",
