@@ -8,12 +8,18 @@ ONNX axis holds the rows:
 
 ``"channels"`` (``LAYOUT_CHANNELS``, CNNs)
     axis 1: ``(N, C, H, W)`` as is; rank 3 ``(N, C, L)`` is ``(N, C, 1, L)``; rank 2 ``(N, F)`` is
-    ``(N, F, 1, 1)``; rank 1 ``(F,)`` is ``(1, F, 1, 1)``.
+    ``(N, F, 1, 1)``; rank 1 ``(F,)`` is ``(1, F, 1, 1)``; rank 5 ``(N, C, D, H, W)`` (video,
+    volumes) is ``(N, C, D * H, W)``: the axes between the channels and the last are one.
 ``"last"`` (``LAYOUT_LAST``, sequence models)
     the last axis: ``(d0, d1, d2, d3)`` is ``(d0, d3, d1, d2)``, rank 3 ``(B, S, D)`` is
-    ``(B, D, 1, S)``; ranks 1 and 2 as above. The storage is then the ONNX tensor in row-major
-    order, byte for byte: inputs and outputs need no copy, a column is one (batch, token) and the
-    rows its hidden features, and reshapes that keep the last axis change nothing in memory.
+    ``(B, D, 1, S)``, rank 5 ``(d0, d1, d2, d3, d4)`` is ``(d0, d4, d1 * d2, d3)``; ranks 1 and 2
+    as above. The storage is then the ONNX tensor in row-major order, byte for byte: inputs and
+    outputs need no copy, a column is one (batch, token) and the rows its hidden features, and
+    reshapes that keep the last axis change nothing in memory.
+
+Ranks up to ``MAX_RANK`` map the same way. Ops that compute on the rows of each column (element
+by element, per channel, along the rows) are the same on the merged shape; ops with a spatial
+window (CONV, POOL) see the merged axis as H, so the importer gives them 4-D layers only.
 
 A graph is a list of layers in topological order; a layer names its producers by index. Weights are
 float32 numpy arrays in the layouts below (the native runtime packs them further at load). A constant
@@ -125,6 +131,9 @@ from .errors import ShapeError
 MAX_TENSOR_ELEMENTS = 1 << 28
 #: Most elements all of a graph's layers may hold together: 2^31, 8 GiB as float32.
 MAX_TOTAL_ELEMENTS = 1 << 31
+#: Highest rank of an activation (layouts above: the axes between the first two and the last
+#: are one). ONNX sets none; 3-D convolutions need 5, the pixel shuffles spelled as reshapes 6.
+MAX_RANK = 8
 
 
 def check_elements(shape, what: str, error: type[Exception] = ShapeError,
@@ -357,23 +366,38 @@ class Graph:
 
 
 def internal_shape(onnx_shape, layout: str = LAYOUT_CHANNELS) -> tuple[int, int, int, int]:
-    """The (N, C, H, W) of an ONNX shape of rank 1..4 in a layout."""
+    """The (N, C, H, W) of an ONNX shape of rank 1..MAX_RANK in a layout."""
     s = tuple(int(d) for d in onnx_shape)
-    if layout == LAYOUT_LAST and len(s) == 4:
-        return (s[0], s[3], s[1], s[2])
-    if layout == LAYOUT_LAST and len(s) == 3:
-        return (s[0], s[2], 1, s[1])
+    if layout == LAYOUT_LAST and len(s) >= 3:
+        return (s[0], s[-1], math.prod(s[1:-2]), s[-2])
     return nchw_shape(s)
 
 
 def internal_array(x: np.ndarray, layout: str = LAYOUT_CHANNELS) -> np.ndarray:
-    """An ONNX-shaped array (dims may be 1 where it broadcasts) as its (N, C, H, W) array."""
+    """An ONNX-shaped array (dims may be 1 where it broadcasts) as its (N, C, H, W) array. Above
+    rank 4 the merged axes must be all 1 or all full (``broadcast_merged``)."""
     x = np.asarray(x)
-    if layout == LAYOUT_LAST and x.ndim == 4:
-        return x.transpose(0, 3, 1, 2)
-    if layout == LAYOUT_LAST and x.ndim == 3:
-        return x.transpose(0, 2, 1)[:, :, None, :]
+    if layout == LAYOUT_LAST and x.ndim >= 3:
+        r = x.ndim
+        return x.transpose(0, r - 1, *range(1, r - 1)).reshape(internal_shape(x.shape, layout))
     return as_nchw(x)
+
+
+def merged_axes(rank: int, layout: str = LAYOUT_CHANNELS) -> range:
+    """The ONNX axes a layout stores as one internal H (several from rank 5 on)."""
+    if rank < 3:
+        return range(0)
+    return range(1, rank - 2) if layout == LAYOUT_LAST else range(2, rank - 1)
+
+
+def broadcast_merged(shape, out, layout: str = LAYOUT_CHANNELS) -> tuple[int, ...]:
+    """The shape an operand of ``shape`` (of ``out``'s rank) broadcast to ``out`` needs so that
+    its internal shape broadcasts to ``out``'s: the merged axes all 1 or all ``out``'s."""
+    shape = tuple(int(d) for d in shape)
+    axes = merged_axes(len(out), layout)
+    if all(shape[a] == 1 for a in axes) or all(shape[a] == out[a] for a in axes):
+        return shape
+    return tuple(int(out[a]) if a in axes else d for a, d in enumerate(shape))
 
 
 def storage_order(onnx_shape, layout: str = LAYOUT_CHANNELS) -> np.ndarray:
@@ -419,7 +443,7 @@ def from_storage(s: np.ndarray, shape4: tuple[int, int, int, int], onnx_shape,
     ``shape4`` is the layer's (N, C, H, W); the storage order follows ``onnx_shape`` and
     ``layout`` when ``onnx_shape`` is given."""
     if onnx_shape is not None and (layout == LAYOUT_LAST or len(onnx_shape) <= 2):
-        return np.ascontiguousarray(np.asarray(s).reshape(onnx_shape))
+        return np.ascontiguousarray(s).reshape(onnx_shape)  # (a scalar stays 0-d)
     n, c, h, w = nchw_shape(onnx_shape) if onnx_shape is not None else shape4
     x = np.asarray(s).reshape(n, h, w, c).transpose(0, 3, 1, 2)
     return np.ascontiguousarray(x.reshape(onnx_shape if onnx_shape is not None else shape4))
@@ -437,27 +461,15 @@ def internal_to_storage(x4: np.ndarray) -> np.ndarray:
 
 
 def as_nchw(x: np.ndarray) -> np.ndarray:
-    """View an ONNX activation of rank 1..4 as (N, C, H, W) in the channels layout."""
-    if x.ndim == 4:
-        return x
-    if x.ndim == 2:
-        return x.reshape(x.shape[0], x.shape[1], 1, 1)
-    if x.ndim == 3:
-        return x.reshape(x.shape[0], x.shape[1], 1, x.shape[2])
-    if x.ndim == 1:
-        return x.reshape(1, x.shape[0], 1, 1)
-    raise ValueError(f"activations of rank {x.ndim} are not supported")
+    """View an ONNX activation of rank 1..MAX_RANK as (N, C, H, W) in the channels layout."""
+    return x.reshape(nchw_shape(x.shape))
 
 
 def nchw_shape(onnx_shape) -> tuple[int, int, int, int]:
-    """The (N, C, H, W) of an ONNX shape of rank 1..4 in the channels layout."""
+    """The (N, C, H, W) of an ONNX shape of rank 1..MAX_RANK in the channels layout."""
     s = tuple(int(d) for d in onnx_shape)
-    if len(s) == 4:
-        return s  # type: ignore[return-value]
-    if len(s) == 2:
-        return (s[0], s[1], 1, 1)
-    if len(s) == 3:
-        return (s[0], s[1], 1, s[2])
-    if len(s) == 1:
-        return (1, s[0], 1, 1)
-    raise ValueError(f"activations of rank {len(s)} are not supported")
+    if not 0 <= len(s) <= MAX_RANK:
+        raise ValueError(f"activations of rank {len(s)} are not supported")
+    if len(s) <= 2:  # a scalar is (1, 1, 1, 1)
+        return ((1, 1) + s)[-2:] + (1, 1)  # type: ignore[return-value]
+    return (s[0], s[1], math.prod(s[2:-1]), s[-1])

@@ -420,7 +420,7 @@ def check_header(h, blob_size: int) -> None:
         onnx_shape = ld.get("onnx_shape")
         if onnx_shape is not None:
             onnx_shape = _ints(onnx_shape, f"{where}: onnx_shape", 1)
-            if not 1 <= len(onnx_shape) <= 4 or math.prod(onnx_shape) != size:
+            if len(onnx_shape) > ir.MAX_RANK or math.prod(onnx_shape) != size:
                 raise GraphFileError(f"{where}: onnx_shape {onnx_shape} does not hold the "
                                      f"{size} values of shape {shape}")
         if ld.get("layout", ir.LAYOUT_CHANNELS) not in (ir.LAYOUT_CHANNELS, ir.LAYOUT_LAST):

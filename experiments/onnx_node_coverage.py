@@ -119,7 +119,7 @@ FAILURE_GROUPS = [
     ("operator supported on constants only", ("supported on constants only",)),
     ("non-float32 input", ("input of type",)),
     ("non-float32 output", ("TensorProto.", "casts computed data to")),
-    ("rank 0 or above 4", ("of rank", "has rank", "rank 5", "rank-5", "rank 6")),
+    ("rank above 8", ("of rank", "has rank")),
     ("empty tensor", ("has a dimension 0",)),
     ("output does not depend on an input", ("is a constant",)),
     ("wrong values", ("Not equal to tolerance", "Mismatched elements")),

@@ -754,10 +754,11 @@ def test_layer_names_and_shapes():
     assert all(layer.onnx_shape is not None for layer in graph.layers)
 
 
-def test_rank5_view_as_output_is_refused():
+def test_a_view_above_the_highest_rank_as_output_is_refused():
     nodes = [node("Reshape", ["x", "s"], ["y"])]
-    model = make(nodes, {"x": [1, 6, 2, 2]}, ["y"], {"s": np.array([1, 2, 3, 2, 2], np.int64)})
-    with pytest.raises(UnsupportedOperatorError):
+    shape = [1, 2, 3, 2, 2] + [1] * (ir.MAX_RANK - 4)
+    model = make(nodes, {"x": [1, 6, 2, 2]}, ["y"], {"s": np.array(shape, np.int64)})
+    with pytest.raises(UnsupportedOperatorError, match=f"rank {ir.MAX_RANK + 1}"):
         import_model(model)
 
 
@@ -829,7 +830,7 @@ def test_every_unsupported_node_is_listed():
              node("Acos", ["f"], ["e"], name="acos1"),
              node("Flatten", ["x"], ["f"]), node("Hardmax", ["x"], ["s"], axis=-1, name="hm"),
              node("Add", ["c", "x"], ["y"])]
-    inits = {"w3": rand(2, 3, 1, 1, 1)}
+    inits = {"w3": rand(2, 3, 1, 1, 1, 1)}  # a 4-D convolution
     model = make(nodes, {"x": [1, 3, 4, 4]}, ["y", "d", "e", "s"], inits)
     with pytest.raises(UnsupportedOperatorError) as e:
         import_model(model)

@@ -143,9 +143,9 @@ class Importer:
                 self.values[vi.name] = UNKNOWN
                 continue
             shape = self._input_shape(vi)
-            if not 1 <= len(shape) <= 4:
+            if len(shape) > ir.MAX_RANK:
                 self.failures.append((vi.name, "Input", f"input of rank {len(shape)}; coacto "
-                                      "runs inputs of rank 1 to 4"))
+                                      f"runs inputs of rank 0 to {ir.MAX_RANK}"))
                 self.values[vi.name] = UNKNOWN
                 continue
             attrs = {} if elem == onnx.TensorProto.FLOAT else {"dtype": int(elem)}
@@ -295,9 +295,10 @@ class Importer:
                 raise ModelError(f"graph output {name!r} is a constant (it does not depend on "
                                  "any input); remove it from the model's outputs")
             if isinstance(v, View):
-                if not 1 <= v.index.ndim <= 4:
+                if v.index.ndim > ir.MAX_RANK:
                     self.failures.append((v.name, "Output", f"output {name!r} has rank "
-                                          f"{v.index.ndim}; coacto returns tensors of rank 1 to 4"))
+                                          f"{v.index.ndim}; coacto returns tensors of rank 0 to "
+                                          f"{ir.MAX_RANK}"))
                     continue
                 v = self.ctx.resolve(v)
             layer = self.ctx.layers[v.layer]

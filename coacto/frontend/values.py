@@ -95,6 +95,14 @@ def check_result(shape) -> tuple[int, ...]:
     return shape
 
 
+def check_rank(shape, what: str) -> tuple[int, ...]:
+    shape = tuple(int(d) for d in shape)
+    if len(shape) > ir.MAX_RANK:
+        raise Unsupported(f"{what} has rank {len(shape)}; coacto computes tensors of rank 0 to "
+                          f"{ir.MAX_RANK}")
+    return shape
+
+
 def row_axis(rank: int, layout: str) -> int:
     """The ONNX axis a layout stores as rows."""
     if rank <= 1:
@@ -234,10 +242,7 @@ class Values:
         for a in v.acts.values():  # made already, in a layout that will do
             if self._is_canonical(a, layout):
                 return a
-        shape = tuple(int(d) for d in v.index.shape)
-        if not 1 <= len(shape) <= 4:
-            raise Unsupported(f"its input has rank {len(shape)}; coacto computes on tensors of "
-                              "rank 1 to 4")
+        shape = check_rank(v.index.shape, "its input")
         tries = [layout] if layout else ([LAST, CHANNELS] if len(shape) > 2 else [CHANNELS])
         a = self._zero_copy(v, tries)
         if a is not None and self._is_canonical(a):
@@ -292,6 +297,26 @@ class Values:
         return self.act(View(view.srcs, view.index.reshape(shape), view.fill,
                              view.name or self.node_name), layout)
 
+    def operand(self, v, out, layout: str) -> Act:
+        """The value as an input of an elementwise layer of ONNX shape ``out`` it broadcasts to:
+        of out's rank, and above rank 4 expanded where the layout merges axes it broadcasts on."""
+        shape = (1,) * (len(out) - len(shape_of(v))) + tuple(shape_of(v))
+        full = ir.broadcast_merged(shape, out, layout)
+        if full == shape:
+            return self.act_as(v, shape, layout)
+        view = self.as_view(v)
+        index = np.ascontiguousarray(np.broadcast_to(view.index.reshape(shape), full))
+        return self.act(View(view.srcs, index, view.fill, view.name or self.node_name), layout)
+
+    def act_channels(self, v) -> Act:
+        """The value for an op computing per channel (axis 1 of a "channels" value): its storage
+        as it is when its layer's rows are those channels (a Conv3D's output read as rank 5),
+        else a copy."""
+        a = self.resolve(v)
+        if self.layout_of(a) == CHANNELS and self.layers[a.layer].rows == a.shape[1]:
+            return a
+        return self.act(a, CHANNELS)
+
     def act_rows(self, v) -> Act:
         """The value for an op that computes column by column over its last axis: an activation
         in row-major storage (layout "last") whose layer's rows are that axis."""
@@ -305,10 +330,7 @@ class Values:
     # -- layers
     def emit(self, name, op, inputs, onnx_shape, attrs=None, weights=None,
              layout: str = CHANNELS) -> Act:
-        onnx_shape = tuple(int(d) for d in onnx_shape)
-        if not 1 <= len(onnx_shape) <= 4:
-            raise Unsupported(f"its output has rank {len(onnx_shape)}; coacto computes tensors "
-                              "of rank 1 to 4")
+        onnx_shape = check_rank(onnx_shape, "its output")
         if any(d <= 0 for d in onnx_shape):
             raise ShapeError(f"its output shape {onnx_shape} has a dimension 0 (no elements); "
                              "coacto computes tensors of at least one element")
@@ -346,6 +368,8 @@ class Values:
         inputs = inputs if inputs is not None else [x.layer]
         if self._is_canonical(x):
             return self.emit(name, op, inputs, shape, attrs, weights, layout=lay)
+        if lay == CHANNELS and len(shape) > 2 and rows == self.layers[x.layer].rows:
+            return self.emit_like(name, op, x, attrs, weights, inputs)
         n, _, h, w = self.layers[x.layer].shape
         own = (n, h, w, rows) if h > 1 else (n, w, rows)
         out = self.emit(name, op, inputs, own, attrs, weights, layout=LAST)
@@ -384,6 +408,15 @@ class Values:
         lay = self.layout_of(v)
         index = self._storage_index(v.shape, lay).reshape(-1)[ir.storage_order(v.shape, lay)]
         return self._gather(name, [v.layer], index, v.shape, 0.0, lay)
+
+
+def const_operand(k, out, layout: str) -> np.ndarray:
+    """A constant operand of an elementwise layer of ONNX shape ``out`` (as ``Values.operand``),
+    as the layer's (N, C, H, W) weight."""
+    k = np.asarray(k, np.float32)
+    k = k.reshape((1,) * (len(out) - k.ndim) + k.shape)
+    k = np.broadcast_to(k, ir.broadcast_merged(k.shape, out, layout))
+    return np.ascontiguousarray(ir.internal_array(k, layout))
 
 
 def _same(a, b) -> bool:

@@ -16,8 +16,9 @@ from .matmul import transpose_last2
 
 
 def _window(ctx, sizes, kernel, ceil_mode=False):
-    """A conv / pool window's attributes (kh, kw, sh, sw, pt, pl, pb, pr, dh, dw; 1-D windows as
-    2-D ones, H = 1) and output sizes."""
+    """A conv / pool window's attributes over its last two axes (kh, kw, sh, sw, pt, pl, pb, pr,
+    dh, dw; 1-D windows as 2-D ones, H = 1), its output sizes, and its first axis's window
+    (begin pad, end pad, stride, dilation): the depth of a 3-D window."""
     d = len(sizes)
     strides = list(ctx.attr("strides", [1] * d))
     dil = list(ctx.attr("dilations", [1] * d))
@@ -58,7 +59,8 @@ def _window(ctx, sizes, kernel, ceil_mode=False):
     dh, dw = _as_2d(dil, 1)
     pt, pl = _as_2d(begin, 0)
     pb, pr = _as_2d(end, 0)
-    return dict(kh=kh, kw=kw, sh=sh, sw=sw, pt=pt, pl=pl, pb=pb, pr=pr, dh=dh, dw=dw), out
+    return (dict(kh=kh, kw=kw, sh=sh, sw=sw, pt=pt, pl=pl, pb=pb, pr=pr, dh=dh, dw=dw), out,
+            (begin[0], end[0], strides[0], dil[0]))
 
 
 def _check_window(kernel, strides, dil, pads, d: int) -> None:
@@ -99,20 +101,20 @@ def conv_weights(w: np.ndarray, group: int) -> np.ndarray:
 
 
 def _as_2d(vals, fill):
-    """Window parameters of 1-D ops as 2-D ones (H = 1)."""
-    return [fill] + list(vals) if len(vals) == 1 else list(vals)
+    """Window parameters of 1-D ops as 2-D ones (H = 1); of 3-D ops, their last two axes'."""
+    return [fill] + list(vals) if len(vals) == 1 else list(vals)[-2:]
 
 
 @op("Conv")
 def _conv(ctx, ins):
     x = ins[0]
     w = np.asarray(ctx.const(ins[1], "the weight input W"), dtype=np.float32)
-    if w.ndim not in (3, 4):
-        raise Unsupported(f"{w.ndim - 2}-D convolution; coacto runs 1-D and 2-D convolutions")
+    if w.ndim not in (3, 4, 5):
+        raise Unsupported(f"{w.ndim - 2}-D convolution; coacto runs 1-D, 2-D and 3-D ones")
     extra = (0, 0, 0, 0)
     if isinstance(x, View) and x.pad is not None and w.ndim == 4:
         x, extra = x.pad  # a zero Pad folded into the convolution's padding
-    x = ctx.act(x, CHANNELS)
+    x = ctx.resolve(x) if w.ndim == 5 else ctx.act(x, CHANNELS)
     if len(x.shape) != w.ndim:
         raise ShapeError(f"input of shape {x.shape} for weights of shape {w.shape}")
     n, c = x.shape[:2]
@@ -129,14 +131,57 @@ def _conv(ctx, ins):
         raise ShapeError(f"group {group} (must be at least 1)")
     if c != cin_g * group or m % group:
         raise ShapeError(f"{c} input channels, weights {w.shape} and group {group} do not match")
-    attrs, out = _window(ctx, sizes, kernel)
+    attrs, out, depth = _window(ctx, sizes, kernel)
     _check_taps(n, out, kernel)
     for key, e in zip(("pt", "pl", "pb", "pr"), extra):
         attrs[key] += e
-    wt = conv_weights(w.reshape(m, cin_g, attrs["kh"], attrs["kw"]), group)
     attrs.update(group=group, act=ir.ACT_NONE, alpha=0.0, beta=0.0)
+    if w.ndim == 5:
+        return [_conv3d(ctx, x, w, attrs, out, depth, _bias(ctx, ins, m))]
+    wt = conv_weights(w.reshape(m, cin_g, attrs["kh"], attrs["kw"]), group)
     return [ctx.emit(ctx.node_name, "CONV", [x.layer], (n, m, *out), attrs,
                      {"w": wt, "b": _bias(ctx, ins, m)})]
+
+
+def _depth_taps(ctx, x, size: int, kernel: int, depth):
+    """The index map (N, C, Do, kernel, H, W) of a rank-5 value's depth taps: at [:, :, o, j] the
+    input depth o * stride - begin + j * dilation, -1 (a zero) in the padding."""
+    view = ctx.as_view(x)
+    if (view.index < 0).any() and view.fill != 0.0:
+        view = ctx.as_view(ctx.materialize(view))
+    begin, _, stride, dil = depth
+    z = np.arange(size)[:, None] * stride - begin + np.arange(kernel)[None, :] * dil
+    inside = ((z >= 0) & (z < view.index.shape[2]))[None, None, :, :, None, None]
+    return view.srcs, np.where(inside, view.index[:, :, np.clip(z, 0, view.index.shape[2] - 1)],
+                               -1)
+
+
+def _conv3d(ctx, x, w, attrs, out, depth, bias):
+    """A 3-D convolution as one 2-D one: the kd input depths each output depth reads, stacked
+    along the channels (one GATHER), make a batch of N * Do 2-D images the 2-D kernel slices,
+    side by side, convolve. The stacking copies the input kd / stride times (the depth's
+    im2col); the result is a (N * Do, M, Ho, Wo) layer, whose storage is the (N, M, Do, Ho, Wo)
+    output's."""
+    n = x.shape[0]
+    m, cin_g, kd, kh, kw = w.shape
+    group, do = attrs["group"], out[0]
+    srcs, idx = _depth_taps(ctx, x, do, kd, depth)
+    # channels in (group, tap, channel of the group) order: each 2-D group sees its whole group
+    idx = idx.reshape(n, group, cin_g, do, kd, *x.shape[3:]).transpose(0, 3, 1, 4, 2, 5, 6)
+    taps = ctx.act(View(srcs, np.ascontiguousarray(idx).reshape(n * do, group * kd * cin_g,
+                                                               *x.shape[3:]),
+                        0.0, ctx.node_name + "/taps"), CHANNELS)
+    w2 = w.transpose(0, 2, 1, 3, 4).reshape(m, kd * cin_g, kh, kw)
+    y = ctx.emit(ctx.node_name, "CONV", [taps.layer], (n * do, m, *out[1:]), attrs,
+                 {"w": conv_weights(w2, group), "b": bias})
+    return _unfold_depth(ctx, y, n)
+
+
+def _unfold_depth(ctx, y, n: int) -> View:
+    """A (N * D, C, H, W) layer's storage read as the (N, C, D, H, W) it holds (a view)."""
+    nd, c, h, w = y.shape
+    index = ctx.as_view(y).index.reshape(n, nd // n, c, h, w).transpose(0, 2, 1, 3, 4)
+    return View([y.layer], np.ascontiguousarray(index), name=ctx.node_name)
 
 
 def _bias(ctx, ins, m: int) -> np.ndarray:
@@ -200,35 +245,60 @@ def _conv_transpose(ctx, ins):
                      {"w": conv_weights(wc, 1), "b": b})]
 
 
-def _image(ctx, v, what: str):
-    """v in the channels layout, of rank 3 or 4 (a 1-D or 2-D image)."""
+def _image(ctx, v, what: str, ranks=(3, 4)):
+    """v in the channels layout, of rank 3 or 4 (a 1-D or 2-D image) or another of ``ranks``."""
     x = ctx.act(v, CHANNELS)
-    if len(x.shape) not in (3, 4):
+    if len(x.shape) not in ranks:
         raise Unsupported(f"{what} of a rank-{len(x.shape)} tensor")
     return x
 
 
 def _pool(kind):
     def run(ctx, ins):
-        x = _image(ctx, ins[0], "pooling")
+        x = ctx.resolve(ins[0])
+        if len(x.shape) != 5:
+            x = _image(ctx, x, "pooling")
         kernel = ctx.attr("kernel_shape")
         if not isinstance(kernel, list):
             raise ShapeError(f"{ctx.node.op_type} without a kernel_shape attribute (a list of "
                              "integers)")
         if len(kernel) != len(x.shape) - 2:
             raise ShapeError(f"kernel_shape {kernel} for an input of shape {x.shape}")
-        if kind == ir.POOL_AVG and ctx.attr("dilations", None) not in (None, [1] * len(kernel)):
-            raise Unsupported("AveragePool with dilations")
-        window, out = _window(ctx, list(x.shape[2:]), kernel, bool(ctx.attr("ceil_mode", 0)))
+        window, out, depth = _window(ctx, list(x.shape[2:]), kernel,
+                                     bool(ctx.attr("ceil_mode", 0)))
         _check_taps(x.shape[0], out, kernel)
         attrs = dict(kind=kind, **window, count_include_pad=int(ctx.attr("count_include_pad", 0)))
+        if len(x.shape) == 5:
+            return [_pool3d(ctx, x, attrs, out, depth, kernel[0])]
         return [ctx.emit(ctx.node_name, "POOL", [x.layer], (*x.shape[:2], *out), attrs)]
     return run
 
 
+def _pool3d(ctx, x, attrs, out, depth, kd: int):
+    """A 3-D pool as two 2-D ones, which it equals because its window is a box: the maximum is
+    the maximum over depth of the maxima over (H, W), the average the average over depth of the
+    averages over (H, W) (each divisor counts its axes' taps inside the input, or the pads).
+    First over (H, W) of each depth slice, a (N * D, C, H, W) view (a Conv3D's own storage),
+    then a (kd, 1) window over (N, C, D, Ho * Wo), the same storage copied to that shape."""
+    n, c, d, h, w = x.shape
+    view = ctx.as_view(x)
+    slices = ctx.act(View(view.srcs, np.ascontiguousarray(view.index.transpose(0, 2, 1, 3, 4))
+                          .reshape(n * d, c, h, w), view.fill, ctx.node_name + "/slices"),
+                     CHANNELS)
+    p = ctx.emit(ctx.node_name + "/hw", "POOL", [slices.layer], (n * d, c, *out[1:]), attrs)
+    hw = out[1] * out[2]
+    index = ctx.as_view(p).index.reshape(n, d, c, hw).transpose(0, 2, 1, 3)
+    planes = ctx.act(View([p.layer], np.ascontiguousarray(index), name=ctx.node_name + "/depth"),
+                     CHANNELS)
+    begin, end, stride, dil = depth
+    attrs = dict(attrs, kh=kd, kw=1, sh=stride, sw=1, pt=begin, pl=0, pb=end, pr=0, dh=dil, dw=1)
+    y = ctx.emit(ctx.node_name, "POOL", [planes.layer], (n, c, out[0], hw), attrs)
+    return ctx.reshaped(y, (n, c, *out))
+
+
 def _global_pool(kind):
     def run(ctx, ins):
-        x = _image(ctx, ins[0], "global pooling")
+        x = _image(ctx, ins[0], "global pooling", (3, 4, 5))
         out = x.shape[:2] + (1,) * (len(x.shape) - 2)
         return [ctx.emit(ctx.node_name, "GLOBAL_POOL", [x.layer], out, {"kind": kind})]
     return run
@@ -238,7 +308,7 @@ def _global_pool(kind):
 def _batch_norm(ctx, ins):
     if ctx.attr("training_mode", 0):
         raise Unsupported("BatchNormalization in training mode")
-    x = ctx.act(ins[0], CHANNELS)
+    x = ctx.act_channels(ins[0])
     params = [np.asarray(ctx.const(v, what), np.float64).reshape(-1)
               for v, what in zip(ins[1:5], ("scale", "B", "mean", "var"))]
     c = ctx.layers[x.layer].shape[1]
@@ -251,7 +321,7 @@ def _batch_norm(ctx, ins):
 
 @op("LRN")
 def _lrn(ctx, ins):
-    x = _image(ctx, ins[0], "LRN")
+    x = _image(ctx, ins[0], "LRN", (3, 4, 5))
     if not isinstance(ctx.attr("size"), int) or ctx.attr("size") < 1:
         raise ShapeError(f"LRN size {ctx.attr('size')!r} (must be an integer of at least 1)")
     attrs = dict(size=int(ctx.attr("size")), alpha=float(ctx.attr("alpha", 1e-4)),

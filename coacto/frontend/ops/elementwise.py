@@ -7,7 +7,7 @@ from ... import ir
 from ...errors import ShapeError
 from ..folding import clip_bounds
 from ..registry import op, register
-from ..values import CHANNELS, Act, Unsupported, View, row_axis, shape_of
+from ..values import CHANNELS, Act, Unsupported, View, const_operand, row_axis, shape_of
 
 
 def affine(ctx, x, scale, shift, act=ir.ACT_NONE, alpha=0.0, beta=0.0, name=None):
@@ -27,8 +27,8 @@ def affine(ctx, x, scale, shift, act=ir.ACT_NONE, alpha=0.0, beta=0.0, name=None
                              {"scale": np.full(c, scale[0], np.float32),
                               "shift": np.full(c, shift[0], np.float32)})
     x = ctx.resolve(x)  # per row: the channels (axis 1) in the channels layout, else the last axis
-    x = ctx.act(x, CHANNELS) if len(x.shape) > 2 and ctx.layout_of(x) == CHANNELS else \
-        ctx.act_rows(x)
+    channels = len(x.shape) > 2 and ctx.layout_of(x) == CHANNELS
+    x = ctx.act_channels(x) if channels else ctx.act_rows(x)
     c = ctx.layers[x.layer].rows
     weights = {"scale": np.broadcast_to(scale, (c,)).astype(np.float32),
                "shift": np.broadcast_to(shift, (c,)).astype(np.float32)}
@@ -158,25 +158,20 @@ _COMPARISONS = (ir.BIN_EQUAL, ir.BIN_LESS, ir.BIN_GREATER, ir.BIN_GREATER_EQUAL,
 
 
 def emit_binary_const(ctx, x, k, kind, const_first, out_shape, name):
-    r = len(out_shape)
     k = np.asarray(k, np.float32)
-    k = k.reshape((1,) * (r - k.ndim) + k.shape)
     x = ctx.resolve(x)
     lay = ctx.layout_of(x)
     attrs = dict(kind=kind, act=ir.ACT_NONE, alpha=0.0, beta=0.0, const_first=int(const_first))
     if k.size == 1 and tuple(out_shape) == tuple(x.shape):  # a scalar: any storage will do
         return ctx.emit_like(name, "BINARY", x, attrs, {"k": k.reshape(1, 1, 1, 1)})
-    x = ctx.act_as(x, (1,) * (r - len(x.shape)) + tuple(x.shape), lay)
+    x = ctx.operand(x, out_shape, lay)
     return ctx.emit(name, "BINARY", [x.layer], out_shape, attrs,
-                    {"k": np.ascontiguousarray(ir.internal_array(k, lay))}, layout=lay)
+                    {"k": const_operand(k, out_shape, lay)}, layout=lay)
 
 
 def binary_values(ctx, a, b, kind, name):
     """``a OP b`` for values of which at least one is computed."""
     out = tuple(np.broadcast_shapes(shape_of(a), shape_of(b)))
-    if not 1 <= len(out) <= 4:
-        raise Unsupported(f"elementwise operation of rank {len(out)}; coacto computes tensors of "
-                          "rank 1 to 4")
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
         const_first = isinstance(a, np.ndarray)
         k, x = (a, b) if const_first else (b, a)
@@ -206,10 +201,8 @@ def _binary_acts(ctx, a, b, kind, out, name):
             (la.layout == lb.layout or len(out) <= 2):
         # the same storage order on both sides: elementwise over the storage as it is
         return ctx.emit_like(name, "BINARY", xa, attrs, inputs=[xa.layer, xb.layer])
-    r = len(out)
     lay = ctx.layout_of(xa) if len(xa.shape) >= len(xb.shape) else ctx.layout_of(xb)
-    xa = ctx.act_as(xa, (1,) * (r - len(xa.shape)) + xa.shape, lay)
-    xb = ctx.act_as(xb, (1,) * (r - len(xb.shape)) + xb.shape, lay)
+    xa, xb = ctx.operand(xa, out, lay), ctx.operand(xb, out, lay)
     return ctx.emit(name, "BINARY", [xa.layer, xb.layer], out, attrs, layout=lay)
 
 
@@ -292,8 +285,6 @@ def _pow(ctx, ins):
 def _where(ctx, ins):
     cond, x, y = ins[0], ins[1], ins[2]
     out = tuple(np.broadcast_shapes(*(shape_of(v) for v in (cond, x, y))))
-    if not 1 <= len(out) <= 4:
-        raise Unsupported(f"Where of rank {len(out)}; coacto computes tensors of rank 1 to 4")
     if isinstance(cond, np.ndarray):
         c = np.asarray(cond).astype(bool)
         for pick, v in ((c.all(), x), ((~c).all(), y)):
@@ -302,17 +293,13 @@ def _where(ctx, ins):
     vals = [cond, x, y]
     first = next(v for v in vals if not isinstance(v, np.ndarray))
     lay = ctx.layout_of(ctx.resolve(first))
-    r = len(out)
     which, inputs, weights = 0, [], {}
     for o, (key, v) in enumerate(zip(("cond", "x", "y"), vals)):
         if isinstance(v, np.ndarray):
-            k = np.asarray(v).astype(np.float32)
-            k = k.reshape((1,) * (r - k.ndim) + k.shape)
-            weights[key] = np.ascontiguousarray(ir.internal_array(k, lay))
+            weights[key] = const_operand(np.asarray(v).astype(np.float32), out, lay)
         else:
-            a = ctx.act_as(v, (1,) * (r - len(shape_of(v))) + tuple(shape_of(v)), lay)
             which |= 1 << o
-            inputs.append(a.layer)
+            inputs.append(ctx.operand(v, out, lay).layer)
     res = ctx.emit(ctx.node_name, "WHERE", inputs, out, {"operands": which}, weights,
                    layout=lay)
     if all(ctx.is_integer(v) if not isinstance(v, np.ndarray) else
