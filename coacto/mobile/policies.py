@@ -9,14 +9,14 @@ exit tiles; every policy therefore gives the same outputs, only who computes wha
 * ``local``    the device alone; no server.
 * ``cloud``    send the inputs, the server computes everything.
 * ``split``    Neurosurgeon / SPINN: compute layers up to a cut here, send the tensors live
-               there, the server computes the rest; sequential. The cut minimises the predicted latency from
-               the device's FLOP rate, the goodput, the RTT and the server's rate and contention.
+               there, the server computes the rest; sequential, at the cut predicted fastest
+               (split_costs: the cost model docs/SCHEDULER.md describes).
 * ``fl``       fused-layer offloading (DeepThings): the first K layers form a fused stack split
                spatially (by columns) into a device part and a server part sized by the two
                speeds; the device computes its part (halos included, recomputed), sends its part
                of layer K; the server computes its part from the inputs and all layers after K.
-* ``dynamic``  CoActo: the device computes everything and sends the inputs at once; every other
-               tile is sent when the ECT rule says the server gets it sooner that way.
+* ``dynamic``  CoActo's plan (the inputs first, then every tile the ECT rule sends), a streamed
+               cut or a device share, whichever is predicted fastest (docs/SCHEDULER.md).
 """
 from __future__ import annotations
 
@@ -36,12 +36,8 @@ POLICIES = ("local", "cloud", "split", "fl", "dynamic")
 
 #: The fused stack of `fl` ends at the first single-tensor cut after this share of the FLOPs.
 FL_STACK_FLOPS_SHARE = 1 / 3
-#: Dynamic streams a later cut instead of sending the inputs only when the cost model predicts it
-#: at least this much faster: the two plans run differently (a streamed cut keeps the device
-#: computing from the start, the inputs plan gives the device's CPU to the link first), and a
-#: cut that saves a few hundred bytes of preprocessing (BERT's mask arithmetic, which lossless
-#: transfers make near-free to send) is no reason to change plan: it cost BERT 10-15% at
-#: 100 Mbit/s.
+#: Dynamic streams a later cut (or a share) instead of sending the inputs only when the cost
+#: model predicts it at least this much faster (why: docs/SCHEDULER.md, "A cut must win clearly").
 CUT_MIN_GAIN = 0.05
 #: Dynamic runs a kind of plan it has not run yet (its prediction error unknown) once when the
 #: model puts it within this factor of the best kind's corrected prediction.
@@ -88,21 +84,20 @@ def dynamic_options(tg: TileGraph, device_flops: float, server_flops: float, ban
     device share of a fused stack; absent when the graph has none)."""
     cuts, costs = split_cost_array(tg, device_flops, server_flops, bandwidth, rtt, alpha,
                                    downlink, wire)
-    last = tg.n_layers - 1
-    total = cut_flops(tg)[3]
-    out: dict[str, tuple[float, object]] = {"local": (total / device_flops, None)}
-    inputs = tg.graph.inputs.values()
-    at_inputs = max(inputs)
+    out: dict[str, tuple[float, object]] = {"local": (cut_flops(tg)[3] / device_flops, None)}
+    at_inputs = max(tg.graph.inputs.values())
     if len(cuts) and cuts[0] == at_inputs:
         out["inputs"] = (float(costs[0]), at_inputs)
-    later = (cuts != last) & (cuts > at_inputs)  # (valid cuts start at the last input)
+    later = (cuts != tg.n_layers - 1) & (cuts > at_inputs)  # (valid cuts start at the last input)
     if later.any():
         # the cheapest; among equals the latest (more computed here)
         i = int(np.flatnonzero(later)[np.lexsort((-cuts[later], costs[later]))[0]])
         out["cut"] = (float(costs[i]), int(cuts[i]))
-    share = best_share(tg, device_flops, server_flops, bandwidth, rtt, alpha, downlink, wire)
-    if share is not None:
-        out["share"] = (share[2], share[:2])
+    table, shares = share_costs(tg, device_flops, server_flops, bandwidth, rtt, alpha, downlink,
+                                wire)
+    if len(shares):  # the best device share
+        i = int(np.argmin(shares))
+        out["share"] = (float(shares[i]), (int(table.layer[i]), int(table.blocks[i])))
     return out
 
 
@@ -113,12 +108,10 @@ def choose_dynamic(options: dict[str, tuple[float, object]], correct=None,
     ``correct(predicted_s, kind)`` (what each kind of plan has been off by on this device and
     link; None: as predicted), where a later cut or a share must beat the inputs by
     CUT_MIN_GAIN. A kind in ``unseen`` (never run, so its error is not known) predicted within
-    EXPLORE_WITHIN of the best is taken instead, once: the model's errors differ by kind by
-    15% and more, and only running a kind measures its own. ``explore`` (kinds, the stalest
-    first: an inference the gate would have kept on the device offloads to refresh what the
-    device knows): the first of them predicted, as the model stands, within EXPLORE_WITHIN of
-    the best, so that an error learnt once under other conditions (a link busy with a probe)
-    does not keep its kind from ever running again."""
+    EXPLORE_WITHIN of the best is taken instead, once. ``explore`` (kinds, the stalest first:
+    an inference the gate would have kept on the device offloads to refresh what the device
+    knows): the first of them predicted, as the model stands, within EXPLORE_WITHIN of the
+    best. Why explore at all: docs/SCHEDULER.md, "Exploration"."""
     pred = {k: (v if correct is None else correct(v, k))
             for k, (v, _w) in options.items() if k != "local"}
     if not pred:
@@ -144,29 +137,22 @@ def plan_dynamic(tg: TileGraph, device_flops: float | None = None, server_flops:
                  downlink: float | None = None, wire=None, correct=None,
                  unseen=(), explore=None, frontier: str | None = None) -> Plan:
     """Tile-level collaboration, in the kind of plan predicted fastest (choose_dynamic; before
-    the device's speed is known, the inputs). ``inputs``: CoActo's rule — the input tiles go
-    first and every other tile is sent when the ECT rule says the server gets it sooner that
-    way. ``cut``: a later cut's tiles are streamed as each completes — transmission overlaps the
-    rest of the device's work up to the cut and the server starts on the first tiles that
-    arrive, instead of split's layer-by-layer hand-over; what comes after the cut waits as
-    insurance. ``share``: disjoint parts of a fused stack
-    (plan_share): fl's plan, its stack and share chosen by the cost model instead of fixed.
-    The engine's gate has decided before that the inference offloads (or explores: it then
-    runs the plan it would use, so that what it measures is that plan's latency).
-    ``frontier``: run this plan instead of the one predicted fastest, as stats' ``frontier``
-    names it (``inputs``, ``cut LAYER`` or ``share LAYER M/N``; parse_frontier): a recorded
-    inference replayed, e.g. by the simulator against the real run that recorded it."""
+    the device's speed is known, the inputs): ``inputs`` (CoActo's rule), a streamed ``cut`` or
+    a device ``share`` (plan_share), as docs/SCHEDULER.md describes them. The engine's gate has
+    decided before that the inference offloads (or explores: it then runs the plan it would
+    use, so that what it measures is that plan's latency). ``frontier``: run this plan instead
+    of the one predicted fastest, as stats' ``frontier`` names it (``inputs``, ``cut LAYER`` or
+    ``share LAYER M/N``; parse_frontier): a recorded inference replayed, e.g. by the simulator
+    against the real run that recorded it."""
     forced = None if frontier is None else parse_frontier(tg, frontier)
     inputs = input_tiles(tg)
     send = np.full(tg.n_tiles, SEND_DECIDE, dtype=np.uint8)
     send[inputs] = SEND_ALWAYS
-    outputs = np.concatenate([np.arange(tg.plan.layer_first_tile[li], tg.plan.layer_first_tile[li + 1])
-                              for li in set(tg.graph.outputs.values())])
+    outputs = [t for li in set(tg.graph.outputs.values()) for t in tg.plan.layer_tiles(li)]
     send[outputs] = SEND_NEVER  # the device has its own exit tiles: sending them back helps no one
     if not (device_flops and device_flops > 0 and bandwidth > 0 and server_flops > 0) \
             and (forced is None or forced[0] == "inputs"):
-        return Plan("dynamic", None, send, uses_server=True, split_layer=None,
-                    info={"kind": "inputs"})
+        return Plan("dynamic", None, send, uses_server=True, info={"kind": "inputs"})
     options = dynamic_options(tg, device_flops, server_flops, bandwidth, rtt, alpha, downlink,
                               wire) if device_flops and device_flops > 0 else {}
     if forced is None:
@@ -178,34 +164,26 @@ def plan_dynamic(tg: TileGraph, device_flops: float | None = None, server_flops:
             else float("nan")
         if where is None:  # the inputs plan's own cut
             if kind not in options:
-                return Plan("dynamic", None, send, uses_server=True, split_layer=None,
-                            info={"kind": "inputs"})
+                return Plan("dynamic", None, send, uses_server=True, info={"kind": "inputs"})
             where = options[kind][1]
     info: dict = {"predicted_s": predicted, "kind": kind}
     if kind == "share":
         return plan_share(tg, where[0], where[1], info)
     if kind == "cut":
         # The device computes what the cut needs and streams it; the rest waits as insurance
-        # (the engine's _park_rest), as in a share: a device that went on computing took the
-        # CPU its engine needed to send the cut and read the results (docs/SCHEDULER.md,
-        # "Measurements behind the constants").
-        info["cut_name"] = tg.graph.layers[where].name
-        info["park_rest"] = True
+        # (the engine's _park_rest; docs/SCHEDULER.md, "Measurements behind the constants").
+        info.update(cut_name=tg.graph.layers[where].name, park_rest=True)
         send[:] = SEND_NEVER
         send[cut_tiles(tg, where)] = SEND_ALWAYS
         return Plan("dynamic", cut_needs(tg, where), send, uses_server=True, split_layer=where,
                     info=info)
     if kind == "inputs":
-        # The input is the best start: it gets the device's CPU first (on a device whose CPU
-        # is the bottleneck, computing would slow its own transmission); the engine unparks
-        # local work as soon as the last input tile is on the wire.
-        info["cut_name"] = tg.graph.layers[where].name
-        local = np.zeros(tg.n_tiles, dtype=np.uint8)
-        local[inputs] = 1
-        info["local_after_inputs"] = True
-        return Plan("dynamic", local, send, uses_server=True, split_layer=None, info=info)
+        # The inputs get the device's CPU first (where the CPU is the bottleneck, computing would
+        # slow their transmission): the engine unparks local work once the last is on the wire.
+        info.update(cut_name=tg.graph.layers[where].name, local_after_inputs=True)
+        return Plan("dynamic", tg.plan.mask(inputs), send, uses_server=True, info=info)
     # a graph with no cut at all (an output before the last input): CoActo's rule
-    return Plan("dynamic", None, send, uses_server=True, split_layer=None, info=info)
+    return Plan("dynamic", None, send, uses_server=True, info=info)
 
 
 # ------------------------------------------------------------------------------ device shares
@@ -242,9 +220,8 @@ def _serves(tg: TileGraph, k: int) -> np.ndarray:
     plan = tg.plan
     first = plan.layer_first_tile
     bits = np.zeros(tg.n_tiles, dtype=np.uint64)
-    n_rows = len(plan.row_bounds[k]) - 1
-    tiles = np.arange(first[k], first[k + 1])
-    bits[tiles] = np.left_shift(np.uint64(1), ((tiles - first[k]) // n_rows).astype(np.uint64))
+    for b in range(len(plan.col_bounds[k]) - 1):
+        bits[plan.block_tiles(k, b, b + 1)] = np.uint64(1) << np.uint64(b)
     off, par = plan.parent_offsets, plan.parents
     counts = np.diff(off)
     for li in range(k, -1, -1):
@@ -275,19 +252,16 @@ def _share_table(tg: TileGraph) -> ShareTable:
     first = plan.layer_first_tile
     flops = plan.tile_flops.astype(np.float64)
     raw = plan.tile_bytes.astype(np.float64)
-    lf = flops_per_layer(tg)
-    cum = np.cumsum(lf)
-    total = float(cum[-1])
+    cum = np.cumsum(flops_per_layer(tg))
     in_layers = np.asarray(sorted(tg.graph.inputs.values()), dtype=np.int64)
     layer_of = plan.tile_layer
     rows: list[tuple] = []
-    serves = {}
+    serves: dict = {}
     for k in single_tensor_cuts(tg):
         n = len(plan.col_bounds[k]) - 1
         if k in tg.graph.inputs.values() or k >= tg.n_layers - 1 or not 2 <= n <= SHARE_MAX_BLOCKS:
             continue
-        bits = _serves(tg, k)
-        serves[k] = bits
+        bits = serves[k] = _serves(tg, k)
         n_rows = len(plan.row_bounds[k]) - 1
         k_raw = raw[first[k]:first[k + 1]].reshape(n, n_rows).sum(axis=1)
         stack = np.arange(int(first[k + 1]))
@@ -295,26 +269,21 @@ def _share_table(tg: TileGraph) -> ShareTable:
             dev, srv = _share_parts(bits[stack], n, m)
             srv_in = [float(raw[stack[srv & (layer_of[stack] == li)]].sum()) for li in in_layers]
             rows.append((k, m, n, float(flops[stack[dev]].sum()), float(flops[stack[srv]].sum()),
-                         total - float(cum[k]), srv_in, float(k_raw[n - m:].sum())))
+                         float(cum[-1]) - float(cum[k]), srv_in, float(k_raw[n - m:].sum())))
     cols = list(zip(*rows)) if rows else [[]] * 8
-    table = ShareTable(
+    return ShareTable(
         layer=np.asarray(cols[0], dtype=np.int64), blocks=np.asarray(cols[1], dtype=np.int64),
         n_blocks=np.asarray(cols[2], dtype=np.int64), device_flops=np.asarray(cols[3], float),
         server_flops=np.asarray(cols[4], float), rest_flops=np.asarray(cols[5], float),
         server_inputs=np.asarray(cols[6], float).reshape(len(rows), len(in_layers)),
         input_layers=in_layers, device_out=np.asarray(cols[7], float), serves=serves)
-    return table
 
 
 def share_costs(tg: TileGraph, device_flops: float, server_flops: float, bandwidth: float,
                 rtt: float, alpha: float = 1.0, downlink: float | None = None,
                 wire=None) -> tuple[ShareTable, np.ndarray]:
     """Predicted latency (s) of every device share (share_table), by the model split_costs
-    uses: the server's inputs go first and it computes its part of the stack once they are
-    there; the device computes its part meanwhile and its blocks of the stack's last layer
-    follow the inputs on the link; the server computes the rest once it holds both parts, and
-    returns the exit tiles. With no share (the device takes no block) this is split_costs at
-    the inputs, with all of them, at the last layer."""
+    uses, as docs/SCHEDULER.md ("A share is priced by the same model") describes it."""
     table = share_table(tg)
     if not len(table):
         return table, np.zeros(0)
@@ -332,15 +301,13 @@ def share_costs(tg: TileGraph, device_flops: float, server_flops: float, bandwid
 def plan_share(tg: TileGraph, layer: int, blocks: int, info: dict | None = None) -> Plan:
     """The device computes the last ``blocks`` column blocks of ``layer`` (a single-tensor cut)
     and their ancestors and streams those blocks; the server receives the inputs the other
-    blocks need, computes them and everything after ``layer``. The two parts of the stack are
-    disjoint but for halos, so the two sides' work adds up. Whatever the device does not compute
-    waits (local 0) for compute_all: the engine's insurance if the server is late."""
+    blocks need, computes them and everything after ``layer``. Whatever the device does not
+    compute waits (local 0) for compute_all: the engine's insurance if the server is late."""
     table = share_table(tg)
     if layer not in table.serves:
         raise PolicyError(f"layer {layer} cannot end a device share (valid: "
                           f"{sorted(table.serves)[:20]})")
-    plan_ = tg.plan
-    n = len(plan_.col_bounds[layer]) - 1
+    n = len(tg.plan.col_bounds[layer]) - 1
     if not 1 <= blocks < n:
         raise PolicyError(f"a device share of layer {layer} takes 1 to {n - 1} blocks, "
                           f"got {blocks}")
@@ -350,26 +317,10 @@ def plan_share(tg: TileGraph, layer: int, blocks: int, info: dict | None = None)
     local[inp] = 1
     send = np.zeros(tg.n_tiles, dtype=np.uint8)
     send[inp[srv[inp]]] = SEND_ALWAYS
-    first = plan_.layer_first_tile
-    n_rows = len(plan_.row_bounds[layer]) - 1
-    send[first[layer] + (n - blocks) * n_rows:first[layer + 1]] = SEND_ALWAYS
-    info = dict(info or {})
-    info.update({"share_layer": layer, "share_name": tg.graph.layers[layer].name,
-                 "device_blocks": blocks, "blocks": n, "park_rest": True})
-    return Plan("dynamic", local, send, uses_server=True, split_layer=None, info=info)
-
-
-def best_share(tg: TileGraph, device_flops: float, server_flops: float, bandwidth: float,
-               rtt: float, alpha: float = 1.0, downlink: float | None = None,
-               wire=None) -> tuple[int, int, float] | None:
-    """(layer, device blocks, predicted s) of the best device share, None if the graph has
-    none."""
-    table, costs = share_costs(tg, device_flops, server_flops, bandwidth, rtt, alpha, downlink,
-                               wire)
-    if not len(costs):
-        return None
-    i = int(np.argmin(costs))
-    return int(table.layer[i]), int(table.blocks[i]), float(costs[i])
+    send[tg.plan.block_tiles(layer, n - blocks, n)] = SEND_ALWAYS
+    info = dict(info or {}, share_layer=layer, share_name=tg.graph.layers[layer].name,
+                device_blocks=blocks, blocks=n, park_rest=True)
+    return Plan("dynamic", local, send, uses_server=True, info=info)
 
 
 def split_cost_array(tg: TileGraph, device_flops: float, server_flops: float,
@@ -433,15 +384,13 @@ def fl_stack_layer(tg: TileGraph, share: float = FL_STACK_FLOPS_SHARE) -> int | 
     """The last layer of the fused stack: the first single-tensor cut after ``share`` of the
     FLOPs whose output has at least two column blocks (else the latest such cut before it); None
     if none."""
-    lf = flops_per_layer(tg)
-    cum = np.cumsum(lf)
-    total = float(cum[-1])
+    cum = np.cumsum(flops_per_layer(tg))
     inputs = set(tg.graph.inputs.values())
     splittable = [c for c in single_tensor_cuts(tg) if c not in inputs and c < tg.n_layers - 1
                   and len(tg.plan.col_bounds[c]) - 1 >= 2]
     if not splittable:
         return None
-    after = [c for c in splittable if cum[c] >= share * total]
+    after = [c for c in splittable if cum[c] >= share * float(cum[-1])]
     return after[0] if after else splittable[-1]
 
 
@@ -467,15 +416,10 @@ def plan_fl(tg: TileGraph, device_flops: float, server_flops: float, alpha: floa
     plan_ = tg.plan
     n_blocks = len(plan_.col_bounds[layer]) - 1
     m = int(round(device_share * n_blocks))
-    first = plan_.layer_first_tile
-    tiles_k = np.arange(first[layer], first[layer + 1])
-    n_rows = len(plan_.row_bounds[layer]) - 1
-    block_of = (tiles_k - first[layer]) // n_rows
-    dev_k = tiles_k[block_of < m]
-    srv_k = tiles_k[block_of >= m]
+    dev_k = plan_.block_tiles(layer, 0, m)
     inp = input_tiles(tg)
-    dev_mask = tg.plan.ancestors(tg.plan.mask(dev_k)) if len(dev_k) else np.zeros(tg.n_tiles, bool)
-    srv_mask = tg.plan.ancestors(tg.plan.mask(srv_k)) if len(srv_k) else np.zeros(tg.n_tiles, bool)
+    dev_mask = plan_.ancestors(plan_.mask(dev_k))
+    srv_mask = plan_.ancestors(plan_.mask(plan_.block_tiles(layer, m, n_blocks)))
     local = dev_mask.astype(np.uint8)
     local[inp] = 1
     send = np.zeros(tg.n_tiles, dtype=np.uint8)
@@ -572,17 +516,13 @@ def check_plan(tg: TileGraph, plan: Plan) -> list[str]:
     inp = input_tiles(tg)
     if not local[inp].all():
         problems.append("input tiles must be local (set_inputs completes them)")
-    is_input = np.zeros(n, bool)
-    is_input[inp] = True
     off, par = tg.plan.parent_offsets, tg.plan.parents
     dev = np.zeros(n, bool)   # completed on the device without the server
+    dev[inp] = True
     srv = np.zeros(n, bool)   # available on the server (received or computed there)
     for t in range(n):
         ps = par[off[t]:off[t + 1]]
-        if is_input[t]:
-            dev[t] = True
-        else:
-            dev[t] = bool(local[t]) and bool(dev[ps].all())
+        dev[t] = dev[t] or (bool(local[t]) and bool(dev[ps].all()))
         sent = dev[t] and send[t] == SEND_ALWAYS
         srv[t] = sent or (len(ps) > 0 and bool(srv[ps].all()))
     outs = np.concatenate([np.asarray(layer_tiles(tg, li)) for li in tg.graph.outputs.values()])

@@ -75,30 +75,33 @@ class TilePlan:
         first = self.layer_first_tile
         return range(int(first[li]), int(first[li + 1]))
 
+    def block_tiles(self, li: int, b0: int, b1: int) -> range:
+        """The tiles of layer li's column blocks b0 to b1 - 1."""
+        first, rows = int(self.layer_first_tile[li]), len(self.row_bounds[li]) - 1
+        return range(first + b0 * rows, first + b1 * rows)
+
     def tile_work(self) -> np.ndarray:
         """FLOPs needed to produce each tile from the inputs: the tile and all its ancestors
         (float64 [n_tiles]; what the send rule weighs). Exact, from ancestor bitsets built in
         topological order."""
-        if "tile_work" in self.memo:
-            return self.memo["tile_work"]
-        n = self.n_tiles
-        words = (n + 63) // 64
-        anc = np.zeros((n, words), dtype=np.uint64)
-        off, par = self.parent_offsets, self.parents
-        one = np.uint64(1)
-        for t in range(n):
-            ps = par[off[t]:off[t + 1]]
-            if len(ps):
-                anc[t] = np.bitwise_or.reduce(anc[ps], axis=0)
-            anc[t, t >> 6] |= one << np.uint64(t & 63)
-        work = np.empty(n, dtype=np.float64)
-        chunk = max(1, (1 << 24) // max(n, 1))
-        for s in range(0, n, chunk):
-            bits = np.unpackbits(anc[s:s + chunk].view(np.uint8), axis=1,
-                                 bitorder="little")[:, :n]
-            work[s:s + chunk] = bits @ self.tile_flops
-        self.memo["tile_work"] = work
-        return work
+        def make():
+            n = self.n_tiles
+            anc = np.zeros((n, (n + 63) // 64), dtype=np.uint64)
+            off, par = self.parent_offsets, self.parents
+            one = np.uint64(1)
+            for t in range(n):
+                ps = par[off[t]:off[t + 1]]
+                if len(ps):
+                    anc[t] = np.bitwise_or.reduce(anc[ps], axis=0)
+                anc[t, t >> 6] |= one << np.uint64(t & 63)
+            work = np.empty(n, dtype=np.float64)
+            chunk = max(1, (1 << 24) // max(n, 1))
+            for s in range(0, n, chunk):
+                bits = np.unpackbits(anc[s:s + chunk].view(np.uint8), axis=1,
+                                     bitorder="little")[:, :n]
+                work[s:s + chunk] = bits @ self.tile_flops
+            return work
+        return self.memoised("tile_work", make)
 
     def ancestors(self, mask: np.ndarray) -> np.ndarray:
         """The tiles in ``mask`` and all their ancestors (bool mask)."""
@@ -147,9 +150,8 @@ def input_bytes(tg) -> int:
 
 def output_bytes(tg) -> float:
     """Bytes of the exit tiles: what the server returns."""
-    plan = tg.plan
-    return plan.memoised("output_bytes", lambda: float(sum(
-        plan.tile_bytes[list(plan.layer_tiles(li))].sum() for li in set(tg.graph.outputs.values()))))
+    return tg.plan.memoised("output_bytes", lambda: float(
+        layer_bytes(tg)[sorted(set(tg.graph.outputs.values()))].sum()))
 
 
 def flops_per_layer(tg) -> np.ndarray:

@@ -1,14 +1,12 @@
-"""Tile partitioner: cut every layer's output into tiles and derive exact tile dependencies.
+"""Tile partitioner: cut every layer's output into tiles and derive exact tile dependencies
+(docs/ARCHITECTURE.md §3: a layer's output is a matrix of columns, positions, by rows, channels).
 
-A layer's output is a matrix of columns (positions n, y, x) by rows (channels). Its tiles form a
-grid: column blocks (contiguous column ranges, the default split) times row blocks (used when a
+A layer's tiles form a grid: column blocks (the default split) times row blocks (used when a
 layer has too few columns to feed the threads, e.g. late CNN stages and fully connected layers).
-
-Dependencies are exact: a tile depends on exactly the producer tiles holding an element its
-computation reads. Per operator family the read set is computed with vectorised index arithmetic:
-the receptive field of every output column (convolution / pooling taps with stride, padding and
-dilation), broadcasting maps, whole-batch reads for global pooling and fully connected layers, and
-the element index map of GATHER layers. Rows are intervals (a channel group of a grouped
+Per operator family the columns read are computed with vectorised index arithmetic: the
+receptive field of every output column (convolution / pooling taps with stride, padding and
+dilation), broadcasting maps, whole-batch reads for global pooling and fully connected layers,
+and the element index map of GATHER layers. Rows are intervals (a channel group of a grouped
 convolution, the LRN window, a CONCAT input's channel range). MATMUL and EMBED layers read their
 inputs by storage position (coacto.partition.sequence). The plan these rules make, its numbering
 and the queries asked of it are in coacto.partition.plan.
@@ -21,11 +19,11 @@ import numpy as np
 from .. import ir
 from ..errors import CoactoError, ModelError, ShapeError
 from .plan import TilePlan, number_tiles
-from .sequence import embed_parent_pairs, matmul_parent_pairs
+from .sequence import block_of, embed_parent_pairs, matmul_parent_pairs
 
 #: Bumped whenever partitioning changes the tiles it derives for the same parameters (the rules
-#: and constants of this module and coacto.partition.sequence): stored graphs and tuned tile counts made by
-#: another version are rebuilt, not trusted.
+#: and constants of this module and coacto.partition.sequence): stored graphs and tuned tile
+#: counts made by another version are rebuilt, not trusted.
 PARTITIONER_VERSION = 5
 
 # The measurements behind these values are in docs/PERFORMANCE.md, "History of the partitioner's
@@ -69,8 +67,8 @@ LARGE_WEIGHT_BYTES = 4 << 20
 IN_PLACE_MIN_WIDTH = 14
 #: Column tiles of an input layer by default: set_input copies the input tile by tile and
 #: completes each as it lands, so the first layer starts on the first tiles during the copy; when
-#: offloading, finer input tiles let the server start on the
-#: first rows of the image while the rest is still on the way.
+#: offloading, finer input tiles let the server start on the first rows of the image while the
+#: rest is still on the way.
 DEFAULT_INPUT_TILES = 16
 #: Fewest output channels per row block of a convolution that needs im2col (a kernel larger than
 #: 1x1 or a stride, not depthwise), from the default heuristic: every row block redoes the
@@ -128,16 +126,12 @@ def layer_flops(graph: ir.Graph, li: int) -> float:
 # ------------------------------------------------------------------------------------ splits
 
 def _even_bounds(total: int, parts: int, align: int = 1) -> np.ndarray:
-    parts = max(1, min(parts, total // align if align > 1 else total))
-    if align > 1:
-        units = math.ceil(total / align)
-        parts = max(1, min(parts, units))
-        b = [min(total, (i * units // parts) * align) for i in range(parts + 1)]
-    else:
-        b = [i * total // parts for i in range(parts + 1)]
+    """Bounds of at most ``parts`` blocks of ``total``, as even as multiples of ``align`` allow."""
+    units = math.ceil(total / align)
+    parts = max(1, min(parts, total // align))
+    b = [min(total, (i * units // parts) * align) for i in range(parts + 1)]
     b[-1] = total
-    out = np.unique(np.asarray(b, dtype=np.int64))
-    return out
+    return np.unique(np.asarray(b, dtype=np.int64))
 
 
 def _balanced_parts(units: int, target: int, blocks: int = 1) -> int:
@@ -191,10 +185,6 @@ def _reads_in_place(graph: ir.Graph, layer: ir.Layer) -> bool:
             and 4 * a["kw"] * cin >= layer.rows)
 
 
-def _row_align(layer: ir.Layer) -> int:
-    return CONV_ROW_ALIGN if layer.op == "CONV" else OTHER_ROW_ALIGN
-
-
 def choose_splits(graph: ir.Graph, li: int, tiles_per_layer: int | None,
                   min_column_blocks: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Column and row block boundaries of one layer.
@@ -202,13 +192,12 @@ def choose_splits(graph: ir.Graph, li: int, tiles_per_layer: int | None,
     The layer gets about T tiles: T = tiles_per_layer when given; otherwise FLOPs /
     DEFAULT_TILE_FLOPS, clamped to [DEFAULT_MIN_TILES, DEFAULT_MAX_TILES], and for image layers at
     least ``min_column_blocks`` column blocks where the columns allow (see
-    OFFLOAD_MIN_COLUMN_BLOCKS). Columns are split first,
-    into blocks of at least MIN_TILE_COLUMNS columns (a GEMM over fewer rows wastes most of the
-    micro-kernel, and every column block re-reads the layer's weights; MIN_TILE_COLUMNS_SMALL_-
-    WEIGHTS for layers whose weights are small and for a sequence's whole-row ops,
-    MIN_TILE_COLUMNS_LARGE_WEIGHTS for convolutions
-    read in place whose weights are large, see there); when that gives fewer
-    than T blocks — a layer with too few columns — rows are split to make up the rest, at
+    OFFLOAD_MIN_COLUMN_BLOCKS). Columns are split first, into blocks of at least MIN_TILE_COLUMNS
+    columns (a GEMM over fewer rows wastes most of the micro-kernel, and every column block
+    re-reads the layer's weights; MIN_TILE_COLUMNS_SMALL_WEIGHTS for layers whose weights are
+    small and for a sequence's whole-row ops, MIN_TILE_COLUMNS_LARGE_WEIGHTS for convolutions
+    read in place whose weights are large, see there); when that gives fewer than T blocks — a
+    layer with too few columns — rows are split to make up the rest, at
     multiples of CONV_ROW_ALIGN for convolutions (and, by default, in blocks of at least
     DEFAULT_MIN_CONV_ROWS channels for convolutions that need im2col). Layers that read all rows
     of a column to write any (SOFTMAX, LAYERNORM, ROW_REDUCE) and INPUT layers are never split
@@ -232,14 +221,12 @@ def choose_splits(graph: ir.Graph, li: int, tiles_per_layer: int | None,
         want = max(1, int(tiles_per_layer))
     min_cols = MIN_TILE_COLUMNS
     weight_bytes = sum(int(w.nbytes) for w in layer.weights.values())
-    if tiles_per_layer is None and layer.layout != ir.LAYOUT_LAST and \
-            weight_bytes <= SMALL_WEIGHT_BYTES:
-        min_cols = MIN_TILE_COLUMNS_SMALL_WEIGHTS
-    if tiles_per_layer is None and layer.layout == ir.LAYOUT_LAST and layer.op in WHOLE_ROWS:
-        min_cols = MIN_TILE_COLUMNS_SMALL_WEIGHTS
-    if tiles_per_layer is None and weight_bytes > LARGE_WEIGHT_BYTES and \
-            _reads_in_place(graph, layer):
-        min_cols = MIN_TILE_COLUMNS_LARGE_WEIGHTS
+    if tiles_per_layer is None:
+        last = layer.layout == ir.LAYOUT_LAST
+        if (not last and weight_bytes <= SMALL_WEIGHT_BYTES) or (last and layer.op in WHOLE_ROWS):
+            min_cols = MIN_TILE_COLUMNS_SMALL_WEIGHTS
+        if weight_bytes > LARGE_WEIGHT_BYTES and _reads_in_place(graph, layer):
+            min_cols = MIN_TILE_COLUMNS_LARGE_WEIGHTS
     col_parts = min(want, max(1, cols // min_cols))
     if tiles_per_layer is None and layer.layout != ir.LAYOUT_LAST:
         col_parts = max(col_parts, min(int(min_column_blocks), cols // MIN_TILE_COLUMNS))
@@ -258,13 +245,12 @@ def choose_splits(graph: ir.Graph, li: int, tiles_per_layer: int | None,
         row_parts = math.ceil(want / col_parts)
         if tiles_per_layer is None and _needs_im2col(layer):
             row_parts = min(row_parts, max(1, rows // DEFAULT_MIN_CONV_ROWS))
-    align = _row_align(layer)
+    align = CONV_ROW_ALIGN if layer.op == "CONV" else OTHER_ROW_ALIGN
     if rows < 2 * align:
         row_parts = 1
     if tiles_per_layer is None and row_parts > 1 and _streams_weights(layer):
         row_parts = _balanced_parts(math.ceil(rows / align), row_parts, col_parts)
-    row_bounds = _even_bounds(rows, row_parts, align)
-    return col_bounds, row_bounds
+    return col_bounds, _even_bounds(rows, row_parts, align)
 
 
 # ------------------------------------------------------------------------------------ reads
@@ -316,9 +302,7 @@ def column_reads(graph: ir.Graph, li: int, k: int) -> tuple[np.ndarray, np.ndarr
     layer = graph.layers[li]
     src = graph.layers[layer.inputs[k]]
     op = layer.op
-    if op == "CONV" and k == 0:
-        return _window_pairs(layer, src)
-    if op == "POOL":
+    if (op == "CONV" and k == 0) or op == "POOL":
         return _window_pairs(layer, src)
     if op == "GLOBAL_POOL":
         return _batch_pairs(layer, src)
@@ -354,32 +338,26 @@ def row_reads(graph: ir.Graph, li: int, k: int, r0: int, r1: int) -> tuple[int, 
 
 # ------------------------------------------------------------------------------------ plan
 
-def _block_of(bounds: np.ndarray, idx: np.ndarray) -> np.ndarray:
-    return np.searchsorted(bounds, idx, side="right") - 1
-
-
 def _gather_parent_pairs(graph, li, plan_cols, plan_rows, first_tile):
     """(output tile, parent tile) pairs of a GATHER layer from its element index map."""
+    def tiles(lj, elem):  # the tiles of layer lj holding these elements of its storage
+        c, row_blocks = graph.layers[lj].rows, len(plan_rows[lj]) - 1
+        return (first_tile[lj] + block_of(plan_cols[lj], elem // c) * row_blocks
+                + block_of(plan_rows[lj], elem % c))
+
     layer = graph.layers[li]
     index = np.asarray(layer.weights["index"], dtype=np.int64)
-    c = layer.rows
     out_elem = np.nonzero(index >= 0)[0]
     src_elem = index[out_elem]
-    out_tile = (first_tile[li]
-                + _block_of(plan_cols[li], out_elem // c) * (len(plan_rows[li]) - 1)
-                + _block_of(plan_rows[li], out_elem % c))
+    out_tile = tiles(li, out_elem)
     pairs_out, pairs_in = [], []
     offset = 0
     for p in layer.inputs:
         src = graph.layers[p]
         size = src.columns * src.rows
         sel = (src_elem >= offset) & (src_elem < offset + size)
-        e = src_elem[sel] - offset
-        in_tile = (first_tile[p]
-                   + _block_of(plan_cols[p], e // src.rows) * (len(plan_rows[p]) - 1)
-                   + _block_of(plan_rows[p], e % src.rows))
         pairs_out.append(out_tile[sel])
-        pairs_in.append(in_tile)
+        pairs_in.append(tiles(p, src_elem[sel] - offset))
         offset += size
     return np.concatenate(pairs_out), np.concatenate(pairs_in)
 
@@ -387,29 +365,26 @@ def _gather_parent_pairs(graph, li, plan_cols, plan_rows, first_tile):
 def _separable_parent_pairs(graph, li, plan_cols, plan_rows, first_tile):
     """(output tile, parent tile) pairs when reads factor into columns x row intervals."""
     layer = graph.layers[li]
-    ocb_n, orb_n = len(plan_cols[li]) - 1, len(plan_rows[li]) - 1
+    orb_n = len(plan_rows[li]) - 1
     outs, ins = [], []
     for k, p in enumerate(layer.inputs):
         if p in layer.inputs[:k]:
             continue  # the same producer read twice: handled with its first occurrence
         ks = [kk for kk, q in enumerate(layer.inputs) if q == p]
-        reads = [column_reads(graph, li, kk) for kk in ks]
-        out_cols = np.concatenate([r[0] for r in reads])
-        in_cols = np.concatenate([r[1] for r in reads])
+        out_cols, in_cols = zip(*(column_reads(graph, li, kk) for kk in ks))
         icb_n, irb_n = len(plan_cols[p]) - 1, len(plan_rows[p]) - 1
-        ocb = _block_of(plan_cols[li], out_cols)
-        icb = _block_of(plan_cols[p], in_cols)
+        ocb = block_of(plan_cols[li], np.concatenate(out_cols))
+        icb = block_of(plan_cols[p], np.concatenate(in_cols))
         key = np.unique(ocb * icb_n + icb)
         ocb_u, icb_u = key // icb_n, key % icb_n
         for orb in range(orb_n):
             r0, r1 = int(plan_rows[li][orb]), int(plan_rows[li][orb + 1])
-            rows = [row_reads(graph, li, kk, r0, r1) for kk, q in enumerate(layer.inputs) if q == p]
-            lo = min(a for a, b in rows if a < b) if any(a < b for a, b in rows) else None
-            if lo is None:
+            rows = [(a, b) for a, b in (row_reads(graph, li, kk, r0, r1) for kk in ks) if a < b]
+            if not rows:
                 continue
-            hi = max(b for a, b in rows if a < b)
-            rb = np.arange(_block_of(plan_rows[p], np.asarray([lo]))[0],
-                           _block_of(plan_rows[p], np.asarray([hi - 1]))[0] + 1)
+            lo, hi = min(a for a, _ in rows), max(b for _, b in rows)
+            rb0, rb1 = block_of(plan_rows[p], np.asarray([lo, hi - 1]))
+            rb = np.arange(rb0, rb1 + 1)
             out_t = first_tile[li] + ocb_u * orb_n + orb
             in_t = first_tile[p] + icb_u[:, None] * irb_n + rb[None, :]
             outs.append(np.repeat(out_t, len(rb)))
@@ -420,10 +395,9 @@ def _separable_parent_pairs(graph, li, plan_cols, plan_rows, first_tile):
 
 
 def tile_output_flops(graph: ir.Graph, li: int, cols: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """FLOPs of tiles of ``cols`` x ``rows`` outputs of layer li: their share of the layer's."""
     layer = graph.layers[li]
-    total = layer_flops(graph, li)
-    share = (cols * rows) / float(layer.columns * layer.rows)
-    return total * share
+    return layer_flops(graph, li) * ((cols * rows) / float(layer.columns * layer.rows))
 
 
 def _check_layer_tiles(layer_tiles, n_layers: int) -> dict[int, int]:
@@ -469,15 +443,15 @@ def _partition(graph: ir.Graph, tiles_per_layer, layer_tiles, min_column_blocks)
     if type(min_column_blocks) is not int or not 0 <= min_column_blocks <= 4096:
         raise CoactoError(f"min_column_blocks must be an integer from 0 to 4096, got "
                           f"{min_column_blocks!r}")
-    if tiles_per_layer is not None and (int(tiles_per_layer) != tiles_per_layer or tiles_per_layer < 1):
+    if tiles_per_layer is not None and (int(tiles_per_layer) != tiles_per_layer
+                                        or tiles_per_layer < 1):
         raise CoactoError(f"tiles_per_layer must be a positive integer, got {tiles_per_layer!r}")
     n_layers = len(graph.layers)
     layer_tiles = _check_layer_tiles(layer_tiles, n_layers)
     plan_cols, plan_rows = [], []
-    for li in range(n_layers):
+    for li, layer in enumerate(graph.layers):
         tiles = layer_tiles.get(li, tiles_per_layer)
         cb, rb = choose_splits(graph, li, tiles, min_column_blocks)
-        layer = graph.layers[li]
         if tiles is None and layer.op == "POOL":
             # At least as many column blocks as the layer it reads: a pooling tile then reads
             # about one producer tile's output, which the thread that just computed it still has
@@ -518,6 +492,7 @@ def _partition(graph: ir.Graph, tiles_per_layer, layer_tiles, min_column_blocks)
     np.add.at(offsets, child + 1, 1)
     offsets = np.cumsum(offsets)
     if offsets[-1] >= 2**31:
-        raise CoactoError("the tile graph has more than 2^31 dependencies; use fewer tiles per layer")
+        raise CoactoError("the tile graph has more than 2^31 dependencies; use fewer tiles "
+                          "per layer")
     return TilePlan.from_splits(plan_cols, plan_rows, offsets.astype(np.int32),
                                 parent.astype(np.int32), flops)

@@ -25,6 +25,7 @@ from .. import ir
 
 
 def block_of(bounds: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """The block holding each index, of blocks with these boundaries."""
     return np.searchsorted(bounds, idx, side="right") - 1
 
 
@@ -59,8 +60,7 @@ def segment_parents(plan_cols, plan_rows, first_tile, graph: ir.Graph, producer:
     t, cba, cbb, rba, rbb = key.T
     widths = rbb - rba + 1
     counts = (cbb - cba + 1) * widths
-    which = np.repeat(np.arange(len(counts)), counts)
-    k = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+    which, k = _ranges(np.zeros_like(counts), counts)
     col_block = cba[which] + k // widths[which]
     row_block = rba[which] + k % widths[which]
     parent = first_tile[producer] + col_block * (len(rb) - 1) + row_block
@@ -103,7 +103,11 @@ def matmul_parent_pairs(graph: ir.Graph, li: int, plan_cols, plan_rows, first_ti
     tiles = [(t, bounds[t]) for t in range(first_tile[li], first_tile[li + 1])]
     blk = _blocks(layer, tiles)
     t, b0, b1, i0, i1, j0, j1 = blk.T
-    outs, ins = [], []
+    pairs = []
+
+    def read(n, w, start, length):  # segments of input n read by the blocks w
+        pairs.append(segment_parents(plan_cols, plan_rows, first_tile, graph, layer.inputs[n],
+                                     t[w], start, length))
 
     # A: rows of the block
     lo = np.maximum(i0, j0 - off) if causal == 1 else i0
@@ -112,9 +116,7 @@ def matmul_parent_pairs(graph: ir.Graph, li: int, plan_cols, plan_rows, first_ti
     if causal == 2:
         length = np.clip(i + off + 1, 0, k)
     start = a["a_off"] + b0[w] * a["a_s0"] + b1[w] * a["a_s1"] + i * a["a_si"]
-    o, p = segment_parents(plan_cols, plan_rows, first_tile, graph, layer.inputs[0], t[w], start,
-                           length)
-    outs.append(o), ins.append(p)
+    read(0, w, start, length)
 
     # B: the block's columns over k
     jc, kd = j1, np.full(t.shape, k, np.int64)
@@ -131,9 +133,7 @@ def matmul_parent_pairs(graph: ir.Graph, li: int, plan_cols, plan_rows, first_ti
         w, j = _ranges(j0, jc)
         start = base[w] + j * a["b_sj"]
         length = kd[w]
-    o, p = segment_parents(plan_cols, plan_rows, first_tile, graph, layer.inputs[1], t[w], start,
-                           length)
-    outs.append(o), ins.append(p)
+    read(1, w, start, length)
 
     # the mask: every row and column of the block
     if a.get("has_mask"):
@@ -141,10 +141,8 @@ def matmul_parent_pairs(graph: ir.Graph, li: int, plan_cols, plan_rows, first_ti
         start = (a["m_off"] + b0[w] * a["m_s0"] + b1[w] * a["m_s1"] + i * a["m_si"]
                  + j0[w] * a["m_sj"])
         length = (j1 - j0)[w] if a["m_sj"] == 1 else np.ones(i.shape, np.int64)
-        o, p = segment_parents(plan_cols, plan_rows, first_tile, graph, layer.inputs[2], t[w],
-                               start, length)
-        outs.append(o), ins.append(p)
-    return np.concatenate(outs), np.concatenate(ins)
+        read(2, w, start, length)
+    return tuple(np.concatenate(c) for c in zip(*pairs))
 
 
 def embed_parent_pairs(graph: ir.Graph, li: int, plan_cols, plan_rows, first_tile):
