@@ -49,12 +49,11 @@ def fuse_layers(layers: list[ir.Layer], inputs: dict[str, int], outputs: dict[st
     alive = [True] * n
     redirect = list(range(n))
     consumers = [0] * n
-    is_output = [False] * n
     for layer in layers:
         for p in set(layer.inputs):
             consumers[p] += 1
-    for i in outputs.values():
-        is_output[i] = True
+    outs = set(outputs.values())
+    is_output = [i in outs for i in range(n)]
 
     def resolve(i):
         while redirect[i] != i:
@@ -99,9 +98,8 @@ def prune_layers(layers, inputs, outputs, alive=None):
     (fused away), renumbering them and the input / output maps."""
     n = len(layers)
     alive = [True] * n if alive is None else alive
-    needed = [False] * n
-    for i in list(outputs.values()) + list(inputs.values()):
-        needed[i] = True
+    roots = {*outputs.values(), *inputs.values()}
+    needed = [j in roots for j in range(n)]
     for j in range(n - 1, -1, -1):
         if needed[j] and alive[j]:
             for p in layers[j].inputs:
@@ -145,10 +143,9 @@ def _fold_affine(producer: ir.Layer, affine: ir.Layer) -> bool:
         lo, hi = max(r1[0], r2[0]), min(r1[1], r2[1])
         if lo > hi:
             return False
-        producer.attrs.update(act=ir.ACT_RELU if (lo, hi) == (0.0, np.inf) else ir.ACT_CLIP,
-                              alpha=float(lo), beta=float(hi))
-        if producer.attrs["act"] == ir.ACT_RELU:
-            producer.attrs.update(alpha=0.0, beta=0.0)
+        relu = (lo, hi) == (0.0, np.inf)
+        producer.attrs.update(act=ir.ACT_RELU if relu else ir.ACT_CLIP,
+                              alpha=0.0 if relu else float(lo), beta=0.0 if relu else float(hi))
         return True
     if not pure and producer.op == "AFFINE":
         _compose(producer, scale, shift)
@@ -287,7 +284,7 @@ def _fuse_gelu(layers, cons, outs):
     from ..reference import activation
 
     for y in range(len(layers)):
-        if layers[y].op not in ("AFFINE", "BINARY") or not _elementwise_scalar(layers[y]):
+        if not _elementwise_scalar(layers[y]):
             continue
         group = {y}
         # Absorb producers used by the group only, latest first (a producer is decided after
@@ -430,11 +427,10 @@ def _with_mask(mm: ir.Layer, q: int, mask: ir.Layer):
         axes = (None, None, 0, 1)
     else:
         return None
-    dims = mask.shape
-    _, qc, qh, qw = dims
+    _, qc, qh, qw = mask.shape
     # storage strides of the mask's (N, C, H, W), 0 where it broadcasts
     strides = (qh * qw * qc, 1, qw * qc, qc)
-    logical = [0 if ax is None or dims[ax] == 1 else strides[ax] for ax in axes]
+    logical = [0 if ax is None or mask.shape[ax] == 1 else strides[ax] for ax in axes]
     if logical[3] not in (0, 1):
         return None
     return ir.Layer("", "MATMUL", list(mm.inputs) + [q], mm.shape,
@@ -468,8 +464,7 @@ def _fuse_causal_context(layers, cons, outs):
         s = C.inputs[0]
         if not _is(layers, s, "SOFTMAX", log=0):
             continue
-        p = layers[s].inputs[0]
-        P = layers[p]
+        P = layers[layers[s].inputs[0]]
         if P.op != "MATMUL" or P.attrs["causal"] != 1 or P.attrs["has_mask"] or \
                 P.attrs["fill"] > HUGE_NEGATIVE or P.attrs["out_mode"] != 0:
             continue
@@ -531,9 +526,8 @@ def _drop_regrouping_copies(layers, cons, outs):
             continue
         p = G.inputs[0]
         P = layers[p]
-        index = np.asarray(G.weights["index"])
         if P.rows != G.rows or P.shape == G.shape or \
-                not np.array_equal(index, np.arange(P.columns * P.rows)):
+                not np.array_equal(G.weights["index"], np.arange(P.columns * P.rows)):
             continue
         chain = _regroup(layers, cons, p, g)
         if chain is None:
