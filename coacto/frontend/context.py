@@ -42,8 +42,7 @@ class Context(Values):
 
     @property
     def node_name(self) -> str:
-        node = self.node
-        return node.name or (node.output[0] if node.output else node.op_type)
+        return self.node.name or (self.node.output[0] if self.node.output else self.node.op_type)
 
     def attr(self, name, default=None):
         return self.attrs.get(name, default)
@@ -68,9 +67,8 @@ class Context(Values):
     def index_map(self, op, ins):
         """Applies an indexing op to index arrays: the result is a view of layers."""
         entry = registry.handlers(op)
-        data_pos = entry.data
-        if data_pos == "all":
-            data_pos = tuple(i for i, v in enumerate(ins) if v is not None)
+        data_pos = entry.data if entry.data != "all" else \
+            tuple(i for i, v in enumerate(ins) if v is not None)
         views = [self.as_view(ins[i]) for i in data_pos]
         srcs, indices, fill = self._combine(views)
         args = list(ins)
@@ -83,19 +81,14 @@ class Context(Values):
             self.indexing = False
         pad = None
         if op == "Pad" and self.last_pad[0] == "constant":
-            new_fill = self.last_pad[2]
-            if (views[0].index < 0).any() and views[0].fill != new_fill:
+            _, pads, value = self.last_pad
+            if (views[0].index < 0).any() and views[0].fill != value:
                 # one fill value per view: make the input a layer first
                 return self.index_map(op, [self.materialize(views[0])] + list(ins[1:]))
-            fill = new_fill
-            if isinstance(ins[0], Act):
-                pad = self._zero_pad_hint(ins[0])
+            fill = value
+            src = ins[0]
+            if isinstance(src, Act) and len(src.shape) == 4 and value == 0.0 and \
+                    not any(p < 0 for p in pads) and not (pads[0] or pads[1] or pads[4] or pads[5]):
+                # a zero pad of H and W only: a convolution reading it can pad instead
+                pad = (src, (pads[2], pads[3], pads[6], pads[7]))
         return [None if r is None else View(srcs, np.asarray(r), fill, pad=pad) for r in outs]
-
-    def _zero_pad_hint(self, src: Act):
-        """(src, (pt, pl, pb, pr)) when the Pad just applied is a zero spatial pad of src."""
-        mode, pads, value = self.last_pad
-        if len(src.shape) != 4 or value != 0.0 or any(p < 0 for p in pads) or \
-                pads[0] or pads[1] or pads[4] or pads[5]:
-            return None
-        return (src, (pads[2], pads[3], pads[6], pads[7]))

@@ -4,6 +4,7 @@ CastLike). ``clip_bounds`` and ``reduce_axes`` serve the computing forms too (co
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -53,13 +54,11 @@ def _int_div(a, b):
     return np.divide(a, b).astype(a.dtype)
 
 
-def _elementwise(fn, keep_type=True):
+def _elementwise(fn, keep_type=True, result=_broadcast):
+    """``fn`` of the inputs given, once ``result`` checked that its result may be allocated."""
     def run(ctx, ins):
         arrays = [np.asarray(v) for v in ins if v is not None]
-        if fn is np.matmul:
-            _matmul_result(*arrays)
-        else:
-            _broadcast(*arrays)
+        result(*arrays)
         r = fn(*arrays)
         return [r.astype(arrays[0].dtype) if keep_type else r]
     return run
@@ -69,17 +68,8 @@ def _variadic(fn):
     def run(ctx, ins):
         arrays = [np.asarray(v) for v in ins if v is not None]
         _broadcast(*arrays)
-        r = arrays[0]
-        for a in arrays[1:]:
-            r = fn(r, a)
-        return [r.astype(arrays[0].dtype)]
+        return [functools.reduce(fn, arrays[1:], arrays[0]).astype(arrays[0].dtype)]
     return run
-
-
-def _mean_fold(ctx, ins):
-    arrays = [np.asarray(v) for v in ins if v is not None]
-    _broadcast(*arrays)
-    return [(sum(arrays) / len(arrays)).astype(arrays[0].dtype)]
 
 
 def _matmul_result(a, b):
@@ -106,9 +96,6 @@ def _trilu(ctx, ins):
     k = int(np.asarray(ins[1]).reshape(())) if len(ins) > 1 and ins[1] is not None else 0
     x = np.asarray(ins[0])
     return [np.triu(x, k) if ctx.attr("upper", 1) else np.tril(x, k)]
-
-
-_erf = np.vectorize(math.erf, otypes=[np.float64])
 
 
 def _clip_fold(ctx, ins):
@@ -158,16 +145,13 @@ def _cast(ctx, ins):
 
 
 def _cast_like(ctx, ins):
-    """Cast to the element type of the second input: a constant's own type, else what the
-    activation holds (integer-valued inputs such as ids are int64 in the model, computed data
-    float32). Exporters write it around constants (``CastLike(alpha, x)``) in the expanded forms
-    of activations."""
+    """Cast to the element type of the second input (of an activation: int64 when it holds integers,
+    as ids do in the model, else float32). Exporters write it around constants
+    (``CastLike(alpha, x)``) in the expanded forms of activations."""
     like = ins[1]
     if isinstance(like, np.ndarray):
-        to = like.dtype
-    else:
-        to = np.dtype(np.int64) if ctx.is_integer(like) else np.dtype(np.float32)
-    return _cast_to(ctx, ins[0], to)
+        return _cast_to(ctx, ins[0], like.dtype)
+    return _cast_to(ctx, ins[0], np.dtype(np.int64 if ctx.is_integer(like) else np.float32))
 
 
 def _cast_to(ctx, x, to: np.dtype):
@@ -188,9 +172,8 @@ def _identity(ctx, ins):
 
 
 def _dropout(ctx, ins):
-    training = len(ins) > 2 and ins[2] is not None and \
-        bool(np.asarray(ctx.const(ins[2], "training_mode")))
-    if training:
+    if len(ins) > 2 and ins[2] is not None and \
+            bool(np.asarray(ctx.const(ins[2], "training_mode"))):
         raise Unsupported("Dropout in training mode")
     return [ins[0]]
 
@@ -206,9 +189,7 @@ def _size(ctx, ins):
 
 
 register("fold", {
-    "Constant": _constant,
-    "ConstantOfShape": _constant_of_shape,
-    "Range": _range,
+    "Constant": _constant, "ConstantOfShape": _constant_of_shape, "Range": _range,
     "Add": _elementwise(np.add), "Sub": _elementwise(np.subtract),
     "Mul": _elementwise(np.multiply), "Div": _elementwise(_int_div),
     "Pow": _elementwise(np.power), "Mod": _elementwise(np.mod),
@@ -216,20 +197,19 @@ register("fold", {
     "Exp": _elementwise(np.exp), "Log": _elementwise(np.log), "Sign": _elementwise(np.sign),
     "Reciprocal": _elementwise(np.reciprocal), "Floor": _elementwise(np.floor),
     "Ceil": _elementwise(np.ceil), "Round": _elementwise(np.round),
-    "Relu": _elementwise(lambda x: np.maximum(x, 0)),
+    "Relu": _elementwise(lambda x: np.maximum(x, 0)), "Clip": _clip_fold,
     "Sigmoid": _elementwise(lambda x: 1.0 / (1.0 + np.exp(-x))), "Tanh": _elementwise(np.tanh),
-    "Clip": _clip_fold,
     "Equal": _elementwise(np.equal, False), "Less": _elementwise(np.less, False),
-    "Greater": _elementwise(np.greater, False),
-    "LessOrEqual": _elementwise(np.less_equal, False),
+    "Greater": _elementwise(np.greater, False), "LessOrEqual": _elementwise(np.less_equal, False),
     "GreaterOrEqual": _elementwise(np.greater_equal, False),
     "Not": _elementwise(np.logical_not, False), "And": _elementwise(np.logical_and, False),
     "Or": _elementwise(np.logical_or, False), "Xor": _elementwise(np.logical_xor, False),
     "Where": _where, "Trilu": _trilu, "GatherElements": _gather_elements,
-    "IsNaN": _elementwise(np.isnan, False), "Erf": _elementwise(_erf),
+    "IsNaN": _elementwise(np.isnan, False),
+    "Erf": _elementwise(np.vectorize(math.erf, otypes=[np.float64])),
     "Min": _variadic(np.minimum), "Max": _variadic(np.maximum), "Sum": _variadic(np.add),
-    "Mean": _mean_fold,
-    "MatMul": _elementwise(np.matmul),
+    "Mean": _elementwise(lambda *arrays: sum(arrays) / len(arrays)),
+    "MatMul": _elementwise(np.matmul, result=_matmul_result),
     "ReduceSum": _reduce_fold(np.sum), "ReduceProd": _reduce_fold(np.prod),
     "ReduceMean": _reduce_fold(np.mean), "ReduceMax": _reduce_fold(np.max),
     "ReduceMin": _reduce_fold(np.min),

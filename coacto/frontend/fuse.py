@@ -49,12 +49,11 @@ def fuse_layers(layers: list[ir.Layer], inputs: dict[str, int], outputs: dict[st
     alive = [True] * n
     redirect = list(range(n))
     consumers = [0] * n
-    is_output = [False] * n
     for layer in layers:
         for p in set(layer.inputs):
             consumers[p] += 1
-    for i in outputs.values():
-        is_output[i] = True
+    outs = set(outputs.values())
+    is_output = [i in outs for i in range(n)]
 
     def resolve(i):
         while redirect[i] != i:
@@ -64,20 +63,15 @@ def fuse_layers(layers: list[ir.Layer], inputs: dict[str, int], outputs: dict[st
     def single(i):
         return consumers[i] == 1 and not is_output[i]
 
-    def absorb(j, p):  # layer j disappears into its producer p
-        alive[j] = False
-        redirect[j] = p
-        consumers[p] = consumers[j]
-        is_output[p] = is_output[j]
-        layers[p].onnx_shape = layers[j].onnx_shape
-        layers[p].layout = layers[j].layout
-
     for j, layer in enumerate(layers):
         layer.inputs = [resolve(i) for i in layer.inputs]
         if layer.op == "AFFINE" and single(layer.inputs[0]):
             p = layer.inputs[0]
-            if _fold_affine(layers[p], layer):
-                absorb(j, p)
+            if _fold_affine(layers[p], layer):  # layer j disappears into its producer p
+                alive[j] = False
+                redirect[j] = p
+                consumers[p], is_output[p] = consumers[j], is_output[j]
+                layers[p].onnx_shape, layers[p].layout = layer.onnx_shape, layer.layout
         elif layer.op == "BINARY" and len(layer.inputs) == 2 and \
                 layer.attrs["kind"] == ir.BIN_ADD and layer.inputs[0] != layer.inputs[1]:
             a, b = layer.inputs
@@ -104,21 +98,17 @@ def prune_layers(layers, inputs, outputs, alive=None):
     (fused away), renumbering them and the input / output maps."""
     n = len(layers)
     alive = [True] * n if alive is None else alive
-    needed = [False] * n
-    for i in list(outputs.values()) + list(inputs.values()):
-        needed[i] = True
+    roots = {*outputs.values(), *inputs.values()}
+    needed = [j in roots for j in range(n)]
     for j in range(n - 1, -1, -1):
         if needed[j] and alive[j]:
             for p in layers[j].inputs:
                 needed[p] = True
     keep = [j for j in range(n) if needed[j] and alive[j]]
     new_index = {old: k for k, old in enumerate(keep)}
-    out_layers = []
     for old in keep:
-        layer = layers[old]
-        layer.inputs = [new_index[p] for p in layer.inputs]
-        out_layers.append(layer)
-    return (out_layers, {k: new_index[v] for k, v in inputs.items()},
+        layers[old].inputs = [new_index[p] for p in layers[old].inputs]
+    return ([layers[old] for old in keep], {k: new_index[v] for k, v in inputs.items()},
             {k: new_index[v] for k, v in outputs.items()})
 
 
@@ -153,25 +143,20 @@ def _fold_affine(producer: ir.Layer, affine: ir.Layer) -> bool:
         lo, hi = max(r1[0], r2[0]), min(r1[1], r2[1])
         if lo > hi:
             return False
-        producer.attrs.update(act=ir.ACT_RELU if (lo, hi) == (0.0, np.inf) else ir.ACT_CLIP,
-                              alpha=float(lo), beta=float(hi))
-        if producer.attrs["act"] == ir.ACT_RELU:
-            producer.attrs.update(alpha=0.0, beta=0.0)
+        relu = (lo, hi) == (0.0, np.inf)
+        producer.attrs.update(act=ir.ACT_RELU if relu else ir.ACT_CLIP,
+                              alpha=0.0 if relu else float(lo), beta=0.0 if relu else float(hi))
         return True
-    if producer.op == "CONV":
-        if not pure:
-            if len(producer.inputs) > 1:  # the residual would be scaled too
-                return False
-            w = producer.weights["w"]
-            g, _, _, _, cout_g = w.shape
-            # float32 products of float32 values are correctly rounded: as exact as float64
-            producer.weights["w"] = w * scale.astype(np.float32).reshape(g, 1, 1, 1, cout_g)
-            producer.weights["b"] = (producer.weights["b"] * scale + shift).astype(np.float32)
-    elif producer.op == "AFFINE":
-        if not pure:
-            _compose(producer, scale, shift)
-    elif not pure:  # BINARY takes activations only
-        return False
+    if not pure and producer.op == "AFFINE":
+        _compose(producer, scale, shift)
+    elif not pure:
+        if producer.op == "BINARY" or len(producer.inputs) > 1:
+            return False  # BINARY takes activations only; a CONV's residual would be scaled too
+        w = producer.weights["w"]
+        g, _, _, _, cout_g = w.shape
+        # float32 products of float32 values are correctly rounded: as exact as float64
+        producer.weights["w"] = w * scale.astype(np.float32).reshape(g, 1, 1, 1, cout_g)
+        producer.weights["b"] = (producer.weights["b"] * scale + shift).astype(np.float32)
     _set_act(producer, affine)
     return True
 
@@ -185,25 +170,18 @@ def _compose(producer: ir.Layer, scale, shift) -> None:
 def fuse_sequence_ops(layers: list[ir.Layer], inputs: dict[str, int], outputs: dict[str, int]):
     for fuse in (_fuse_layernorm, _fuse_gelu, _fuse_matmul_epilogues, _fuse_heads_merge,
                  _fuse_causal_context, _drop_regrouping_copies):
-        fuse(layers, _consumers(layers, outputs), set(outputs.values()))
+        fuse(layers, _consumers(layers), set(outputs.values()))
         layers, inputs, outputs = prune_layers(layers, inputs, outputs)
     return fuse_layers(layers, inputs, outputs)
 
 
-def _consumers(layers, outputs):
-    """Per layer, the set of live layers reading it (reachable from an output)."""
-    live = [False] * len(layers)
-    for i in outputs.values():
-        live[i] = True
-    for j in range(len(layers) - 1, -1, -1):
-        if live[j]:
-            for p in layers[j].inputs:
-                live[p] = True
+def _consumers(layers):
+    """Per layer, the set of layers reading it. The list is pruned (``fuse_layers`` ends so, and
+    each fusion is followed by ``prune_layers``): every layer that reads another is live."""
     cons: list[set] = [set() for _ in layers]
     for j, layer in enumerate(layers):
-        if live[j]:
-            for p in layer.inputs:
-                cons[p].add(j)
+        for p in layer.inputs:
+            cons[p].add(j)
     return cons
 
 
@@ -262,9 +240,7 @@ def _layernorm_at(layers, cons, outs, y):
         r, s = s, layers[s].inputs[0]  # d * (1 / sqrt(v + eps))
         if not _only(cons, s, r, outs):
             return None
-    elif L.attrs["kind"] == ir.BIN_DIV and _only(cons, s, n, outs):
-        pass  # d / sqrt(v + eps)
-    else:
+    elif L.attrs["kind"] != ir.BIN_DIV or not _only(cons, s, n, outs):  # d / sqrt(v + eps)
         return None
     S = layers[s]
     if S.op != "AFFINE" or S.attrs["act"] != ir.ACT_SQRT or _scalar(S.weights["scale"]) != 1.0:
@@ -308,7 +284,7 @@ def _fuse_gelu(layers, cons, outs):
     from ..reference import activation
 
     for y in range(len(layers)):
-        if layers[y].op not in ("AFFINE", "BINARY") or not _elementwise_scalar(layers[y]):
+        if not _elementwise_scalar(layers[y]):
             continue
         group = {y}
         # Absorb producers used by the group only, latest first (a producer is decided after
@@ -341,9 +317,7 @@ def _fuse_gelu(layers, cons, outs):
                                              dict(act=act, alpha=0.0, beta=0.0),
                                              {"scale": np.ones(c, np.float32),
                                               "shift": np.zeros(c, np.float32)}))
-                for j in group - {y}:
-                    cons[x].discard(j)
-                cons[x].add(y)
+                cons[x] = (cons[x] - group) | {y}
                 break
 
 
@@ -371,17 +345,6 @@ def _evaluate(layers, order, x, probe):
 
 # --------------------------------------------------------------------------- attention epilogues
 
-def _matmul_storage_axes(mm: ir.Layer):
-    """For each logical axis (b0, b1, i, j) of a MATMUL in out_mode 0, its (N, C, H, W) axis."""
-    a = mm.attrs
-    b0, b1, m, n = a["batch0"], a["batch1"], a["m"], a["n"]
-    if mm.shape == (b0, n, b1, m):
-        return (0, 2, 3, 1)
-    if (b0, b1) == (1, 1) and mm.shape == (m, n, 1, 1):
-        return (None, None, 0, 1)
-    return None
-
-
 def _causal_offset(keep: np.ndarray):
     """The offset o with keep[i, j] == (j <= i + o), or None."""
     m, n = keep.shape
@@ -392,24 +355,13 @@ def _causal_offset(keep: np.ndarray):
     return o if np.array_equal(keep, want) else None
 
 
-def _logical(mm: ir.Layer, k4: np.ndarray) -> np.ndarray:
-    """A constant given like the MATMUL's output (N, C, H, W, broadcast) as (b0, b1, i, j)."""
-    a = mm.attrs
-    full = np.broadcast_to(k4, mm.shape)
-    flat = ir.internal_to_storage(np.ascontiguousarray(full))
-    return flat.reshape(a["batch0"], a["batch1"], a["m"], a["n"])
-
-
 def _per_batch(mm: ir.Layer, k4: np.ndarray):
-    """The (i, j) constant every batch of the MATMUL's output has (k4 as for _logical), or None
-    when the pattern differs between batches."""
-    k = _logical(mm, k4)
+    """The (i, j) constant every batch of the MATMUL's output has, or None when the pattern
+    differs between batches; ``k4`` is given like that output ((N, C, H, W), broadcast)."""
+    a = mm.attrs
+    flat = ir.internal_to_storage(np.ascontiguousarray(np.broadcast_to(k4, mm.shape)))
+    k = flat.reshape(a["batch0"], a["batch1"], a["m"], a["n"])
     return k[0, 0] if (k == k[:1, :1]).all() else None
-
-
-def _causal_of(mm: ir.Layer, keep4: np.ndarray):
-    keep = _per_batch(mm, keep4 != 0)
-    return None if keep is None else _causal_offset(keep)
 
 
 def _fuse_matmul_epilogues(layers, cons, outs):
@@ -421,19 +373,20 @@ def _fuse_matmul_epilogues(layers, cons, outs):
         p = mms[0]
         mm = layers[p]
         a = mm.attrs
+        plain = not a["causal"] and not a["has_mask"]
         fused = None
-        if L.op == "AFFINE" and L.attrs["act"] == ir.ACT_NONE and not a["causal"] and \
-                not a["has_mask"]:
+        if L.op == "AFFINE" and L.attrs["act"] == ir.ACT_NONE and plain:
             s, t = _scalar(L.weights["scale"]), _scalar(L.weights["shift"])
             if s is not None and t == 0.0:
                 fused = _with(mm, scale=float(a["scale"] * s))
-        elif L.op == "WHERE" and L.attrs["operands"] == 2 and not a["causal"] and \
-                not a["has_mask"] and np.asarray(L.weights["y"]).size == 1:
-            off = _causal_of(mm, np.asarray(L.weights["cond"]))
+        elif L.op == "WHERE" and L.attrs["operands"] == 2 and plain and \
+                np.asarray(L.weights["y"]).size == 1:
+            keep = _per_batch(mm, np.asarray(L.weights["cond"]) != 0)
+            off = None if keep is None else _causal_offset(keep)
             if off is not None:
                 fused = _with(mm, causal=1, offset=off, fill=float(L.weights["y"].reshape(-1)[0]))
         elif L.op == "BINARY" and L.attrs["kind"] == ir.BIN_ADD and L.attrs["act"] == ir.ACT_NONE:
-            if len(L.inputs) == 1 and not a["causal"] and not a["has_mask"]:
+            if len(L.inputs) == 1 and plain:
                 fused = _additive_causal(mm, np.asarray(L.weights["k"], np.float64))
             elif len(L.inputs) == 2 and L.inputs[0] != L.inputs[1] and not a["has_mask"]:
                 q = L.inputs[1] if L.inputs[0] == p else L.inputs[0]
@@ -465,22 +418,25 @@ def _additive_causal(mm, k4):
 
 def _with_mask(mm: ir.Layer, q: int, mask: ir.Layer):
     """scores + mask (an activation broadcast to the scores): the mask read through strides."""
-    axes = _matmul_storage_axes(mm)
-    if axes is None:
+    a = mm.attrs
+    b0, b1, m, n = a["batch0"], a["batch1"], a["m"], a["n"]
+    # the (N, C, H, W) axis of each logical axis (b0, b1, i, j) of the scores
+    if mm.shape == (b0, n, b1, m):
+        axes = (0, 2, 3, 1)
+    elif (b0, b1) == (1, 1) and mm.shape == (m, n, 1, 1):
+        axes = (None, None, 0, 1)
+    else:
         return None
-    dims = mask.shape
-    _, qc, qh, qw = dims
+    _, qc, qh, qw = mask.shape
     # storage strides of the mask's (N, C, H, W), 0 where it broadcasts
     strides = (qh * qw * qc, 1, qw * qc, qc)
-    logical = [0 if ax is None or dims[ax] == 1 else strides[ax] for ax in axes]
+    logical = [0 if ax is None or mask.shape[ax] == 1 else strides[ax] for ax in axes]
     if logical[3] not in (0, 1):
         return None
     return ir.Layer("", "MATMUL", list(mm.inputs) + [q], mm.shape,
                     dict(mm.attrs, has_mask=1, m_off=0, m_s0=logical[0], m_s1=logical[1],
                          m_si=logical[2], m_sj=logical[3]))
 
-
-# ------------------------------------------------------------------------------- heads merging
 
 def _fuse_heads_merge(layers, cons, outs):
     """GATHER(context) that puts the heads side by side -> the MATMUL writes that way."""
@@ -501,8 +457,6 @@ def _fuse_heads_merge(layers, cons, outs):
             cons[p] = set()
 
 
-# ------------------------------------------------------------------------------ causal context
-
 def _fuse_causal_context(layers, cons, outs):
     for c, C in enumerate(layers):
         if C.op != "MATMUL" or C.attrs["causal"] or C.attrs["has_mask"]:
@@ -510,8 +464,7 @@ def _fuse_causal_context(layers, cons, outs):
         s = C.inputs[0]
         if not _is(layers, s, "SOFTMAX", log=0):
             continue
-        p = layers[s].inputs[0]
-        P = layers[p]
+        P = layers[layers[s].inputs[0]]
         if P.op != "MATMUL" or P.attrs["causal"] != 1 or P.attrs["has_mask"] or \
                 P.attrs["fill"] > HUGE_NEGATIVE or P.attrs["out_mode"] != 0:
             continue
@@ -541,10 +494,10 @@ def _per_column(layer: ir.Layer) -> bool:
         a["pt"] + a["pl"] + a["pb"] + a["pr"] == 0
 
 
-def _regroup(layers, cons, outs, top: int, cols) -> list[int] | None:
-    """Layers to give the column grouping ``cols`` = (n, h, w) so that layer ``top`` has it: top
-    and, through per-column ops, their inputs, down to a layer that reads by storage position.
-    None when a layer on the way (or a consumer of one) depends on the grouping."""
+def _regroup(layers, cons, top: int, copy: int) -> list[int] | None:
+    """Layers to give another column grouping so that layer ``top`` has it: top and, through
+    per-column ops, their inputs, down to a layer that reads by storage position. None when a
+    layer on the way (or a consumer of one other than ``copy``) depends on the grouping."""
     chain, todo = [], [top]
     while todo:
         li = todo.pop()
@@ -562,7 +515,7 @@ def _regroup(layers, cons, outs, top: int, cols) -> list[int] | None:
     members = set(chain)
     for li in chain:  # everyone else reading these must read by storage position
         for j in cons[li]:
-            if j not in members and layers[j].op not in _STORAGE_READERS:
+            if j not in members and j != copy and layers[j].op not in _STORAGE_READERS:
                 return None
     return chain
 
@@ -573,18 +526,13 @@ def _drop_regrouping_copies(layers, cons, outs):
             continue
         p = G.inputs[0]
         P = layers[p]
-        size = P.columns * P.rows
-        index = np.asarray(G.weights["index"])
-        if P.rows != G.rows or index.size != size or \
-                not np.array_equal(index, np.arange(size)) or P.shape == G.shape:
+        if P.rows != G.rows or P.shape == G.shape or \
+                not np.array_equal(G.weights["index"], np.arange(P.columns * P.rows)):
             continue
-        n, _, h, w = G.shape
-        saved = cons[p]
-        cons[p] = {j for j in cons[p] if j != g}
-        chain = _regroup(layers, cons, outs, p, (n, h, w))
-        cons[p] = saved
+        chain = _regroup(layers, cons, p, g)
         if chain is None:
             continue
+        n, _, h, w = G.shape
         for li in chain:
             layers[li].shape = (n, layers[li].rows, h, w)
         for j in cons[g]:  # G's readers read its input, now grouped the same way

@@ -15,8 +15,7 @@ def load_model(model) -> tuple[onnx.ModelProto, bytes]:
     Returns the model and the bytes that identify it (the file, or the serialized model when its
     weights were stored in external files, so the bytes are self-contained)."""
     if isinstance(model, onnx.ModelProto):
-        proto = model
-        where = "the given ModelProto"
+        proto, where = model, "the given ModelProto"
         if _uses_external_data(proto):
             raise ModelError("the given ModelProto refers to external data files that are not "
                              "loaded; pass the model's file path instead")
@@ -25,8 +24,7 @@ def load_model(model) -> tuple[onnx.ModelProto, bytes]:
         except Exception as e:  # protobuf refuses models over 2 GiB
             raise ModelError(f"cannot serialize the given ModelProto: {e}") from e
     elif isinstance(model, (bytes, bytearray, memoryview)):
-        data = bytes(model)
-        where = "the given model bytes"
+        data, where = bytes(model), "the given model bytes"
         proto = _parse(data, where)
         if _uses_external_data(proto):
             raise ModelError("the model bytes refer to external data files; pass the model's "
@@ -56,7 +54,12 @@ def load_model(model) -> tuple[onnx.ModelProto, bytes]:
     else:
         raise TypeError("model must be a path, bytes or onnx.ModelProto, not "
                         f"{type(model).__name__}")
-    _check_model(proto, where)
+    if not proto.HasField("graph") or not proto.graph.output or proto.ir_version <= 0:
+        raise ModelError(f"{where} does not contain an ONNX graph (truncated or not an ONNX file); "
+                         "export or download it again")
+    if not any(o.domain in ("", "ai.onnx") for o in proto.opset_import):
+        raise ModelError(f"{where} declares no version of the standard ONNX operator set; "
+                         "export it with an opset between 9 and 18")
     return proto, data
 
 
@@ -70,41 +73,27 @@ def _parse(data: bytes, where: str) -> onnx.ModelProto:
     return proto
 
 
-def _check_model(proto: onnx.ModelProto, where: str) -> None:
-    if not proto.HasField("graph") or not proto.graph.output or proto.ir_version <= 0:
-        raise ModelError(f"{where} does not contain an ONNX graph (truncated or not an ONNX file); "
-                         "export or download it again")
-    if not any(o.domain in ("", "ai.onnx") for o in proto.opset_import):
-        raise ModelError(f"{where} declares no version of the standard ONNX operator set; "
-                         "export it with an opset between 9 and 18")
-
-
 def _uses_external_data(proto: onnx.ModelProto) -> bool:
-    tensors = list(proto.graph.initializer)
-    for node in proto.graph.node:
-        for a in node.attribute:
-            if a.type == onnx.AttributeProto.TENSOR:
-                tensors.append(a.t)
-    return any(external_data_helper.uses_external_data(t) for t in tensors)
+    attr_tensors = (a.t for node in proto.graph.node for a in node.attribute
+                    if a.type == onnx.AttributeProto.TENSOR)
+    return any(external_data_helper.uses_external_data(t)
+               for t in (*proto.graph.initializer, *attr_tensors))
 
 
 def check_names(graph) -> None:
     """Every name the importer matches on is text: protobuf hands a string field that is not valid
     UTF-8 back as bytes, which no name or operator type compares equal to."""
-    def bad(value) -> bool:
-        return not isinstance(value, str)
-
     for i, node in enumerate(graph.node):
-        if bad(node.op_type) or bad(node.domain) or bad(node.name) or \
-                any(bad(x) for x in (*node.input, *node.output)) or \
-                any(bad(a.name) for a in node.attribute):
+        names = (node.op_type, node.domain, node.name, *node.input, *node.output,
+                 *(a.name for a in node.attribute))
+        if not all(isinstance(x, str) for x in names):
             raise ModelError(f"node {i} ({node.op_type!r}) has a name, operator type or "
                              f"attribute name that is not valid UTF-8; the file is corrupt")
     for vi in (*graph.input, *graph.output, *graph.value_info):
-        if bad(vi.name):
+        if not isinstance(vi.name, str):
             raise ModelError(f"graph input/output {vi.name!r} has a name that is not valid "
                              f"UTF-8; the file is corrupt")
     for t in graph.initializer:
-        if bad(t.name):
+        if not isinstance(t.name, str):
             raise ModelError(f"initializer {t.name!r} has a name that is not valid UTF-8; the "
                              f"file is corrupt")

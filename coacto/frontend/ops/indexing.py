@@ -35,8 +35,7 @@ def _flatten(ctx, ins):
 
 
 def _transpose(ctx, ins):
-    perm = ctx.attr("perm")
-    return [np.transpose(ins[0], perm)]
+    return [np.transpose(ins[0], ctx.attr("perm"))]
 
 
 def _squeeze(ctx, ins):
@@ -76,11 +75,10 @@ def _slice(ctx, ins):
 def _split(ctx, ins):
     x = ins[0]
     axis = axis_index(ctx.attr("axis", 0), x.ndim)
-    n_out = len(ctx.node.output)
     split = ctx.input_or_attr(ins, 1, "split")
     dim = x.shape[axis]
     if split is None:
-        n = ctx.attr("num_outputs", n_out)
+        n = ctx.attr("num_outputs", len(ctx.node.output))
         chunk = -(-dim // n)
         split = [min(chunk, dim - i * chunk) for i in range(n)]
     if sum(split) != dim:
@@ -178,12 +176,8 @@ def _space_to_depth(ctx, ins):
     return [y.reshape(b, c * bs * bs, h // bs, w // bs)]
 
 
-_NEAREST = {
-    "round_prefer_floor": lambda v: np.ceil(v - 0.5),
-    "round_prefer_ceil": lambda v: np.floor(v + 0.5),
-    "floor": np.floor,
-    "ceil": np.ceil,
-}
+_NEAREST = {"round_prefer_floor": lambda v: np.ceil(v - 0.5),
+            "round_prefer_ceil": lambda v: np.floor(v + 0.5), "floor": np.floor, "ceil": np.ceil}
 
 
 def _resize(ctx, ins):
@@ -191,7 +185,6 @@ def _resize(ctx, ins):
     x = ins[0]
     if ctx.attr("mode", "nearest") != "nearest":
         raise Unsupported(f"mode {ctx.attr('mode')!r}; coacto resizes with mode 'nearest' only")
-    r = x.ndim
     scales = sizes = None
     if ctx.node.op_type == "Upsample" or ctx.opset < 11:
         scales = ins[1] if len(ins) > 1 else np.array(ctx.attr("scales"), np.float32)
@@ -208,7 +201,7 @@ def _resize(ctx, ins):
         nearest = ctx.attr("nearest_mode", "round_prefer_floor")
         if sizes is not None and ctx.attr("keep_aspect_ratio_policy", "stretch") != "stretch":
             raise Unsupported("keep_aspect_ratio_policy other than 'stretch'")
-    axes = [axis_index(a, r) for a in ctx.attr("axes", list(range(r)))]
+    axes = [axis_index(a, x.ndim) for a in ctx.attr("axes", list(range(x.ndim)))]
     if nearest not in _NEAREST:
         raise Unsupported(f"nearest_mode {nearest!r}")
     plan, shape = [], list(x.shape)
@@ -288,13 +281,9 @@ def _concat(ctx, ins):
 def _gather_compute(ctx, ins):
     """Gather: rows of a constant table picked by computed ids is an embedding (EMBED); anything
     with constant indices is an index mapping."""
-    data, ids = ins[0], ins[1]
-    if isinstance(data, np.ndarray) and not isinstance(ids, np.ndarray):
-        return [_embed(ctx, data, ids)]
-    return ctx.index_map("Gather", ins)
-
-
-def _embed(ctx, table, ids):
+    table, ids = ins[0], ins[1]
+    if not isinstance(table, np.ndarray) or isinstance(ids, np.ndarray):
+        return ctx.index_map("Gather", ins)
     if axis_index(ctx.attr("axis", 0), max(table.ndim, 1)) != 0:
         raise Unsupported("Gather of a constant along an axis other than 0 by computed indices")
     if not ctx.is_integer(ids):
@@ -314,10 +303,9 @@ def _embed(ctx, table, ids):
     if len(x.shape) > 2 and ctx.layout_of(x) != LAST:
         x = ctx.act(x, LAST)  # one id per output column, in row-major order
     _note_index_limit(ctx, x.layer, v)
-    rows = tbl.shape[1]
     shape = out if table.ndim == 2 else tuple(ids_shape) + (1,)
     y = ctx.emit(ctx.node_name, "EMBED", [x.layer], shape, {}, {"table": tbl}, layout=LAST)
-    return y if y.shape == out and rows == y.shape[-1] else ctx.reshaped(y, out)
+    return [y if y.shape == out and tbl.shape[1] == y.shape[-1] else ctx.reshaped(y, out)]
 
 
 def _note_index_limit(ctx, layer: int, v: int) -> None:

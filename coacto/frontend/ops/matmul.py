@@ -31,12 +31,12 @@ def transpose_last2(a: np.ndarray) -> np.ndarray:
     return out
 
 
-def fc(ctx, a, bmat: np.ndarray, bias, name=None):
+def fc(ctx, a, bmat: np.ndarray, bias):
     """``a @ bmat + bias`` with constant ``bmat`` (F, O): a CONV. Over the last axis of ``a``
     (a 1x1 convolution over its layer's columns), or, for the flatten of a whole layer, with a
     kernel covering that layer (the flatten folds into the weights)."""
     f, o = bmat.shape
-    name = name or ctx.node_name
+    name = ctx.node_name
     conv = dict(sh=1, sw=1, pt=0, pl=0, pb=0, pr=0, dh=1, dw=1, group=1, act=ir.ACT_NONE,
                 alpha=0.0, beta=0.0)
     flat = _flatten_of_layer(ctx, a, f)
@@ -62,16 +62,14 @@ def fc(ctx, a, bmat: np.ndarray, bias, name=None):
     if bias is not None and _bias_vector(bias, o, strict=True) is None:
         # a bias that differs per row: an addition of a constant
         full = np.broadcast_to(np.asarray(bias, np.float32), (n_rows, o))
-        shape = y.shape
-        y = emit_binary_const(ctx, ctx.act_as(y, (n_rows, o)), full, ir.BIN_ADD, False,
-                              (n_rows, o), ctx.node_name + "/bias")
-        y = ctx.reshaped(y, shape)
+        added = emit_binary_const(ctx, ctx.act_as(y, (n_rows, o)), full, ir.BIN_ADD, False,
+                                  (n_rows, o), name + "/bias")
+        y = ctx.reshaped(added, y.shape)
     return y
 
 
 def _bias_vector(bias, o: int, strict: bool = False):
-    """The bias as one value per output (zeros without one); None (strict) when it differs per
-    row, i.e. is not broadcast over the leading axes."""
+    """The bias per output (zeros without one); strict: None when it differs per row."""
     if bias is None:
         return np.zeros(o, np.float32)
     b = np.asarray(bias, np.float64)
@@ -167,17 +165,12 @@ def fit_strides(index: np.ndarray):
     off = int(index.reshape(-1)[0])
     strides, expected = [], np.full(index.shape, off, dtype=np.int64)
     for axis, size in enumerate(index.shape):
-        if size == 1:
-            strides.append(0)
-            continue
-        s = int(index[(0,) * axis + (1,) + (0,) * (index.ndim - 1 - axis)]) - off
+        s = int(index[(0,) * axis + (1,) + (0,) * (index.ndim - 1 - axis)]) - off if size > 1 else 0
         if s < 0:
             return None
         strides.append(s)
         expected = expected + _along(axis, size, index.ndim) * s
-    if not np.array_equal(index, expected):
-        return None
-    return off, strides
+    return (off, strides) if np.array_equal(index, expected) else None
 
 
 def _along(axis: int, size: int, ndim: int) -> np.ndarray:
@@ -204,9 +197,7 @@ def _operand(ctx, v, dims4, contiguous):
         view = ctx.as_view(v)
         layer = view.srcs[0] if len(view.srcs) == 1 else None
         if isinstance(layer, int):
-            index = view.index.reshape((1,) * (4 - view.index.ndim) + view.index.shape)
-            index = np.broadcast_to(index, dims4)
-            fit = fit_strides(index)
+            fit = fit_strides(np.broadcast_to(view.index, dims4))
             if fit is not None:
                 off, strides = fit
                 for axis in contiguous:
@@ -278,8 +269,7 @@ def _gemm(ctx, ins):
         else:
             y = _matmul_acts(ctx, a, b, scale=alpha)
         if isinstance(c, np.ndarray):
-            y = binary_values(ctx, y, np.asarray(c, np.float64) * beta, ir.BIN_ADD,
-                              name + "/bias")
+            y = binary_values(ctx, y, np.asarray(c, np.float64) * beta, ir.BIN_ADD, name + "/bias")
     if c is not None and not isinstance(c, np.ndarray):
         if beta != 1.0:
             c = affine(ctx, c, beta, 0.0, name=name + "/beta")

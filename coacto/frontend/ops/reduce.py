@@ -59,8 +59,7 @@ def _row_reduce(ctx, v, axis, kind, total, out):
     """A reduction over the row axis of a layout (the last axis, or a CNN's channels): one value
     per column. The result keeps the input's columns."""
     shape = shape_of(v)
-    r = len(shape)
-    lay = LAST if axis == r - 1 else CHANNELS
+    lay = LAST if axis == len(shape) - 1 else CHANNELS
     x = ctx.act_rows(v) if lay == LAST else ctx.act(v, CHANNELS)
     red = ir.REDUCE_SUM if total else _ROW_REDUCE[kind]
     kept = tuple(1 if i == axis else d for i, d in enumerate(shape))
