@@ -682,7 +682,6 @@ def test_input_shapes_override_a_static_shape():
 UNSUPPORTED_FORMS = {
     "maxpool_indices": ([node("MaxPool", ["x"], ["y", "idx"], kernel_shape=[2, 2])],
                         ["y", "idx"], {}),
-    "reduce_channels_and_rows": ([node("ReduceMean", ["x"], ["y"], axes=[1, 2])], ["y"], {}),
     "conv_computed_weights": ([node("Conv", ["x", "x"], ["y"])], ["y"], {}),
     "matmul_batched_constant": ([node("MatMul", ["x", "m"], ["y"])], ["y"],
                                 {"m": rand(3, 4, 5, seed=1)}),

@@ -150,17 +150,11 @@ EXPECTED_FAILURES = {
     """.split(),
     "operator supported on constants only": """
         test_nllloss_NC_expanded test_nllloss_NCd1_expanded test_nllloss_NCd1_ii_expanded
-        test_nllloss_NCd1_mean_weight_negative_ii_expanded test_nllloss_NCd1_weight_expanded
-        test_nllloss_NCd1_weight_ii_expanded test_nllloss_NCd1d2_expanded
+        test_nllloss_NCd1d2_expanded
         test_nllloss_NCd1d2_no_weight_reduction_mean_ii_expanded
         test_nllloss_NCd1d2_reduction_mean_expanded
         test_nllloss_NCd1d2_reduction_sum_expanded
-        test_nllloss_NCd1d2_with_weight_reduction_mean_expanded
-        test_nllloss_NCd1d2_with_weight_reduction_sum_expanded
-        test_nllloss_NCd1d2_with_weight_reduction_sum_ii_expanded
         test_nllloss_NCd1d2d3_none_no_weight_negative_ii_expanded
-        test_nllloss_NCd1d2d3_sum_weight_high_ii_expanded
-        test_nllloss_NCd1d2d3d4d5_mean_weight_expanded
         test_nllloss_NCd1d2d3d4d5_none_no_weight_expanded
     """.split(),
     "operator form not supported": """
@@ -183,19 +177,9 @@ EXPECTED_FAILURES = {
         test_layer_normalization_4d_axis_negative_2
         test_layer_normalization_4d_axis_negative_3
         test_layer_normalization_4d_axis_negative_4 test_layer_normalization_default_axis
-        test_logsoftmax_axis_0 test_maxpool_with_argmax_2d_precomputed_pads
-        test_maxpool_with_argmax_2d_precomputed_strides test_mvn_expanded
-        test_mvn_expanded_ver18 test_reduce_max_default_axes_keepdim_example
-        test_reduce_max_default_axes_keepdims_random
-        test_reduce_mean_default_axes_keepdims_example
-        test_reduce_mean_default_axes_keepdims_random
-        test_reduce_min_default_axes_keepdims_example
-        test_reduce_min_default_axes_keepdims_random
-        test_reduce_sum_default_axes_keepdims_example
-        test_reduce_sum_default_axes_keepdims_random
-        test_reduce_sum_square_default_axes_keepdims_example_expanded
-        test_reduce_sum_square_default_axes_keepdims_random_expanded
-        test_reshape_allowzero_reordered test_resize_downsample_scales_cubic
+        test_maxpool_with_argmax_2d_precomputed_pads
+        test_maxpool_with_argmax_2d_precomputed_strides test_reshape_allowzero_reordered
+        test_resize_downsample_scales_cubic
         test_resize_downsample_scales_cubic_A_n0p5_exclude_outside
         test_resize_downsample_scales_cubic_align_corners
         test_resize_downsample_scales_cubic_antialias test_resize_downsample_scales_linear
@@ -215,11 +199,11 @@ EXPECTED_FAILURES = {
         test_resize_upsample_scales_linear_align_corners
         test_resize_upsample_scales_linear_half_pixel_symmetric
         test_resize_upsample_sizes_cubic test_resize_upsample_sizes_nearest_not_larger
-        test_resize_upsample_sizes_nearest_not_smaller test_softmax_axis_0
-        test_split_zero_size_splits_opset13 test_split_zero_size_splits_opset18
-        test_training_dropout test_training_dropout_default
-        test_training_dropout_default_mask test_training_dropout_mask
-        test_training_dropout_zero_ratio test_training_dropout_zero_ratio_mask
+        test_resize_upsample_sizes_nearest_not_smaller test_split_zero_size_splits_opset13
+        test_split_zero_size_splits_opset18 test_training_dropout
+        test_training_dropout_default test_training_dropout_default_mask
+        test_training_dropout_mask test_training_dropout_zero_ratio
+        test_training_dropout_zero_ratio_mask
     """.split(),
     "non-float32 input": """
         test_add_uint64 test_celu_bfloat16 test_celu_bfloat16_expanded test_celu_float16
@@ -273,10 +257,11 @@ PASSING_DESPITE_OPERATOR = set("""
         test_attention_3d_diff_heads_sizes_expanded
         test_attention_3d_diff_heads_sizes_scaled_expanded
         test_attention_3d_diff_heads_sizes_softcap_expanded
-        test_attention_3d_diff_heads_with_past_and_present_expanded test_attention_3d_expanded
-        test_attention_3d_gqa_attn_mask_expanded test_attention_3d_gqa_causal_expanded
-        test_attention_3d_gqa_expanded test_attention_3d_gqa_scaled_expanded
-        test_attention_3d_gqa_softcap_expanded test_attention_3d_gqa_with_past_and_present_expanded
+        test_attention_3d_diff_heads_with_past_and_present_expanded
+        test_attention_3d_expanded test_attention_3d_gqa_attn_mask_expanded
+        test_attention_3d_gqa_causal_expanded test_attention_3d_gqa_expanded
+        test_attention_3d_gqa_scaled_expanded test_attention_3d_gqa_softcap_expanded
+        test_attention_3d_gqa_with_past_and_present_expanded
         test_attention_3d_local_window_expanded test_attention_3d_scaled_expanded
         test_attention_3d_softcap_expanded test_attention_3d_transpose_verification_expanded
         test_attention_3d_with_past_and_present_expanded
@@ -284,10 +269,12 @@ PASSING_DESPITE_OPERATOR = set("""
         test_attention_3d_with_past_and_present_qk_matmul_expanded
         test_attention_3d_with_past_and_present_qk_matmul_softcap_expanded
         test_attention_3d_with_past_and_present_qk_matmul_softmax_expanded
-        test_attention_4d_attn_mask_3d_causal_expanded test_attention_4d_attn_mask_3d_expanded
-        test_attention_4d_attn_mask_4d_causal_expanded test_attention_4d_attn_mask_4d_expanded
-        test_attention_4d_attn_mask_bool_4d_expanded test_attention_4d_attn_mask_bool_expanded
-        test_attention_4d_attn_mask_expanded test_attention_4d_causal_expanded
+        test_attention_4d_attn_mask_3d_causal_expanded
+        test_attention_4d_attn_mask_3d_expanded
+        test_attention_4d_attn_mask_4d_causal_expanded
+        test_attention_4d_attn_mask_4d_expanded test_attention_4d_attn_mask_bool_4d_expanded
+        test_attention_4d_attn_mask_bool_expanded test_attention_4d_attn_mask_expanded
+        test_attention_4d_causal_expanded
         test_attention_4d_causal_nonpad_attn_mask_composition_expanded
         test_attention_4d_causal_nonpad_batch_prefill_expanded
         test_attention_4d_causal_nonpad_continued_prefill_expanded
@@ -303,9 +290,10 @@ PASSING_DESPITE_OPERATOR = set("""
         test_attention_4d_diff_heads_with_past_and_present_mask3d_expanded
         test_attention_4d_diff_heads_with_past_and_present_mask4d_expanded
         test_attention_4d_expanded test_attention_4d_gqa_attn_mask_expanded
-        test_attention_4d_gqa_causal_expanded test_attention_4d_gqa_causal_nonpad_decode_expanded
-        test_attention_4d_gqa_expanded test_attention_4d_gqa_scaled_expanded
-        test_attention_4d_gqa_softcap_expanded test_attention_4d_gqa_with_past_and_present_expanded
+        test_attention_4d_gqa_causal_expanded
+        test_attention_4d_gqa_causal_nonpad_decode_expanded test_attention_4d_gqa_expanded
+        test_attention_4d_gqa_scaled_expanded test_attention_4d_gqa_softcap_expanded
+        test_attention_4d_gqa_with_past_and_present_expanded
         test_attention_4d_scaled_expanded test_attention_4d_softcap_expanded
         test_attention_4d_softcap_neginf_mask_expanded
         test_attention_4d_softcap_neginf_mask_poison_expanded
@@ -316,7 +304,8 @@ PASSING_DESPITE_OPERATOR = set("""
         test_attention_4d_with_past_and_present_qk_matmul_bias_4d_mask_expanded
         test_attention_4d_with_past_and_present_qk_matmul_bias_expanded
         test_attention_4d_with_past_and_present_qk_matmul_expanded
-        test_attention_4d_with_qk_matmul_bias_expanded test_attention_4d_with_qk_matmul_expanded
+        test_attention_4d_with_qk_matmul_bias_expanded
+        test_attention_4d_with_qk_matmul_expanded
         test_attention_4d_with_qk_matmul_softcap_expanded
         test_attention_4d_with_qk_matmul_softmax_expanded
         test_attention_bidirectional_window_expanded
@@ -328,18 +317,23 @@ PASSING_DESPITE_OPERATOR = set("""
         test_attention_local_window_gqa_rank4_mask_expanded
         test_attention_local_window_rank1_boolean_mask_expanded
         test_attention_local_window_with_past_expanded test_prelu_broadcast_expanded
-        test_prelu_example_expanded test_reduce_l1_do_not_keepdims_example_expanded
-        test_reduce_l1_do_not_keepdims_random_expanded test_reduce_l1_keep_dims_example_expanded
-        test_reduce_l1_keep_dims_random_expanded
+        test_prelu_example_expanded test_reduce_l1_default_axes_keepdims_example_expanded
+        test_reduce_l1_default_axes_keepdims_random_expanded
+        test_reduce_l1_do_not_keepdims_example_expanded
+        test_reduce_l1_do_not_keepdims_random_expanded
+        test_reduce_l1_keep_dims_example_expanded test_reduce_l1_keep_dims_random_expanded
         test_reduce_l1_negative_axes_keep_dims_example_expanded
         test_reduce_l1_negative_axes_keep_dims_random_expanded
+        test_reduce_l2_default_axes_keepdims_example_expanded
+        test_reduce_l2_default_axes_keepdims_random_expanded
         test_reduce_l2_do_not_keepdims_example_expanded
-        test_reduce_l2_do_not_keepdims_random_expanded test_reduce_l2_keep_dims_example_expanded
-        test_reduce_l2_keep_dims_random_expanded
+        test_reduce_l2_do_not_keepdims_random_expanded
+        test_reduce_l2_keep_dims_example_expanded test_reduce_l2_keep_dims_random_expanded
         test_reduce_l2_negative_axes_keep_dims_example_expanded
         test_reduce_l2_negative_axes_keep_dims_random_expanded
-        test_reduce_log_sum_negative_axes_expanded test_shrink_hard_expanded_ver18
-        test_shrink_soft_expanded_ver18 test_swish_expanded
+        test_reduce_log_sum_asc_axes_expanded test_reduce_log_sum_default_expanded
+        test_reduce_log_sum_desc_axes_expanded test_reduce_log_sum_negative_axes_expanded
+        test_shrink_hard_expanded_ver18 test_shrink_soft_expanded_ver18 test_swish_expanded
 """.split())
 
 

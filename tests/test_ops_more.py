@@ -276,8 +276,46 @@ def test_reduce_min_with_nans_and_over_two_axes():
     x[0, 1, 3] = np.nan
     check(_reduce_model("ReduceMin", (2, 5, 7), -1, 1, 18), {"x": x}, rel=0.0)
     n = helper.make_node("ReduceMin", ["x"], ["y"], name="/reduce/ReduceMin", axes=[2, 3])
-    with pytest.raises(coacto.CoactoError, match="minimum over one axis"):
-        coacto.compile(make([n], {"x": [1, 3, 4, 5]}, ["y"], opset=13))
+    check(make([n], {"x": [1, 3, 4, 5]}, ["y"], opset=13), {"x": rand(1, 3, 4, 5)}, rel=0.0)
+
+
+MULTI_AXES = [  # (shape, axes, keepdims): every axis, pairs apart, the batch with others
+    ((2, 5, 7, 9), None, 0), ((2, 5, 7, 9), [0, 2], 1), ((2, 5, 7, 9), [1, 3], 0),
+    ((2, 5, 7, 9), [0, 1, 2], 1), ((3, 9, 13), [0, 2], 0), ((7, 13), [0, 1], 1), ((11,), [0], 0),
+]
+
+
+@pytest.mark.parametrize("op", ["ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin"])
+@pytest.mark.parametrize("shape,axes,keepdims", MULTI_AXES)
+def test_reduce_over_several_axes_and_to_a_scalar(op, shape, axes, keepdims):
+    inits = {} if axes is None else {"axes": np.array(axes, np.int64)}
+    n = helper.make_node(op, ["x"] + list(inits), ["y"], keepdims=keepdims)
+    model = make([n], {"x": list(shape)}, ["y"], inits, opset=18)
+    check(model, {"x": rand(*shape, seed=14)}, rel=1e-5, tiles=(1, None), threads=(2,))
+
+
+@pytest.mark.parametrize("shape,axis,opset", [((2, 5, 7, 9), 2, 13), ((2, 5, 7, 9), 0, 13),
+                                              ((3, 9, 13), 1, 13), ((2, 5, 7, 9), 1, 11),
+                                              ((2, 5, 7, 9), 2, 11)])
+@pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])
+def test_softmax_along_a_middle_axis_and_over_trailing_axes(op, shape, axis, opset):
+    """Softmax over H of a feature map (opset 13), and before opset 13 over every axis from
+    ``axis`` on (the input coerced to 2-D)."""
+    n = helper.make_node(op, ["x"], ["s"], axis=axis)
+    model = make([n, helper.make_node("Relu", ["s"], ["y"])], {"x": list(shape)}, ["y"],
+                 opset=opset)
+    check(model, {"x": rand(*shape, seed=15)}, rel=1e-5, tiles=(1, None), threads=(2,))
+
+
+@pytest.mark.parametrize("axis,scale_shape", [(1, (5, 7, 9)), (2, (7, 9)), (1, (1, 1, 9)),
+                                              (-3, (5, 1, 1))])
+def test_layer_norm_over_several_trailing_axes(axis, scale_shape):
+    """nn.LayerNorm([C, H, W]) on a feature map, as exporters write it (opset 17), and scales
+    that broadcast over some of the normalised axes."""
+    n = helper.make_node("LayerNormalization", ["x", "g", "b"], ["y"], axis=axis, epsilon=1e-5)
+    inits = {"g": 1 + rand(*scale_shape, seed=16, scale=0.1), "b": rand(*scale_shape, seed=17)}
+    model = make([n], {"x": [2, 5, 7, 9]}, ["y"], inits)
+    check(model, {"x": rand(2, 5, 7, 9, seed=18)}, rel=1e-5, tiles=(1, None), threads=(2,))
 
 
 def test_reduce_over_axes_of_size_one_is_the_input():

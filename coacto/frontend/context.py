@@ -13,7 +13,8 @@ attributes (the node's name is added). It reads only these public names of ``ctx
 - values: ``layout_of(act)``, ``is_integer(v)``, ``as_bool(v)``, ``as_view(v)``, ``reshaped(v,
   shape)`` (a View); ``resolve(v)`` (an Act, no copy where its storage exists), ``act(v, layout)``
   (an Act reading its layer as the layer's own (N, C, H, W)), ``act_as(v, shape, layout)``,
-  ``act_rows(v)`` (rows are the last axis), ``materialize(view, layout)``;
+  ``act_rows(v)`` / ``act_channels(v)`` (rows are the last axis / the channels), ``operand(v,
+  out, layout)`` (an elementwise input broadcasting to ``out``), ``materialize(view, layout)``;
 - layers: ``emit(name, op, inputs, onnx_shape, attrs, weights, layout)`` (a new ir.Layer, as an
   Act), ``emit_like`` (the input layer's (N, C, H, W)), ``emit_rows`` (column by column);
   ``layers`` (emitted so far), ``kinds`` (layer -> "int" / "bool" for integer-valued layers);

@@ -143,44 +143,27 @@ def _conv(ctx, ins):
                      {"w": wt, "b": _bias(ctx, ins, m)})]
 
 
-def _depth_taps(ctx, x, size: int, kernel: int, depth):
-    """The index map (N, C, Do, kernel, H, W) of a rank-5 value's depth taps: at [:, :, o, j] the
-    input depth o * stride - begin + j * dilation, -1 (a zero) in the padding."""
+def _conv3d(ctx, x, w, attrs, out, depth, bias) -> View:
+    """A 3-D convolution as one 2-D one: the kd input depths each output depth reads, stacked
+    along the channels (one GATHER: the depth's im2col, kd / stride times the input), make a
+    batch of N * Do images that the 2-D kernel slices, side by side, convolve. The (N * Do, M,
+    Ho, Wo) layer is the (N, M, Do, Ho, Wo) result's storage, read through a view."""
+    n, (m, cin_g, kd, kh, kw), group, do = x.shape[0], w.shape, attrs["group"], out[0]
     view = ctx.as_view(x)
     if (view.index < 0).any() and view.fill != 0.0:
         view = ctx.as_view(ctx.materialize(view))
     begin, _, stride, dil = depth
-    z = np.arange(size)[:, None] * stride - begin + np.arange(kernel)[None, :] * dil
-    inside = ((z >= 0) & (z < view.index.shape[2]))[None, None, :, :, None, None]
-    return view.srcs, np.where(inside, view.index[:, :, np.clip(z, 0, view.index.shape[2] - 1)],
-                               -1)
-
-
-def _conv3d(ctx, x, w, attrs, out, depth, bias):
-    """A 3-D convolution as one 2-D one: the kd input depths each output depth reads, stacked
-    along the channels (one GATHER), make a batch of N * Do 2-D images the 2-D kernel slices,
-    side by side, convolve. The stacking copies the input kd / stride times (the depth's
-    im2col); the result is a (N * Do, M, Ho, Wo) layer, whose storage is the (N, M, Do, Ho, Wo)
-    output's."""
-    n = x.shape[0]
-    m, cin_g, kd, kh, kw = w.shape
-    group, do = attrs["group"], out[0]
-    srcs, idx = _depth_taps(ctx, x, do, kd, depth)
+    z = np.arange(do)[:, None] * stride - begin + np.arange(kd)[None, :] * dil  # input depths
+    inside = ((z >= 0) & (z < x.shape[2]))[None, None, :, :, None, None]
+    idx = np.where(inside, view.index[:, :, np.clip(z, 0, x.shape[2] - 1)], -1)
     # channels in (group, tap, channel of the group) order: each 2-D group sees its whole group
     idx = idx.reshape(n, group, cin_g, do, kd, *x.shape[3:]).transpose(0, 3, 1, 4, 2, 5, 6)
-    taps = ctx.act(View(srcs, np.ascontiguousarray(idx).reshape(n * do, group * kd * cin_g,
-                                                               *x.shape[3:]),
-                        0.0, ctx.node_name + "/taps"), CHANNELS)
+    taps = ctx.act(View(view.srcs, np.ascontiguousarray(idx).reshape(
+        n * do, group * kd * cin_g, *x.shape[3:]), 0.0, ctx.node_name + "/taps"), CHANNELS)
     w2 = w.transpose(0, 2, 1, 3, 4).reshape(m, kd * cin_g, kh, kw)
     y = ctx.emit(ctx.node_name, "CONV", [taps.layer], (n * do, m, *out[1:]), attrs,
                  {"w": conv_weights(w2, group), "b": bias})
-    return _unfold_depth(ctx, y, n)
-
-
-def _unfold_depth(ctx, y, n: int) -> View:
-    """A (N * D, C, H, W) layer's storage read as the (N, C, D, H, W) it holds (a view)."""
-    nd, c, h, w = y.shape
-    index = ctx.as_view(y).index.reshape(n, nd // n, c, h, w).transpose(0, 2, 1, 3, 4)
+    index = ctx.as_view(y).index.reshape(n, do, m, *out[1:]).transpose(0, 2, 1, 3, 4)
     return View([y.layer], np.ascontiguousarray(index), name=ctx.node_name)
 
 
@@ -275,11 +258,10 @@ def _pool(kind):
 
 
 def _pool3d(ctx, x, attrs, out, depth, kd: int):
-    """A 3-D pool as two 2-D ones, which it equals because its window is a box: the maximum is
-    the maximum over depth of the maxima over (H, W), the average the average over depth of the
-    averages over (H, W) (each divisor counts its axes' taps inside the input, or the pads).
-    First over (H, W) of each depth slice, a (N * D, C, H, W) view (a Conv3D's own storage),
-    then a (kd, 1) window over (N, C, D, Ho * Wo), the same storage copied to that shape."""
+    """A 3-D pool as two 2-D ones, exact as its window is a box (the maximum of maxima; the
+    average of averages, each divisor counting its own axes' taps): over (H, W) of each depth
+    slice, a (N * D, C, H, W) view (a Conv3D's own storage), then a (kd, 1) window over (N, C, D,
+    Ho * Wo), the same storage copied to that shape."""
     n, c, d, h, w = x.shape
     view = ctx.as_view(x)
     slices = ctx.act(View(view.srcs, np.ascontiguousarray(view.index.transpose(0, 2, 1, 3, 4))

@@ -1,6 +1,6 @@
-"""Operators over one axis: the reductions (Reduce*; a ROW_REDUCE over the rows of a layout, a
-GLOBAL_POOL over all spatial axes, another axis moved last first), Softmax, LogSoftmax and
-LayerNormalization.
+"""Operators along axes: the reductions (Reduce*; a ROW_REDUCE over the rows of a layout, a
+GLOBAL_POOL over all spatial axes, other axes moved last first), Softmax, LogSoftmax and
+LayerNormalization (along the rows, or other axes moved last).
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from ... import ir
 from ...errors import ShapeError
 from ..folding import reduce_axes
 from ..registry import op, register
-from ..values import CHANNELS, LAST, Unsupported, View, axis_index, shape_of
+from ..values import CHANNELS, LAST, View, axis_index, shape_of
 from .elementwise import affine
 
 
@@ -29,25 +29,15 @@ def _reduce(kind, total=False):
         axes = set(reduce_axes(ctx, ins, r))
         keep = bool(ctx.attr("keepdims", 1))
         out = tuple(1 if i in axes else d for i, d in enumerate(v.shape) if keep or i not in axes)
-        rows = {i for i in axes if v.shape[i] != 1}
+        rows = [i for i in sorted(axes) if v.shape[i] != 1]
         if not rows:  # over axes of size 1 only (or none, noop_with_empty_axes): the input
             return [ctx.reshaped(v, out)]
-        if len(rows) == 1 and r >= 2:
-            # over one axis: the rows of a sequence's last axis, or a CNN's channels
-            axis = rows.pop()
-            if axis in (r - 1, 1):
-                return [_row_reduce(ctx, v, axis, kind, total, out)]
-            return [_reduce_moved(ctx, v, axis, kind, total, out)]
-        if kind == REDUCE_MIN_ONLY:
-            raise Unsupported(f"ReduceMin over axes {sorted(axes)} of a rank-{r} tensor; coacto "
-                              "reduces the minimum over one axis (of size above 1)")
-        x = ctx.act(v, CHANNELS)
-        spatial = set(range(2, r))
-        ones = {i for i in spatial if x.shape[i] == 1}
-        if r < 3 or not axes or (axes | ones) != spatial or not axes <= spatial:
-            raise Unsupported(f"reduction over axes {sorted(axes)} of a rank-{r} tensor; coacto "
-                              "reduces over all spatial axes ([2, 3]), the channels (1) or the "
-                              "last axis")
+        if len(rows) == 1 and r >= 2 and rows[0] in (r - 1, 1):
+            # the rows of a sequence's last axis, or a CNN's channels
+            return [_row_reduce(ctx, v, rows[0], kind, total, out)]
+        if kind == REDUCE_MIN_ONLY or rows != [i for i in range(2, r) if v.shape[i] != 1]:
+            return [_reduce_moved(ctx, v, rows, kind, total, out)]
+        x = ctx.act(v, CHANNELS)  # over every spatial axis: one GLOBAL_POOL, no copy
         y = ctx.emit(ctx.node_name, "GLOBAL_POOL", [x.layer], out, {"kind": kind})
         if total:  # ReduceSum: the mean times the number of positions
             y = affine(ctx, y, float(math.prod(x.shape[2:])), 0.0, name=ctx.node_name + "/sum")
@@ -67,18 +57,19 @@ def _row_reduce(ctx, v, axis, kind, total, out):
     return y if tuple(out) == kept else ctx.reshaped(y, out)
 
 
-def _reduce_moved(ctx, v, axis, kind, total, out):
-    """A reduction over another single axis (a CNN's height or width, the batch, a sequence's
-    tokens): that axis moved last, which copies the tensor once through a GATHER, then reduced
-    as rows. The copy costs about what the reduction does, and one ROW_REDUCE then serves every
-    axis (a POOL window over H or W alone would need none, but only for those two axes)."""
+def _reduce_moved(ctx, v, axes, kind, total, out):
+    """A reduction over other axes (a CNN's height or width, the batch, a sequence's tokens,
+    several at once): those axes moved last as one, which copies the tensor once through a
+    GATHER, then reduced as rows. The copy costs about what the reduction does, and one
+    ROW_REDUCE then serves every set of axes (a POOL window would need none, but only for H, W)."""
     view = ctx.as_view(v)
-    index = np.ascontiguousarray(np.moveaxis(view.index, axis, -1))
+    kept = [i for i in range(view.index.ndim) if i not in axes]
+    index = view.index.transpose(kept + list(axes)).reshape(
+        [view.index.shape[i] for i in kept] + [-1])
     # one copy straight into rows, not a copy in the input's layout and another into rows
-    moved = ctx.act(View(view.srcs, index, view.fill, view.name), LAST)
-    kept = index.shape[:-1] + (1,)
-    y = _row_reduce(ctx, moved, index.ndim - 1, kind, total, kept)
-    # the reduced axis has size 1 now: moving it back changes no element's place
+    moved = ctx.act(View(view.srcs, np.ascontiguousarray(index), view.fill, view.name), LAST)
+    y = _row_reduce(ctx, moved, index.ndim - 1, kind, total, index.shape[:-1] + (1,))
+    # the reduced axes have size 1 now: moving them back changes no element's place
     return ctx.reshaped(y, out)
 
 
@@ -90,42 +81,54 @@ def _softmax(log):
         # Before opset 13 the input is coerced to 2-D: softmax over every axis from `axis` on.
         reduced = range(axis, r) if ctx.opset < 13 else [axis]
         big = [i for i in reduced if v.shape[i] != 1]
-        if len(big) > 1:
-            raise Unsupported(f"softmax over axes {list(reduced)} of shape {v.shape}; coacto "
-                              "computes softmax over one axis")
         row = big[0] if big else axis
-        if r <= 2 or row == r - 1:
-            x = ctx.act_rows(v)
-        elif row == 1:
-            x = ctx.act(v, CHANNELS)
-        else:
-            raise Unsupported(f"softmax over axis {axis} of shape {v.shape}; coacto computes "
-                              "softmax over the channels (axis 1) or the last axis")
+        attrs = {"log": int(log)}
+        if len(big) > 1 or (r > 2 and row not in (1, r - 1)):
+            return [_on_moved_axes(ctx, v, big, lambda x: ctx.emit_rows(
+                ctx.node_name, "SOFTMAX", x, x.shape[-1], x.shape, attrs))]
+        x = ctx.act_rows(v) if r <= 2 or row == r - 1 else ctx.act(v, CHANNELS)
         c = ctx.layers[x.layer].rows
-        return [ctx.emit_rows(ctx.node_name, "SOFTMAX", x, c, x.shape, {"log": int(log)})]
+        return [ctx.emit_rows(ctx.node_name, "SOFTMAX", x, c, x.shape, attrs)]
     return run
+
+
+def _on_moved_axes(ctx, v, axes, emit) -> View:
+    """``emit(x)`` for an op along the rows, on ``axes`` of ``v`` instead: those axes moved last
+    as one (a GATHER unless they are last already), the result moved back (a view)."""
+    view = ctx.as_view(v)
+    order = [i for i in range(view.index.ndim) if i not in axes] + list(axes)
+    index = view.index.transpose(order)
+    merged = index.reshape(index.shape[:view.index.ndim - len(axes)] + (-1,))
+    y = ctx.as_view(emit(ctx.act_rows(View(view.srcs, merged, view.fill, view.name))))
+    back = y.index.reshape(index.shape).transpose(np.argsort(order))
+    return View(y.srcs, np.ascontiguousarray(back), name=ctx.node_name)
 
 
 @op("LayerNormalization")
 def _layer_norm(ctx, ins):
     x = ins[0]
     shp = shape_of(x)
-    r = len(shp)
-    axis = axis_index(ctx.attr("axis", -1), r)
-    if any(shp[i] != 1 for i in range(axis, r - 1)):
-        raise Unsupported(f"LayerNormalization over axes {list(range(axis, r))} of shape {shp}; "
-                          "coacto normalises over the last axis")
-    d = shp[-1]
-    scale = np.asarray(ctx.const(ins[1], "the scale input"), np.float32).reshape(-1)
+    axis = axis_index(ctx.attr("axis", -1), len(shp))
+    d = math.prod(shp[axis:])
+
+    def per_feature(v, what):
+        p = np.asarray(ctx.const(v, what), np.float32)
+        if p.size in (1, d):
+            return np.broadcast_to(p.reshape(-1), (d,)).copy()
+        try:
+            return np.broadcast_to(p, shp[axis:]).reshape(-1).copy()
+        except ValueError:
+            raise ShapeError(f"{what} of shape {p.shape} for features of shape "
+                             f"{shp[axis:]}") from None
+
     bias = ins[2] if len(ins) > 2 and ins[2] is not None else np.zeros(1, np.float32)
-    bias = np.asarray(ctx.const(bias, "the bias input B"), np.float32).reshape(-1)
-    if scale.size not in (1, d) or bias.size not in (1, d):
-        raise ShapeError(f"scale of {scale.size} and bias of {bias.size} values for {d} features")
-    xr = ctx.act_rows(x)
-    weights = {"scale": np.broadcast_to(scale, (d,)).copy(),
-               "shift": np.broadcast_to(bias, (d,)).copy()}
-    return [ctx.emit_rows(ctx.node_name, "LAYERNORM", xr, d, shp,
-                          {"eps": float(ctx.attr("epsilon", 1e-5))}, weights)]
+    weights = {"scale": per_feature(ins[1], "the scale input"),
+               "shift": per_feature(bias, "the bias input B")}
+    attrs = {"eps": float(ctx.attr("epsilon", 1e-5))}
+    if any(shp[i] != 1 for i in range(axis, len(shp) - 1)):  # over several axes: merged
+        return [_on_moved_axes(ctx, x, range(axis, len(shp)), lambda xr: ctx.emit_rows(
+            ctx.node_name, "LAYERNORM", xr, d, xr.shape, attrs, weights))]
+    return [ctx.emit_rows(ctx.node_name, "LAYERNORM", ctx.act_rows(x), d, shp, attrs, weights)]
 
 
 register("compute", {
