@@ -307,8 +307,22 @@ def test_softmax_along_a_middle_axis_and_over_trailing_axes(op, shape, axis, ops
     check(model, {"x": rand(*shape, seed=15)}, rel=1e-5, tiles=(1, None), threads=(2,))
 
 
+@pytest.mark.parametrize("shape,axis,opset", [((3, 2), 0, 13), ((3, 1), 0, 11), ((1, 3), 0, 13)])
+def test_softmax_along_the_first_of_two_axes(shape, axis, opset):
+    model = make([helper.make_node("Softmax", ["x"], ["y"], axis=axis)], {"x": list(shape)},
+                 ["y"], opset=opset)
+    check(model, {"x": rand(*shape, seed=19)}, rel=1e-5, tiles=(1, None), threads=(2,))
+
+
+def test_a_ceil_mode_window_longer_than_the_input_is_refused_at_import():
+    n = helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[3, 3], strides=[3, 3],
+                         ceil_mode=1)
+    with pytest.raises(coacto.UnsupportedOperatorError, match="longer than the input"):
+        coacto.compile(make([n], {"x": [1, 1, 2, 2]}, ["y"]))
+
+
 @pytest.mark.parametrize("axis,scale_shape", [(1, (5, 7, 9)), (2, (7, 9)), (1, (1, 1, 9)),
-                                              (-3, (5, 1, 1))])
+                                              (-3, (5, 1, 1)), (2, (1, 1, 9))])
 def test_layer_norm_over_several_trailing_axes(axis, scale_shape):
     """nn.LayerNorm([C, H, W]) on a feature map, as exporters write it (opset 17), and scales
     that broadcast over some of the normalised axes."""
@@ -316,6 +330,14 @@ def test_layer_norm_over_several_trailing_axes(axis, scale_shape):
     inits = {"g": 1 + rand(*scale_shape, seed=16, scale=0.1), "b": rand(*scale_shape, seed=17)}
     model = make([n], {"x": [2, 5, 7, 9]}, ["y"], inits)
     check(model, {"x": rand(2, 5, 7, 9, seed=18)}, rel=1e-5, tiles=(1, None), threads=(2,))
+
+
+@pytest.mark.parametrize("scale_shape", [(9, 7), (63,)])
+def test_layer_norm_scales_that_do_not_broadcast_are_refused(scale_shape):
+    n = helper.make_node("LayerNormalization", ["x", "g"], ["y"], axis=2)
+    model = make([n], {"x": [2, 5, 7, 9]}, ["y"], {"g": rand(*scale_shape)})
+    with pytest.raises(coacto.ShapeError, match="the scale input of shape"):
+        import_model(model)
 
 
 def test_reduce_over_axes_of_size_one_is_the_input():

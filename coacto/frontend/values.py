@@ -313,7 +313,8 @@ class Values:
         as it is when its layer's rows are those channels (a Conv3D's output read as rank 5),
         else a copy."""
         a = self.resolve(v)
-        if self.layout_of(a) == CHANNELS and self.layers[a.layer].rows == a.shape[1]:
+        if len(a.shape) > 1 and self.layout_of(a) == CHANNELS and \
+                self.layers[a.layer].rows == a.shape[1]:
             return a
         return self.act(a, CHANNELS)
 

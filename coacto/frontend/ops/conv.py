@@ -40,6 +40,9 @@ def _window(ctx, sizes, kernel, ceil_mode=False):
         elif auto == "NOTSET":
             b, e = pads[i], pads[i + d]
             span = n + b + e - eff
+            if ceil_mode and span < 0:  # ONNX gives one window; the runtime's check refuses it
+                raise Unsupported(f"a ceil_mode window of {eff} taps over {n + b + e} padded "
+                                  "positions (longer than the input); pad the input to the window")
             if ceil_mode:
                 o = -(-span // s) + 1
                 if (o - 1) * s >= n + b:  # the last window must start inside the input

@@ -283,20 +283,18 @@ def _pow(ctx, ins):
 
 @op("Where")
 def _where(ctx, ins):
-    cond, x, y = ins[0], ins[1], ins[2]
-    out = tuple(np.broadcast_shapes(*(shape_of(v) for v in (cond, x, y))))
+    cond, x, y = vals = ins[:3]
+    out = tuple(np.broadcast_shapes(*(shape_of(v) for v in vals)))
     if isinstance(cond, np.ndarray):
         c = np.asarray(cond).astype(bool)
         for pick, v in ((c.all(), x), ((~c).all(), y)):
             if pick and shape_of(v) == out and not isinstance(v, np.ndarray):
                 return [v]
-    vals = [cond, x, y]
-    first = next(v for v in vals if not isinstance(v, np.ndarray))
-    lay = ctx.layout_of(ctx.resolve(first))
+    lay = ctx.layout_of(ctx.resolve(next(v for v in vals if not isinstance(v, np.ndarray))))
     which, inputs, weights = 0, [], {}
     for o, (key, v) in enumerate(zip(("cond", "x", "y"), vals)):
         if isinstance(v, np.ndarray):
-            weights[key] = const_operand(np.asarray(v).astype(np.float32), out, lay)
+            weights[key] = const_operand(v, out, lay)
         else:
             which |= 1 << o
             inputs.append(ctx.operand(v, out, lay).layer)

@@ -83,10 +83,10 @@ def _softmax(log):
         big = [i for i in reduced if v.shape[i] != 1]
         row = big[0] if big else axis
         attrs = {"log": int(log)}
-        if len(big) > 1 or (r > 2 and row not in (1, r - 1)):
-            return [_on_moved_axes(ctx, v, big, lambda x: ctx.emit_rows(
+        if len(big) > 1 or row != r - 1 and not (r > 2 and row == 1):
+            return [_on_moved_axes(ctx, v, big or [row], lambda x: ctx.emit_rows(
                 ctx.node_name, "SOFTMAX", x, x.shape[-1], x.shape, attrs))]
-        x = ctx.act_rows(v) if r <= 2 or row == r - 1 else ctx.act(v, CHANNELS)
+        x = ctx.act_rows(v) if row == r - 1 else ctx.act(v, CHANNELS)
         c = ctx.layers[x.layer].rows
         return [ctx.emit_rows(ctx.node_name, "SOFTMAX", x, c, x.shape, attrs)]
     return run
@@ -113,9 +113,8 @@ def _layer_norm(ctx, ins):
 
     def per_feature(v, what):
         p = np.asarray(ctx.const(v, what), np.float32)
-        if p.size in (1, d):
-            return np.broadcast_to(p.reshape(-1), (d,)).copy()
-        try:
+        p = p.reshape(p.shape[next((i for i, n in enumerate(p.shape) if n != 1), p.ndim):])
+        try:  # (leading axes of size 1 dropped: a (1, d) scale is a (d,) one)
             return np.broadcast_to(p, shp[axis:]).reshape(-1).copy()
         except ValueError:
             raise ShapeError(f"{what} of shape {p.shape} for features of shape "
