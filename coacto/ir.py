@@ -366,7 +366,7 @@ class Graph:
 
 
 def internal_shape(onnx_shape, layout: str = LAYOUT_CHANNELS) -> tuple[int, int, int, int]:
-    """The (N, C, H, W) of an ONNX shape of rank 1..MAX_RANK in a layout."""
+    """The (N, C, H, W) of an ONNX shape of rank 0..MAX_RANK in a layout."""
     s = tuple(int(d) for d in onnx_shape)
     if layout == LAYOUT_LAST and len(s) >= 3:
         return (s[0], s[-1], math.prod(s[1:-2]), s[-2])
@@ -461,12 +461,12 @@ def internal_to_storage(x4: np.ndarray) -> np.ndarray:
 
 
 def as_nchw(x: np.ndarray) -> np.ndarray:
-    """View an ONNX activation of rank 1..MAX_RANK as (N, C, H, W) in the channels layout."""
+    """View an ONNX activation of rank 0..MAX_RANK as (N, C, H, W) in the channels layout."""
     return x.reshape(nchw_shape(x.shape))
 
 
 def nchw_shape(onnx_shape) -> tuple[int, int, int, int]:
-    """The (N, C, H, W) of an ONNX shape of rank 1..MAX_RANK in the channels layout."""
+    """The (N, C, H, W) of an ONNX shape of rank 0..MAX_RANK in the channels layout."""
     s = tuple(int(d) for d in onnx_shape)
     if not 0 <= len(s) <= MAX_RANK:
         raise ValueError(f"activations of rank {len(s)} are not supported")

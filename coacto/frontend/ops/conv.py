@@ -250,8 +250,7 @@ def _pool(kind):
                              "integers)")
         if len(kernel) != len(x.shape) - 2:
             raise ShapeError(f"kernel_shape {kernel} for an input of shape {x.shape}")
-        window, out, depth = _window(ctx, list(x.shape[2:]), kernel,
-                                     bool(ctx.attr("ceil_mode", 0)))
+        window, out, depth = _window(ctx, x.shape[2:], kernel, bool(ctx.attr("ceil_mode", 0)))
         _check_taps(x.shape[0], out, kernel)
         attrs = dict(kind=kind, **window, count_include_pad=int(ctx.attr("count_include_pad", 0)))
         if len(x.shape) == 5:

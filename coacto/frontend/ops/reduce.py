@@ -62,13 +62,9 @@ def _reduce_moved(ctx, v, axes, kind, total, out):
     several at once): those axes moved last as one, which copies the tensor once through a
     GATHER, then reduced as rows. The copy costs about what the reduction does, and one
     ROW_REDUCE then serves every set of axes (a POOL window would need none, but only for H, W)."""
-    view = ctx.as_view(v)
-    kept = [i for i in range(view.index.ndim) if i not in axes]
-    index = view.index.transpose(kept + list(axes)).reshape(
-        [view.index.shape[i] for i in kept] + [-1])
     # one copy straight into rows, not a copy in the input's layout and another into rows
-    moved = ctx.act(View(view.srcs, np.ascontiguousarray(index), view.fill, view.name), LAST)
-    y = _row_reduce(ctx, moved, index.ndim - 1, kind, total, index.shape[:-1] + (1,))
+    x = ctx.act(_axes_last(ctx, v, axes)[0], LAST)
+    y = _row_reduce(ctx, x, len(x.shape) - 1, kind, total, x.shape[:-1] + (1,))
     # the reduced axes have size 1 now: moving them back changes no element's place
     return ctx.reshaped(y, out)
 
@@ -95,13 +91,19 @@ def _softmax(log):
 def _on_moved_axes(ctx, v, axes, emit) -> View:
     """``emit(x)`` for an op along the rows, on ``axes`` of ``v`` instead: those axes moved last
     as one (a GATHER unless they are last already), the result moved back (a view)."""
+    moved, order = _axes_last(ctx, v, axes)
+    y = ctx.as_view(emit(ctx.act_rows(moved)))
+    back = y.index.reshape([shape_of(v)[i] for i in order]).transpose(np.argsort(order))
+    return View(y.srcs, np.ascontiguousarray(back), name=ctx.node_name)
+
+
+def _axes_last(ctx, v, axes):
+    """``v`` with ``axes`` moved last as one (a view), and the order that moved them."""
     view = ctx.as_view(v)
     order = [i for i in range(view.index.ndim) if i not in axes] + list(axes)
     index = view.index.transpose(order)
     merged = index.reshape(index.shape[:view.index.ndim - len(axes)] + (-1,))
-    y = ctx.as_view(emit(ctx.act_rows(View(view.srcs, merged, view.fill, view.name))))
-    back = y.index.reshape(index.shape).transpose(np.argsort(order))
-    return View(y.srcs, np.ascontiguousarray(back), name=ctx.node_name)
+    return View(view.srcs, np.ascontiguousarray(merged), view.fill, view.name), order
 
 
 @op("LayerNormalization")
