@@ -13,10 +13,11 @@ compile with every input live, ``run`` folds inputs into initializers holding th
 and compiles that model instead; the compiled graphs are cached by the inputs folded and their
 values. A model that compiles with its inputs live is never folded.
 
-Nothing is converted behind the caller's back: inputs and outputs coacto cannot carry (float64,
-float16, integer outputs of values not whole by construction, ranks above 4) are refused with
-coacto's error, as ``coacto.compile`` refuses them. Integer and bool outputs of integer inputs,
-comparisons and casts come back in their declared type, as from onnxruntime.
+Inputs and outputs come in and back in their declared types, as from onnxruntime: float16 and
+float64 tensors are computed in float32 (as ``coacto.compile`` computes them), integer and bool
+outputs of integer inputs, comparisons and casts are exact. What coacto cannot carry (bfloat16,
+float8, integer outputs of values not whole by construction, ranks above 8) is refused with
+coacto's error, as ``coacto.compile`` refuses it.
 """
 from __future__ import annotations
 

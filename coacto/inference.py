@@ -208,7 +208,7 @@ class NativeInference:
               "setting the transfer mode")
         if mode in P.LOSSY_TRANSFERS:  # integer inputs (token ids, masks) travel exact
             for li in self.tg.graph.inputs.values():
-                if self.tg.graph.layers[li].attrs.get("dtype") is not None:
+                if ir.integer_input(self.tg.graph.layers[li]):
                     check(lib.coacto_inference_set_layer_transfer(
                         self.handle, li, P.TRANSFER_MODES["lossless"]), "setting a layer's mode")
         self.transfer = mode
@@ -350,7 +350,7 @@ class NativeInference:
             else:
                 results[name] = fetched[li].copy()
             if name in g.output_dtypes:
-                results[name] = ir.exact_integers(results[name], g.output_dtypes[name])
+                results[name] = ir.output_as(results[name], g.output_dtypes[name])
         return results
 
     def stats(self) -> dict:

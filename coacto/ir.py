@@ -28,8 +28,9 @@ given "in NCHW order" is a 4-D array broadcastable to the layer's ``(N, C, H, W)
 Ops (``Layer.op``) and their attributes / weights:
 
 ``INPUT``
-    A graph input. ``attrs = {}``, or for integer inputs (token ids, masks) ``dtype`` (the ONNX
-    element type) and, when they index an embedding table, ``index_limit`` V: values are fed as
+    A graph input. ``attrs = {}`` for float32; otherwise ``dtype``, the ONNX element type the caller
+    feeds: float16 or float64 (computed in float32, as every tensor is), or an integer type (token
+    ids, masks) with, when they index an embedding table, ``index_limit`` V: such values travel as
     float32 and must be integers in ``[-V, V)``.
 ``CONV``
     ``inputs = [x]`` or ``[x, residual]``. 2-D convolution, then ``+ bias``, then ``+ residual``
@@ -425,15 +426,24 @@ def to_storage(x: np.ndarray, layout: str = LAYOUT_CHANNELS) -> np.ndarray:
 #: ONNX element type -> numpy dtype of the integer and bool types inputs and outputs may have.
 INTEGER_NUMPY_TYPES = {7: np.int64, 6: np.int32, 5: np.int16, 3: np.int8, 2: np.uint8,
                        4: np.uint16, 12: np.uint32, 9: np.bool_}
+#: The float types inputs and outputs may have besides float32. Computation is float32 all the same:
+#: float16 inputs widen exactly, float64 ones round to float32; outputs are converted back.
+FLOAT_NUMPY_TYPES = {10: np.float16, 11: np.float64}
 
 
-def exact_integers(values: np.ndarray, elem: int) -> np.ndarray:
-    """A float32 tensor of exact integers (what integer-valued layers hold) as ONNX type ``elem``:
-    bool is non-zero; integers are rounded (they are whole already) and cast."""
-    dtype = INTEGER_NUMPY_TYPES[int(elem)]
+def integer_input(layer: "Layer") -> bool:
+    """Whether an INPUT layer takes integers (ids, masks), which travel exactly."""
+    return layer.attrs.get("dtype") in INTEGER_NUMPY_TYPES
+
+
+def output_as(values: np.ndarray, elem: int) -> np.ndarray:
+    """A computed float32 tensor as ONNX type ``elem``: float16 / float64 converted; integer types
+    from exact integers (what integer-valued layers hold: rounded, they are whole already); bool
+    is non-zero."""
+    dtype = FLOAT_NUMPY_TYPES.get(int(elem)) or INTEGER_NUMPY_TYPES[int(elem)]
     if dtype is np.bool_:
         return values != 0
-    return np.rint(values).astype(dtype)
+    return (values if dtype in (np.float16, np.float64) else np.rint(values)).astype(dtype)
 
 
 def from_storage(s: np.ndarray, shape4: tuple[int, int, int, int], onnx_shape,

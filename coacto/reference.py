@@ -34,7 +34,7 @@ def run_reference(graph: ir.Graph, feeds: dict[str, np.ndarray]) -> dict[str, np
         if tuple(x.shape) != tuple(layer.onnx_shape):
             raise InputError(f"input {name!r} has shape {tuple(x.shape)}, the graph expects "
                              f"{tuple(layer.onnx_shape)}")
-        if layer.attrs.get("dtype") is not None:
+        if ir.integer_input(layer):
             check_integer_input(name, layer, x)
         values[i] = ir.storage_to_internal(
             ir.to_storage(x.astype(np.float64), layer.layout), layer.shape)

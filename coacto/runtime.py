@@ -10,6 +10,7 @@ from typing import overload
 
 import numpy as np
 
+from . import ir
 from .errors import CoactoError, InputError
 from .inference import NativeInference
 from .native import NativeRuntime, native_graph
@@ -28,7 +29,7 @@ log = logging.getLogger(__name__)
 #: and its integer-valued outputs are returned as.
 _ORT_TYPES = {1: "tensor(float)", 2: "tensor(uint8)", 3: "tensor(int8)", 4: "tensor(uint16)",
               5: "tensor(int16)", 6: "tensor(int32)", 7: "tensor(int64)", 9: "tensor(bool)",
-              12: "tensor(uint32)"}
+              12: "tensor(uint32)", 10: "tensor(float16)", 11: "tensor(double)"}
 
 
 @dataclass(frozen=True)
@@ -203,16 +204,17 @@ class Runtime:
             if arr is None:
                 raise InputError(f"input {name!r} must be a numpy array, got {type(value).__name__}")
             layer = self.graph.graph.layers[self.graph.graph.inputs[name]]
-            if layer.attrs.get("dtype") is not None:
+            if ir.integer_input(layer):
                 if tuple(arr.shape) != tuple(expected[name]):
                     raise InputError(f"input {name!r} has shape {tuple(arr.shape)}, the model "
                                      f"takes {tuple(expected[name])}")
                 check_integer_input(name, layer, arr)
                 out[self.graph.graph.inputs[name]] = arr
                 continue
-            if arr.dtype != np.float32:
-                raise InputError(f"input {name!r} has dtype {arr.dtype}, the model takes float32; "
-                                 f"convert it with x.astype(np.float32)")
+            takes = np.dtype(ir.FLOAT_NUMPY_TYPES.get(layer.attrs.get("dtype"), np.float32))
+            if arr.dtype != takes:
+                raise InputError(f"input {name!r} has dtype {arr.dtype}, the model takes {takes}; "
+                                 f"convert it with x.astype(np.{takes})")
             if tuple(arr.shape) != tuple(expected[name]):
                 raise InputError(f"input {name!r} has shape {tuple(arr.shape)}, the model takes "
                                  f"{tuple(expected[name])}; reshape the data or compile the model "

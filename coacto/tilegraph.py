@@ -95,14 +95,15 @@ class TileGraph:
         return {name: tuple(self.graph.layers[li].onnx_shape) for name, li in self.graph.outputs.items()}
 
     def example_feeds(self, seed: int = 0) -> dict[str, np.ndarray]:
-        """Inputs to run the graph on: standard normal float32 for float inputs; for integer
+        """Inputs to run the graph on: standard normal values for float inputs; for integer
         inputs valid ids below their table size (index_limit), else ones (attention masks)."""
         rng = np.random.default_rng(seed)
         feeds = {}
         for name, shape in self.inputs.items():
             layer = self.graph.layers[self.graph.inputs[name]]
-            if layer.attrs.get("dtype") is None:
-                feeds[name] = rng.standard_normal(shape).astype(np.float32)
+            if not ir.integer_input(layer):
+                dtype = ir.FLOAT_NUMPY_TYPES.get(layer.attrs.get("dtype"), np.float32)
+                feeds[name] = rng.standard_normal(shape).astype(dtype)
             else:
                 from onnx import helper
 
@@ -345,8 +346,8 @@ _REQUIRED_ATTRS = {
 #: Attributes the runtime reads as floats (coacto_layer_desc.fparams); every other one is one of
 #: its int32 parameters.
 _FLOAT_ATTRS = frozenset({"alpha", "beta", "bias", "eps", "scale", "fill"})
-#: ONNX element types of integer inputs and outputs (coacto.ir.INTEGER_NUMPY_TYPES).
-_INTEGER_DTYPES = tuple(ir.INTEGER_NUMPY_TYPES)  # INT64 first: an INPUT's default
+#: ONNX element types inputs and outputs may declare besides float32 (coacto.ir).
+_IO_DTYPES = (*ir.INTEGER_NUMPY_TYPES, *ir.FLOAT_NUMPY_TYPES)
 #: The native runtime's limits (native/src/graph.c): a file beyond them is refused here, before
 #: the tile arrays are allocated.
 MAX_LAYERS = 1 << 20
@@ -431,11 +432,11 @@ def check_header(h, blob_size: int) -> None:
                 raise GraphFileError(f"{where}: attribute {k!r} = {v!r} is not a number")
             if k not in _FLOAT_ATTRS and (type(v) is not int or not -_INT32_MAX <= v <= _INT32_MAX):
                 raise GraphFileError(f"{where}: attribute {k!r} = {v!r} is not a 32-bit integer")
-        if op == "INPUT" and (attrs.get("dtype", _INTEGER_DTYPES[0]) not in _INTEGER_DTYPES
+        if op == "INPUT" and (attrs.get("dtype", _IO_DTYPES[0]) not in _IO_DTYPES
                               or attrs.get("index_limit", 1) < 1):
             raise GraphFileError(f"{where}: input element type {attrs.get('dtype')} / index "
-                                 f"limit {attrs.get('index_limit')} (an ONNX integer type and a "
-                                 "positive table size expected)")
+                                 f"limit {attrs.get('index_limit')} (one of the ONNX types "
+                                 f"{_IO_DTYPES} and a positive table size expected)")
         missing = [k for k in _REQUIRED_ATTRS.get(op, ()) if k not in attrs]
         if missing:
             raise GraphFileError(f"{where}: a {op} layer without attributes {missing}")
@@ -459,9 +460,9 @@ def check_header(h, blob_size: int) -> None:
         raise GraphFileError("the graph has no outputs")
     dtypes = h.get("output_dtypes", {})
     if not isinstance(dtypes, dict) or any(
-            name not in h["outputs"] or elem not in _INTEGER_DTYPES for name, elem in dtypes.items()):
-        raise GraphFileError(f"output_dtypes {dtypes!r}: each must name an output and an integer "
-                             f"or bool ONNX type {_INTEGER_DTYPES}")
+            name not in h["outputs"] or elem not in _IO_DTYPES for name, elem in dtypes.items()):
+        raise GraphFileError(f"output_dtypes {dtypes!r}: each must name an output and one of "
+                             f"the ONNX types {_IO_DTYPES}")
     _check_tiles(_need(h, "tiles", dict, "the header"), layers)
 
 

@@ -318,3 +318,70 @@ def test_integer_and_bool_outputs_come_back_in_their_type(tmp_path):
                             [helper.make_tensor_value_info("y", TensorProto.INT64, [2])])
     with pytest.raises(coacto.UnsupportedOperatorError, match="casts computed data to int64"):
         coacto.compile(helper.make_model(bad, opset_imports=[helper.make_opsetid("", 13)]))
+
+
+def _half_cnn(dtype) -> onnx.ModelProto:
+    """A CNN as ``model.half()`` (or ``.double()``) exports it: every tensor of that type, weights
+    included, and a softmax computed in float32 between two Casts, as autocast writes it."""
+    rng = np.random.default_rng(4)
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+
+    def init(name, shape, scale=0.4):
+        return numpy_helper.from_array((rng.standard_normal(shape) * scale).astype(dtype), name)
+
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1], name="/conv/Conv"),
+        helper.make_node("Relu", ["c"], ["r"], name="/relu/Relu"),
+        helper.make_node("MaxPool", ["r"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("Flatten", ["p"], ["f"]),
+        helper.make_node("Gemm", ["f", "fw", "fb"], ["logits"], transB=1),
+        helper.make_node("Cast", ["logits"], ["l32"], to=TensorProto.FLOAT),
+        helper.make_node("Softmax", ["l32"], ["s32"], axis=-1),
+        helper.make_node("Cast", ["s32"], ["probs"], to=elem),
+    ]
+    g = helper.make_graph(nodes, "half", [helper.make_tensor_value_info("x", elem, [1, 3, 8, 8])],
+                          [helper.make_tensor_value_info("probs", elem, [1, 10]),
+                           helper.make_tensor_value_info("logits", elem, [1, 10])],
+                          [init("w", (6, 3, 3, 3)), init("b", (6,)), init("fw", (10, 96), 0.2),
+                           init("fb", (10,))])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float64])
+def test_float16_and_float64_models_take_and_return_their_type(tmp_path, server, dtype):
+    """Computed in float32: the result is onnxruntime's on the model's float32 twin (the same
+    weights, widened), rounded to the declared type; described and fed as onnxruntime does, and
+    the same when the server computes part or all of it."""
+    model = _half_cnn(dtype)
+    twin = onnx.ModelProto()
+    twin.CopyFrom(model)
+    for t in twin.graph.initializer:
+        t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float32), t.name))
+    for vi in (*twin.graph.input, *twin.graph.output):
+        vi.type.tensor_type.elem_type = TensorProto.FLOAT
+    for n in twin.graph.node:
+        for a in n.attribute:
+            if a.name == "to":
+                a.i = TensorProto.FLOAT
+    x = np.random.default_rng(5).standard_normal((1, 3, 8, 8)).astype(dtype)
+    ref = _session(twin).run(None, {"x": x.astype(np.float32)})
+
+    path = coacto.compile(model).save(tmp_path / "m.ctg")
+    with coacto.Runtime(coacto.load(path), threads=2) as rt:
+        name = {np.float16: "float16", np.float64: "double"}[dtype]
+        assert [(a.type, a.dtype) for a in rt.get_inputs()] == [(f"tensor({name})", dtype)]
+        assert [a.type for a in rt.get_outputs()] == [f"tensor({name})"] * 2
+        got = rt.run(None, {"x": x})
+        with pytest.raises(coacto.InputError, match=f"takes {np.dtype(dtype)}; convert it"):
+            rt.run(None, {"x": x.astype(np.float32)})
+    for g, r in zip(got, ref):
+        assert g.dtype == dtype and g.shape == r.shape
+        # float16: at most one rounding of the float32 result apart (its last bit)
+        np.testing.assert_allclose(g, r.astype(dtype), rtol=2e-3 if dtype == np.float16 else 1e-5,
+                                   atol=1e-6)
+    with coacto.Client(server.address, model, threads=1, timeout=30) as client:
+        client.connect(timeout=60)
+        for policy in ("cloud", "dynamic"):
+            out = client.infer({"x": x}, policy=policy)
+            for g, name in zip(got, ("probs", "logits")):
+                assert out[name].dtype == dtype and np.array_equal(out[name], g), policy

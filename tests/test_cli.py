@@ -135,21 +135,21 @@ def test_bench_many_models_one_table_with_unsupported_rows(tmp_path):
 
 
 def test_bench_reports_unsupported_models_and_fails_when_none_runs(tmp_path):
-    onnx.save(_float64_model(), tmp_path / "doubles.onnx")
-    r = coacto("bench", "--models", f"{tmp_path / 'doubles.onnx'},nosuchmodel", "--threads", 1,
+    onnx.save(_bfloat16_model(), tmp_path / "bf16.onnx")
+    r = coacto("bench", "--models", f"{tmp_path / 'bf16.onnx'},nosuchmodel", "--threads", 1,
                "--memory", "off", "--json")
     assert r.returncode == 1, r.stdout + r.stderr
     rows = json.loads(r.stdout)
-    assert rows[0]["status"].startswith("unsupported:") and "DOUBLE" in rows[0]["status"]
+    assert rows[0]["status"].startswith("unsupported:") and "BFLOAT16" in rows[0]["status"]
     assert rows[1]["status"] == "not in the zoo"
 
 
-def _float64_model():
+def _bfloat16_model():
     from onnx import TensorProto, helper
 
-    x = helper.make_tensor_value_info("x", TensorProto.DOUBLE, [1, 8])
-    y = helper.make_tensor_value_info("y", TensorProto.DOUBLE, [1, 8])
-    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "doubles", [x], [y])
+    x = helper.make_tensor_value_info("x", TensorProto.BFLOAT16, [1, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.BFLOAT16, [1, 8])
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "bf16", [x], [y])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
     m.ir_version = 8
     return m

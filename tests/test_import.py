@@ -849,9 +849,10 @@ def test_two_unsupported_nodes():
     assert "first" in str(e.value) and "second" in str(e.value)
 
 
-def test_float16_input_is_unsupported():
-    model = make([node("Cast", ["x"], ["y"], to=F)], {"x": [2, 3]}, ["y"], dtype=TensorProto.FLOAT16)
-    with pytest.raises(UnsupportedOperatorError) as e:
+def test_bfloat16_input_is_unsupported():
+    model = make([node("Cast", ["x"], ["y"], to=F)], {"x": [2, 3]}, ["y"],
+                 dtype=TensorProto.BFLOAT16)
+    with pytest.raises(UnsupportedOperatorError, match="BFLOAT16; coacto runs float and") as e:
         import_model(model)
     assert e.value.nodes == [("x", "Input")]
 

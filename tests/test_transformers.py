@@ -331,6 +331,28 @@ def test_softmax_guarded_by_where_isnan():
     np.testing.assert_allclose(got, ref["y"], rtol=1e-5, atol=1e-6)
 
 
+def test_fully_masked_rows_are_zeroed_as_onnx_attention_spells_it():
+    """ONNX's Attention function: a bool mask becomes a bias Where(mask, 0, -inf), and rows whose
+    bias is all -inf (ReduceMax equals CastLike(-inf, bias)) get zero weights instead of the
+    softmax's NaN. A Where with an infinite branch holds no integers: the CastLike stays -inf."""
+    nodes = [node("Where", ["mask", "zero", "ninf"], ["bias"]),
+             node("Add", ["x", "bias"], ["s"]), node("Softmax", ["s"], ["p"], axis=-1),
+             node("ReduceMax", ["bias"], ["rmax"], axes=[-1], keepdims=1),
+             node("CastLike", ["ninf", "bias"], ["ninf_t"]),
+             node("Equal", ["rmax", "ninf_t"], ["dead"]),
+             node("Where", ["dead", "zero", "p"], ["y"])]
+    inits = {"zero": np.array(0.0, np.float32), "ninf": np.array(-np.inf, np.float32)}
+    model = make(nodes, {"x": ([2, 3, 4], F), "mask": ([3, 4], TensorProto.BOOL)}, ["y"], inits,
+                 opset=17)
+    mask = np.array([[1, 1, 0, 0], [0, 0, 0, 0], [1, 0, 1, 1]], bool)
+    feeds = {"x": rand(2, 3, 4, seed=2), "mask": mask}
+    ref = ort_run(model, feeds)
+    assert np.isfinite(ref["y"]).all() and not ref["y"][:, 1].any()
+    with coacto.Runtime(coacto.compile(model, tiles_per_layer=3), threads=2) as rt:
+        got = rt.run(feeds)["y"]
+    np.testing.assert_allclose(got, ref["y"], rtol=1e-5, atol=1e-6)
+
+
 # ----------------------------------------------------------------------------------- embeddings
 
 def embedding_model():

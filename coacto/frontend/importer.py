@@ -64,8 +64,8 @@ def import_model(model, input_shapes: dict[str, tuple[int, ...]] | None = None) 
     return graph
 
 
-#: Integer element types an input may have (token ids, attention masks): fed as float32.
-_INTEGER_INPUTS = set(ir.INTEGER_NUMPY_TYPES)
+#: Input types besides float32, all computed as float32: float16, float64, integers (ids, masks).
+_IO_TYPES = {*ir.INTEGER_NUMPY_TYPES, *ir.FLOAT_NUMPY_TYPES}
 #: Operators that read axis 1 as channels: an input of rank 3 or 4 they consume keeps that layout.
 _CHANNEL_OPS = {"Conv", "MaxPool", "AveragePool", "BatchNormalization", "GlobalAveragePool",
                 "GlobalMaxPool", "LRN", "InstanceNormalization", "Resize", "Upsample",
@@ -136,10 +136,10 @@ class Importer:
         for vi in real:
             tt = vi.type.tensor_type
             elem = tt.elem_type if vi.type.HasField("tensor_type") else 0
-            if elem != onnx.TensorProto.FLOAT and elem not in _INTEGER_INPUTS:
+            if elem != onnx.TensorProto.FLOAT and elem not in _IO_TYPES:
                 dtype = _dtype_name(elem) if elem else "non-tensor"
-                self.failures.append((vi.name, "Input", f"input of type {dtype}; coacto runs "
-                                      "float32 and integer inputs (cast in the model's caller)"))
+                self.failures.append((vi.name, "Input", f"input of type {dtype}; coacto runs float "
+                                      "and integer inputs (cast in the model's caller)"))
                 self.values[vi.name] = UNKNOWN
                 continue
             shape = self._input_shape(vi)
@@ -151,7 +151,7 @@ class Importer:
             attrs = {} if elem == onnx.TensorProto.FLOAT else {"dtype": int(elem)}
             idx = self.ctx.emit(vi.name, "INPUT", [], shape, attrs,
                                 layout=self._input_layout(vi.name, len(shape)))
-            if attrs:
+            if elem in ir.INTEGER_NUMPY_TYPES:
                 self.ctx.kinds[idx.layer] = "bool" if elem == onnx.TensorProto.BOOL else "int"
             self.values[vi.name] = idx
             out[vi.name] = idx.layer
@@ -280,10 +280,10 @@ class Importer:
                 continue
             elem = vo.type.tensor_type.elem_type
             if elem not in (0, onnx.TensorProto.FLOAT):
-                # Integer and bool outputs of values coacto knows are whole numbers (integer
-                # inputs, comparisons, casts and views of them) come back in their type.
-                if elem in ir.INTEGER_NUMPY_TYPES and isinstance(v, (Act, View)) and \
-                        self.ctx.is_integer(v):
+                # float16 / float64 outputs are converted; integer and bool ones of values known
+                # to be whole (integer inputs, comparisons, casts, views of them) are too.
+                if elem in ir.FLOAT_NUMPY_TYPES or elem in ir.INTEGER_NUMPY_TYPES and \
+                        isinstance(v, (Act, View)) and self.ctx.is_integer(v):
                     self.output_dtypes[name] = int(elem)
                 else:
                     self.failures.append((name, "Output", (

@@ -300,8 +300,8 @@ def _where(ctx, ins):
             inputs.append(ctx.operand(v, out, lay).layer)
     res = ctx.emit(ctx.node_name, "WHERE", inputs, out, {"operands": which}, weights,
                    layout=lay)
-    if all(ctx.is_integer(v) if not isinstance(v, np.ndarray) else
-           np.array_equal(v, np.round(v)) for v in (x, y)):
+    if all(ctx.is_integer(v) if not isinstance(v, np.ndarray) else  # (an infinity is no integer)
+           np.isfinite(v).all() and np.array_equal(v, np.round(v)) for v in (x, y)):
         ctx.kinds[res.layer] = "int"
     return [res]
 
