@@ -184,9 +184,10 @@ coacto_status coacto_graph_create(const coacto_graph_desc *desc, coacto_graph **
                                   size_t err_size);
 void coacto_graph_destroy(coacto_graph *graph);
 int32_t coacto_graph_tile_count(const coacto_graph *graph);
-/* Frees the activation buffers the graph keeps for reuse by later inferences (buffers of
- * inferences still running are not touched); returns the bytes freed. A server calls it when
- * idle, so a burst does not leave the process holding its peak. Safe from any thread. */
+/* Gives the memory of the graph's activation arena that no running inference holds back to the
+ * system (the whole arena when none runs); returns the bytes given back. Later inferences map
+ * it again. A server calls it when idle, so a burst does not leave the process holding its peak.
+ * Safe from any thread. */
 int64_t coacto_graph_release_buffers(coacto_graph *graph);
 /* Per-layer profile: while enabled, the computing threads add each tile's execution time to its
  * layer's total (two clock reads per tile). Enabling resets the totals. layer_seconds receives

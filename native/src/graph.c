@@ -12,6 +12,17 @@
 #include "ops_internal.h"
 #include "runtime_internal.h"
 
+#if defined(__SANITIZE_ADDRESS__)
+#define COACTO_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define COACTO_ASAN 1
+#endif
+#endif
+#ifdef COACTO_ASAN
+#include <sanitizer/asan_interface.h>
+#endif
+
 #define MAX_LAYERS (1 << 20)
 #define MAX_TILES (1 << 26)
 #define MAX_EDGES ((int64_t)1 << 28)
@@ -50,125 +61,173 @@ void tile_copy_in(const coacto_graph *g, int32_t tile, const float *src, float *
                rows * sizeof(float));
 }
 
-/* Activation buffers from 256 KiB up are mapped pages of their own: freeing one returns it to
- * the system at once, where a heap would keep the hole (and the process's resident size) after a
- * large network's buffers of many sizes come and go. */
-#define BUFFER_MAP_BYTES ((int64_t)256 << 10)
+/* ---------------------------------------------------------------- activation arena
+ *
+ * Layer buffers come from one mapped region per graph, first fit at the lowest address, freed
+ * blocks coalesced. A buffer is allocated when its layer's first tile runs and freed when its
+ * last reader completes, so a layer's output lands in memory freed moments before by the layers
+ * just computed: memory still in the caches, written without fetching it from DRAM first. Reusing
+ * buffers by exact size instead (what this replaced) gave each layer the memory it had in the
+ * previous inference, which an app's other work between two inferences has evicted; see
+ * docs/PERFORMANCE.md. The region is reserved at the size of every layer's buffer together
+ * (address space only: pages become resident when first written, and the lowest-address-first
+ * policy keeps the touched part near the peak of the live buffers). Concurrent inferences of one
+ * graph that outgrow it get further regions of the same size. */
 
-static float *buffer_alloc(int64_t bytes) {
-    if (bytes >= BUFFER_MAP_BYTES) {
-        void *p = mmap(NULL, (size_t)bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                       -1, 0);
-        return p == MAP_FAILED ? NULL : p;
-    }
-    return coacto_aligned_alloc((size_t)bytes);
+#define ARENA_ALIGN ((int64_t)COACTO_CACHE_LINE)
+
+static int64_t arena_round(int64_t bytes) {
+    return bytes <= 0 ? ARENA_ALIGN : (bytes + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
 }
 
-static void buffer_free(float *buf, int64_t bytes) {
-    if (!buf) return;
-    if (bytes >= BUFFER_MAP_BYTES)
-        munmap(buf, (size_t)bytes);
-    else
-        free(buf);
+static int64_t page_round(int64_t bytes) {
+    int64_t page = (int64_t)sysconf(_SC_PAGESIZE);
+    if (page <= 0) page = 4096;
+    return (bytes + page - 1) / page * page;
+}
+
+#ifdef COACTO_ASAN
+/* Free blocks are poisoned, so a read of a freed buffer is reported as with malloc. */
+#define ARENA_POISON(p, n) ASAN_POISON_MEMORY_REGION((p), (size_t)(n))
+#define ARENA_UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION((p), (size_t)(n))
+#else
+#define ARENA_POISON(p, n) ((void)(p), (void)(n))
+#define ARENA_UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
+
+/* Inserts a free block at index i of the (address-ordered) free list. */
+static int arena_insert(coacto_graph *g, int32_t i, char *ptr, int64_t bytes, int32_t region) {
+    if (g->n_free == g->cap_free) {
+        int32_t cap = g->cap_free ? 2 * g->cap_free : 64;
+        struct arena_block *grown = realloc(g->free_blocks, sizeof *grown * (size_t)cap);
+        if (!grown) return 0;
+        g->free_blocks = grown;
+        g->cap_free = cap;
+    }
+    memmove(&g->free_blocks[i + 1], &g->free_blocks[i], sizeof *g->free_blocks * (size_t)(g->n_free - i));
+    g->free_blocks[i] = (struct arena_block){ptr, bytes, region};
+    g->n_free++;
+    return 1;
+}
+
+static void arena_remove(coacto_graph *g, int32_t i) {
+    memmove(&g->free_blocks[i], &g->free_blocks[i + 1], sizeof *g->free_blocks * (size_t)(g->n_free - i - 1));
+    g->n_free--;
+}
+
+/* Maps one more region of at least `bytes`; its whole extent becomes a free block. */
+static int arena_grow(coacto_graph *g, int64_t bytes) {
+    int64_t want = 0;
+    for (int32_t li = 0; li < g->n_layers; li++) want += arena_round(g->layer_floats[li] * 4);
+    if (want < bytes) want = bytes;
+    want = page_round(want);
+    if (g->n_regions == g->cap_regions) {
+        int32_t cap = g->cap_regions ? 2 * g->cap_regions : 4;
+        struct arena_region *grown = realloc(g->regions, sizeof *grown * (size_t)cap);
+        if (!grown) return 0;
+        g->regions = grown;
+        g->cap_regions = cap;
+    }
+    void *p = mmap(NULL, (size_t)want, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) return 0;
+    int32_t region = g->n_regions;
+    int32_t at = g->n_free;
+    while (at > 0 && g->free_blocks[at - 1].ptr > (char *)p) at--;
+    if (!arena_insert(g, at, p, want, region)) {
+        munmap(p, (size_t)want);
+        return 0;
+    }
+    g->regions[g->n_regions++] = (struct arena_region){p, want};
+    ARENA_POISON(p, want);
+    return 1;
 }
 
 float *graph_buffer_get(coacto_graph *g, int64_t bytes) {
-    float *buf = NULL;
-    float *evicted[16];
-    int64_t evicted_bytes[16];
-    int n_evicted = 0;
+    int64_t need = arena_round(bytes);
+    char *ptr = NULL;
     pthread_mutex_lock(&g->cache_mu);
-    for (int32_t i = g->cache_n - 1; i >= 0; i--) {
-        if (g->cache[i].bytes == bytes) {
-            buf = g->cache[i].ptr;
-            g->cache[i] = g->cache[--g->cache_n];
-            g->cache_bytes -= bytes;
+    for (int pass = 0; pass < 2 && !ptr; pass++) {
+        for (int32_t i = 0; i < g->n_free; i++) {
+            struct arena_block *b = &g->free_blocks[i];
+            if (b->bytes < need) continue;
+            ptr = b->ptr;
+            b->ptr += need;
+            b->bytes -= need;
+            if (b->bytes == 0) arena_remove(g, i);
             break;
         }
+        if (!ptr && (pass > 0 || !arena_grow(g, need))) break;
     }
-    /* A fresh buffer: first make room by freeing cached ones (of other sizes) that would push
-     * live + cached + this one over the limit. */
-    while (!buf && g->cache_n > 0 && n_evicted < 16 &&
-           g->live_bytes + g->cache_bytes + bytes > g->cache_limit) {
-        evicted[n_evicted] = g->cache[0].ptr;
-        evicted_bytes[n_evicted++] = g->cache[0].bytes;
-        g->cache_bytes -= g->cache[0].bytes;
-        g->cache[0] = g->cache[--g->cache_n];
+    if (ptr) {
+        g->live_bytes += need;
+        ARENA_UNPOISON(ptr, need);
     }
-    g->live_bytes += bytes;
-    /* The limit follows the live bytes as they grow, not only the peak noted when an inference
-     * ends: the buffers the first inference returns are then kept for the second, which
-     * otherwise maps (and page-faults) them all again. */
-    if (4 * g->live_bytes > g->cache_limit) g->cache_limit = 4 * g->live_bytes;
     pthread_mutex_unlock(&g->cache_mu);
-    for (int i = 0; i < n_evicted; i++) buffer_free(evicted[i], evicted_bytes[i]);
-    if (!buf) {
-        buf = buffer_alloc(bytes);
-        if (!buf) {
-            pthread_mutex_lock(&g->cache_mu);
-            g->live_bytes -= bytes;
-            pthread_mutex_unlock(&g->cache_mu);
-        }
-    }
-    return buf;
+    return (float *)ptr;
 }
 
 void graph_buffer_put(coacto_graph *g, float *buf, int64_t bytes) {
     if (!buf) return;
+    int64_t size = arena_round(bytes);
+    char *ptr = (char *)buf;
     pthread_mutex_lock(&g->cache_mu);
-    g->live_bytes -= bytes;
-    if (g->cache_bytes + bytes <= g->cache_limit) {
-        if (g->cache_n == g->cache_cap) {
-            int32_t cap = g->cache_cap ? 2 * g->cache_cap : 32;
-            struct cached_buffer *grown = realloc(g->cache, sizeof *grown * (size_t)cap);
-            if (grown) {
-                g->cache = grown;
-                g->cache_cap = cap;
-            }
-        }
-        if (g->cache_n < g->cache_cap) {
-            g->cache[g->cache_n++] = (struct cached_buffer){bytes, buf};
-            g->cache_bytes += bytes;
-            buf = NULL;
-        }
+    int32_t region = 0;
+    while (region < g->n_regions && !(ptr >= g->regions[region].base &&
+                                       ptr < g->regions[region].base + g->regions[region].bytes))
+        region++;
+    int32_t i = 0; /* the first free block after ptr */
+    while (i < g->n_free && g->free_blocks[i].ptr < ptr) i++;
+    struct arena_block *prev = i > 0 ? &g->free_blocks[i - 1] : NULL;
+    struct arena_block *next = i < g->n_free ? &g->free_blocks[i] : NULL;
+    int join_prev = prev && prev->region == region && prev->ptr + prev->bytes == ptr;
+    int join_next = next && next->region == region && ptr + size == next->ptr;
+    ARENA_POISON(ptr, size);
+    if (join_prev && join_next) {
+        prev->bytes += size + next->bytes;
+        arena_remove(g, i);
+    } else if (join_prev) {
+        prev->bytes += size;
+    } else if (join_next) {
+        next->ptr = ptr;
+        next->bytes += size;
+    } else if (!arena_insert(g, i, ptr, size, region)) {
+        /* Out of memory for the free list: the block stays unusable until the graph is freed
+         * (its region is unmapped then), which is all that is lost. */
     }
-    pthread_mutex_unlock(&g->cache_mu);
-    buffer_free(buf, bytes);
-}
-
-void graph_note_peak(coacto_graph *g, int64_t peak_bytes) {
-    pthread_mutex_lock(&g->cache_mu);
-    /* Four times the peak: buffers are reused by exact size, and the sizes live at one moment
-     * differ from those live at another, so the set that serves every request of an inference
-     * without a fresh allocation (and its page faults) is larger than the peak: 1.4x to 1.8x of
-     * it for the CNNs of the zoo at 1 thread, more at 2, where the order of the tiles and so the
-     * sizes live together change from run to run. With twice the peak, 2-thread runs evicted
-     * and re-mapped buffers every inference (134 page faults per MobileNetV2 inference, 137 per
-     * BERT one); with four, none, and the peak resident memory of those runs is the same (the
-     * cache holds only sizes the runs asked for). Beyond that, cached buffers are freed. */
-    if (4 * peak_bytes > g->cache_limit) g->cache_limit = 4 * peak_bytes;
+    g->live_bytes -= size;
     pthread_mutex_unlock(&g->cache_mu);
 }
 
 int64_t coacto_graph_release_buffers(coacto_graph *g) {
     if (!g) return 0;
+    int64_t freed = 0;
     pthread_mutex_lock(&g->cache_mu);
-    struct cached_buffer *cached = g->cache;
-    int32_t n = g->cache_n;
-    int64_t freed = g->cache_bytes;
-    g->cache = NULL;
-    g->cache_n = g->cache_cap = 0;
-    g->cache_bytes = 0;
+    if (g->live_bytes == 0) { /* nothing handed out: the regions go back whole */
+        for (int32_t r = 0; r < g->n_regions; r++) {
+            munmap(g->regions[r].base, (size_t)g->regions[r].bytes);
+            freed += g->regions[r].bytes;
+        }
+        g->n_regions = 0;
+        g->n_free = 0;
+    } else { /* the pages of free blocks go back; the addresses stay reserved */
+        int64_t page = (int64_t)sysconf(_SC_PAGESIZE);
+        if (page <= 0) page = 4096;
+        for (int32_t i = 0; i < g->n_free; i++) {
+            uintptr_t lo = ((uintptr_t)g->free_blocks[i].ptr + (uintptr_t)page - 1) / (uintptr_t)page * (uintptr_t)page;
+            uintptr_t hi = ((uintptr_t)g->free_blocks[i].ptr + (uintptr_t)g->free_blocks[i].bytes) / (uintptr_t)page * (uintptr_t)page;
+            if (hi > lo && madvise((void *)lo, (size_t)(hi - lo), MADV_DONTNEED) == 0) freed += (int64_t)(hi - lo);
+        }
+    }
     pthread_mutex_unlock(&g->cache_mu);
-    for (int32_t i = 0; i < n; i++) buffer_free(cached[i].ptr, cached[i].bytes);
-    free(cached);
     return freed;
 }
 
 static void graph_free(coacto_graph *g) {
     if (!g) return;
-    for (int32_t i = 0; i < g->cache_n; i++) buffer_free(g->cache[i].ptr, g->cache[i].bytes);
-    free(g->cache);
+    for (int32_t r = 0; r < g->n_regions; r++) munmap(g->regions[r].base, (size_t)g->regions[r].bytes);
+    free(g->regions);
+    free(g->free_blocks);
     pthread_mutex_destroy(&g->cache_mu);
     if (g->layers) {
         for (int32_t i = 0; i < g->n_layers; i++) op_release(&g->layers[i]);

@@ -888,7 +888,6 @@ void coacto_inference_destroy(coacto_inference *inf) {
     pthread_mutex_lock(&inf->mu);
     while (atomic_load(&inf->inflight) > 0) pthread_cond_wait(&inf->cv, &inf->mu);
     pthread_mutex_unlock(&inf->mu);
-    graph_note_peak(inf->g, atomic_load(&inf->bytes_peak));
     for (int32_t li = 0; li < inf->g->n_layers; li++) {
         float *buf = atomic_load(&inf->buffers[li]);
         if (buf) graph_buffer_put(inf->g, buf, inf->g->layer_floats[li] * (int64_t)sizeof(float));

@@ -43,19 +43,25 @@ struct coacto_graph {
     /* While profiling: when and on which worker each tile last ran (coacto_graph_tile_trace). */
     double *trace_t0, *trace_t1;   /* [n_tiles], coacto_now_seconds */
     int32_t *trace_worker;         /* [n_tiles], -1: not computed since profiling was enabled */
-    /* Activation buffers freed by finished inferences, reused by the next ones: saves the page
-     * faults and page clearing of fresh allocations. Buffers handed out (live) plus cached stay
-     * within cache_limit (four times one inference's peak) where possible: a fresh allocation
-     * first frees cached buffers of other sizes rather than growing the footprint past it. */
+    /* The activation arena (graph.c): mapped regions, the free blocks in address order, and the
+     * bytes handed out. */
     pthread_mutex_t cache_mu;
-    struct cached_buffer *cache;
-    int32_t cache_n, cache_cap;
-    int64_t cache_bytes, cache_limit, live_bytes;
+    struct arena_region *regions;
+    int32_t n_regions, cap_regions;
+    struct arena_block *free_blocks;
+    int32_t n_free, cap_free;
+    int64_t live_bytes;
 };
 
-struct cached_buffer {
+struct arena_region {
+    char *base;
     int64_t bytes;
-    float *ptr;
+};
+
+struct arena_block {
+    char *ptr;
+    int64_t bytes;
+    int32_t region;
 };
 
 typedef struct task {
@@ -184,12 +190,11 @@ int64_t tile_floats(const coacto_graph *g, int32_t tile);
 void tile_copy_out(const coacto_graph *g, int32_t tile, const float *layer_buf, float *dst);
 void tile_copy_in(const coacto_graph *g, int32_t tile, const float *src, float *layer_buf);
 void graph_release(coacto_graph *g);
-/* A buffer of exactly `bytes` from the graph's cache, or a fresh one (NULL when out of memory). */
+/* A buffer of `bytes` (cache-line aligned) from the graph's activation arena; NULL when out of
+ * memory. */
 float *graph_buffer_get(coacto_graph *g, int64_t bytes);
-/* Gives a buffer back: cached while the cache holds less than its limit, else freed. */
+/* Gives a buffer back to the arena; `bytes` as it was asked for. */
 void graph_buffer_put(coacto_graph *g, float *buf, int64_t bytes);
-/* Lets the cache hold as much as one inference's peak activation memory. */
-void graph_note_peak(coacto_graph *g, int64_t peak_bytes);
 double coacto_now_seconds(void);
 void *coacto_aligned_alloc(size_t bytes);
 
