@@ -179,7 +179,8 @@ class NativeGraph:
         check(lib.coacto_graph_set_profiling(self.handle, 1 if enable else 0), "setting profiling")
 
     def release_buffers(self) -> int:
-        """Frees the activation buffers kept for reuse by later inferences; the bytes freed."""
+        """Gives the activation arena's memory no running inference holds back to the system;
+        the bytes given back."""
         return int(lib.coacto_graph_release_buffers(self.handle))
 
     def layer_seconds(self) -> np.ndarray:
