@@ -66,13 +66,13 @@ void tile_copy_in(const coacto_graph *g, int32_t tile, const float *src, float *
  * Layer buffers come from one mapped region per graph, first fit at the lowest address, freed
  * blocks coalesced. A buffer is allocated when its layer's first tile runs and freed when its
  * last reader completes, so a layer's output lands in memory freed moments before by the layers
- * just computed: memory still in the caches, written without fetching it from DRAM first. Reusing
- * buffers by exact size instead (what this replaced) gave each layer the memory it had in the
- * previous inference, which an app's other work between two inferences has evicted; see
- * docs/PERFORMANCE.md. The region is reserved at the size of every layer's buffer together
- * (address space only: pages become resident when first written, and the lowest-address-first
- * policy keeps the touched part near the peak of the live buffers). Concurrent inferences of one
- * graph that outgrow it get further regions of the same size. */
+ * just computed: memory still in the caches, written without fetching it from DRAM first. (Reusing
+ * buffers by exact size would give each layer the memory it had in the previous inference, which
+ * an app's other work between two inferences evicts; docs/PERFORMANCE.md has the figures.) The
+ * region is reserved at the size of every layer's buffer together (address space only: pages
+ * become resident when first written, and the lowest-address-first policy keeps the touched part
+ * near the peak of the live buffers). Concurrent inferences of one graph that outgrow it get
+ * further regions of the same size. */
 
 #define ARENA_ALIGN ((int64_t)COACTO_CACHE_LINE)
 
