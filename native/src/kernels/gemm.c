@@ -133,6 +133,12 @@ void coacto_gemm_blocking(coacto_blocking *out)
  * L2 by every row block), whose packed weights fit in this many bytes. */
 #define SMALL_K 128
 #define SMALL_B_BYTES (256 * 1024)
+/* The short-reduction path prefetches, for writing, the rows of C this many row blocks ahead. Its
+ * work per output value is small (MobileNetV2's 16 -> 96 expansion: 16 multiply-adds a value), so
+ * a row block that waits for its C lines to be fetched before it can write them (write-allocate)
+ * runs at the speed of memory, not of the kernel; the hardware prefetchers did not fetch them in
+ * time where C was cold (docs/PERFORMANCE.md). */
+#define PREFETCH_BLOCKS 2
 
 size_t gemm_packed_size(const gemm_kernel *kern, size_t k, size_t n)
 {
@@ -234,8 +240,16 @@ void gemm_run_k(const gemm_kernel *kern, size_t m, size_t j0, size_t j1, size_t 
      * rows of C were visited a few lines at a time, MR rows apart. */
     if (k0 == 0 && k1 == k && k <= SMALL_K &&
         (j1 - j0 + nr_max - 1) / nr_max * nr_max * k * sizeof(float) <= SMALL_B_BYTES) {
+        const size_t line = 64 / sizeof(float);
         for (size_t i = 0; i < m; i += mr_max) {
             const size_t mr = m - i < mr_max ? m - i : mr_max;
+            const size_t ahead = i + PREFETCH_BLOCKS * mr_max;
+            if (ahead < m) {
+                const size_t rows = m - ahead < mr_max ? m - ahead : mr_max;
+                for (size_t r = 0; r < rows; r++)
+                    for (size_t j = j0; j < j1; j += line)
+                        __builtin_prefetch(c + (ahead + r) * ldc + j, 1, 3);
+            }
             for (size_t j = j0; j < j1; j += nr_max) {
                 const size_t nr = j1 - j < nr_max ? j1 - j : nr_max;
                 kern->ukernel(mr, nr, k, a + i * lda, lda, packed + j * k, c + i * ldc + j, ldc,
