@@ -440,10 +440,10 @@ def output_as(values: np.ndarray, elem: int) -> np.ndarray:
     """A computed float32 tensor as ONNX type ``elem``: float16 / float64 converted; integer types
     from exact integers (what integer-valued layers hold: rounded, they are whole already); bool
     is non-zero."""
-    dtype = FLOAT_NUMPY_TYPES.get(int(elem)) or INTEGER_NUMPY_TYPES[int(elem)]
-    if dtype is np.bool_:
-        return values != 0
-    return (values if dtype in (np.float16, np.float64) else np.rint(values)).astype(dtype)
+    if int(elem) in FLOAT_NUMPY_TYPES:
+        return values.astype(FLOAT_NUMPY_TYPES[int(elem)])
+    dtype = INTEGER_NUMPY_TYPES[int(elem)]
+    return values != 0 if dtype is np.bool_ else np.rint(values).astype(dtype)
 
 
 def from_storage(s: np.ndarray, shape4: tuple[int, int, int, int], onnx_shape,

@@ -282,8 +282,8 @@ class Importer:
             if elem not in (0, onnx.TensorProto.FLOAT):
                 # float16 / float64 outputs are converted; integer and bool ones of values known
                 # to be whole (integer inputs, comparisons, casts, views of them) are too.
-                if elem in ir.FLOAT_NUMPY_TYPES or elem in ir.INTEGER_NUMPY_TYPES and \
-                        isinstance(v, (Act, View)) and self.ctx.is_integer(v):
+                if elem in ir.FLOAT_NUMPY_TYPES or (elem in ir.INTEGER_NUMPY_TYPES and isinstance(
+                        v, (Act, View)) and self.ctx.is_integer(v)):
                     self.output_dtypes[name] = int(elem)
                 else:
                     self.failures.append((name, "Output", (

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "ops_internal.h"
+#include "ring.h"
 #include "runtime_internal.h"
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -80,10 +81,13 @@ static int64_t arena_round(int64_t bytes) {
     return bytes <= 0 ? ARENA_ALIGN : (bytes + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
 }
 
-static int64_t page_round(int64_t bytes) {
+static int64_t page_size(void) {
     int64_t page = (int64_t)sysconf(_SC_PAGESIZE);
-    if (page <= 0) page = 4096;
-    return (bytes + page - 1) / page * page;
+    return page > 0 ? page : 4096;
+}
+
+static int64_t page_round(int64_t bytes) {
+    return (bytes + page_size() - 1) / page_size() * page_size();
 }
 
 #ifdef COACTO_ASAN
@@ -97,13 +101,10 @@ static int64_t page_round(int64_t bytes) {
 
 /* Inserts a free block at index i of the (address-ordered) free list. */
 static int arena_insert(coacto_graph *g, int32_t i, char *ptr, int64_t bytes, int32_t region) {
-    if (g->n_free == g->cap_free) {
-        int32_t cap = g->cap_free ? 2 * g->cap_free : 64;
-        struct arena_block *grown = realloc(g->free_blocks, sizeof *grown * (size_t)cap);
-        if (!grown) return 0;
-        g->free_blocks = grown;
-        g->cap_free = cap;
-    }
+    uint32_t head = 0; /* a ring that starts at 0 is a plain array */
+    if (!ring_reserve((void **)&g->free_blocks, &g->cap_free, &head, (uint32_t)g->n_free,
+                      sizeof *g->free_blocks, 64))
+        return 0;
     memmove(&g->free_blocks[i + 1], &g->free_blocks[i], sizeof *g->free_blocks * (size_t)(g->n_free - i));
     g->free_blocks[i] = (struct arena_block){ptr, bytes, region};
     g->n_free++;
@@ -118,16 +119,14 @@ static void arena_remove(coacto_graph *g, int32_t i) {
 /* Maps one more region of at least `bytes`; its whole extent becomes a free block. */
 static int arena_grow(coacto_graph *g, int64_t bytes) {
     int64_t want = 0;
-    for (int32_t li = 0; li < g->n_layers; li++) want += arena_round(g->layer_floats[li] * 4);
+    for (int32_t li = 0; li < g->n_layers; li++)
+        want += arena_round(g->layer_floats[li] * (int64_t)sizeof(float));
     if (want < bytes) want = bytes;
     want = page_round(want);
-    if (g->n_regions == g->cap_regions) {
-        int32_t cap = g->cap_regions ? 2 * g->cap_regions : 4;
-        struct arena_region *grown = realloc(g->regions, sizeof *grown * (size_t)cap);
-        if (!grown) return 0;
-        g->regions = grown;
-        g->cap_regions = cap;
-    }
+    uint32_t head = 0;
+    if (!ring_reserve((void **)&g->regions, &g->cap_regions, &head, (uint32_t)g->n_regions,
+                      sizeof *g->regions, 4))
+        return 0;
     void *p = mmap(NULL, (size_t)want, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED) return 0;
@@ -143,22 +142,25 @@ static int arena_grow(coacto_graph *g, int64_t bytes) {
     return 1;
 }
 
+/* The start of the lowest free block of at least `need` bytes, taken; NULL when none is. */
+static char *arena_take(coacto_graph *g, int64_t need) {
+    for (int32_t i = 0; i < g->n_free; i++) {
+        struct arena_block *b = &g->free_blocks[i];
+        if (b->bytes < need) continue;
+        char *ptr = b->ptr;
+        b->ptr += need;
+        b->bytes -= need;
+        if (b->bytes == 0) arena_remove(g, i);
+        return ptr;
+    }
+    return NULL;
+}
+
 float *graph_buffer_get(coacto_graph *g, int64_t bytes) {
     int64_t need = arena_round(bytes);
-    char *ptr = NULL;
     pthread_mutex_lock(&g->cache_mu);
-    for (int pass = 0; pass < 2 && !ptr; pass++) {
-        for (int32_t i = 0; i < g->n_free; i++) {
-            struct arena_block *b = &g->free_blocks[i];
-            if (b->bytes < need) continue;
-            ptr = b->ptr;
-            b->ptr += need;
-            b->bytes -= need;
-            if (b->bytes == 0) arena_remove(g, i);
-            break;
-        }
-        if (!ptr && (pass > 0 || !arena_grow(g, need))) break;
-    }
+    char *ptr = arena_take(g, need);
+    if (!ptr && arena_grow(g, need)) ptr = arena_take(g, need);
     if (ptr) {
         g->live_bytes += need;
         ARENA_UNPOISON(ptr, need);
@@ -211,11 +213,11 @@ int64_t coacto_graph_release_buffers(coacto_graph *g) {
         g->n_regions = 0;
         g->n_free = 0;
     } else { /* the pages of free blocks go back; the addresses stay reserved */
-        int64_t page = (int64_t)sysconf(_SC_PAGESIZE);
-        if (page <= 0) page = 4096;
+        const uintptr_t page = (uintptr_t)page_size();
         for (int32_t i = 0; i < g->n_free; i++) {
-            uintptr_t lo = ((uintptr_t)g->free_blocks[i].ptr + (uintptr_t)page - 1) / (uintptr_t)page * (uintptr_t)page;
-            uintptr_t hi = ((uintptr_t)g->free_blocks[i].ptr + (uintptr_t)g->free_blocks[i].bytes) / (uintptr_t)page * (uintptr_t)page;
+            const uintptr_t start = (uintptr_t)g->free_blocks[i].ptr;
+            const uintptr_t lo = (start + page - 1) / page * page;
+            const uintptr_t hi = (start + (uintptr_t)g->free_blocks[i].bytes) / page * page;
             if (hi > lo && madvise((void *)lo, (size_t)(hi - lo), MADV_DONTNEED) == 0) freed += (int64_t)(hi - lo);
         }
     }

@@ -1,4 +1,5 @@
-/* Growth of the runtime's FIFO ring buffers (ready-pool queues, send queue, report queue). */
+/* Growth of the runtime's FIFO ring buffers (ready-pool queues, send queue, report queue) and of
+ * its growable arrays (the activation arena's lists: a ring whose head stays 0). */
 #ifndef COACTO_RING_H
 #define COACTO_RING_H
 #include <stdint.h>

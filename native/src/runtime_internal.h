@@ -47,9 +47,11 @@ struct coacto_graph {
      * bytes handed out. */
     pthread_mutex_t cache_mu;
     struct arena_region *regions;
-    int32_t n_regions, cap_regions;
+    int32_t n_regions;
+    uint32_t cap_regions;
     struct arena_block *free_blocks;
-    int32_t n_free, cap_free;
+    int32_t n_free;
+    uint32_t cap_free;
     int64_t live_bytes;
 };
 

@@ -240,7 +240,7 @@ void gemm_run_k(const gemm_kernel *kern, size_t m, size_t j0, size_t j1, size_t 
      * rows of C were visited a few lines at a time, MR rows apart. */
     if (k0 == 0 && k1 == k && k <= SMALL_K &&
         (j1 - j0 + nr_max - 1) / nr_max * nr_max * k * sizeof(float) <= SMALL_B_BYTES) {
-        const size_t line = 64 / sizeof(float);
+        const size_t line = 64 / sizeof(float); /* floats per cache line */
         for (size_t i = 0; i < m; i += mr_max) {
             const size_t mr = m - i < mr_max ? m - i : mr_max;
             const size_t ahead = i + PREFETCH_BLOCKS * mr_max;
