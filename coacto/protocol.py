@@ -28,14 +28,16 @@ RESULT = "result"            # s->c {inf, ts?, enc?} + [ids int32] + [lens int32
 CANCEL = "cancel"            # c->s {inf}: free the server's state for this inference
 DONE = "done"                # s->c {inf}: every exit tile was sent
 HEARTBEAT = "heartbeat"      # c->s {t_send}                         s->c STATS
-STATS = "stats"              # s->c {t_send, t_server, alpha, inferences, devices, threads}
+STATS = "stats"              # s->c {t_send, t_server, alpha, inferences, devices, threads,
+#                                    others?}
+BYE = "bye"                  # c->s {}: the client is closing; no reply
 ERROR = "error"              # s->c {code, text, inf?}
 TRACE = "trace"              # s->c {inf, rows, ...} + [ids int32] + [t0 f64] + [t1 f64] + [worker
                              #   int32]: the server's side of an inference BEGIN asked to trace
 
 MESSAGE_TYPES = frozenset({HELLO, HELLO_OK, MODEL_QUERY, MODEL_MISSING, MODEL_UPLOAD, MODEL_READY,
                            BEGIN, TILES, ACK, RESULT, CANCEL, DONE, HEARTBEAT, STATS, ERROR,
-                           TRACE})
+                           TRACE, BYE})
 
 # Error codes (ERROR "code").
 E_BAD_MESSAGE = 1        # malformed header or frames

@@ -99,6 +99,14 @@ def main(argv=None) -> int:
                                                  f"{x * 1e3:.1f}" for x in r["latencies_s"]),
                                              "throughput_inf_s": len(lat_all) / wall,
                                              "fallbacks": sum(bool(s["fallback"]) for s in r["stats"]),
+                                             # per inference, what ran: the plan (dynamic's
+                                             # frontier, else the policy) and who finished it
+                                             "plans": " ".join(
+                                                 f"{s.get('frontier', s['policy'])}:"
+                                                 f"{s['finished_by']}"
+                                                 f"{':kept' if s.get('kept_work') else ''}"
+                                                 .replace(" ", "_")
+                                                 for s in r["stats"]),
                                              "max_rel_error": r["max_rel_error"]})
                             progress.step(n, f"{n} devices {policy}")
                 finally:

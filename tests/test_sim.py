@@ -281,6 +281,26 @@ def test_tenants_share_the_server_and_alpha_reaches_the_devices(squeezenet_tg):
     assert max(i.estimates["alpha"] for i in long.inferences) > 1.0
 
 
+def test_devices_sharing_a_server_keep_their_work(squeezenet_tg):
+    """Told by STATS that other connections use the server, a dynamic device does not park its
+    own work while its inputs go out (Engine._keeps_work); alone, it parks as before."""
+    # 1 s of inferences, a heartbeat every 0.5 s (a third of the timeout)
+    kw = dict(device="raspberry-pi-4", server="threadripper-3990x", server_cores=8,
+              bandwidth_mbps=100, inferences=400, rtt_ms=1.0, timeout=1.5)
+    alone = simulate(squeezenet_tg, "dynamic", devices=1, **kw)
+    assert not any(i.kept_work for i in alone.inferences)
+    assert any(i.offloaded for i in alone.inferences)
+    shared = simulate(squeezenet_tg, "dynamic", devices=3, **kw)
+    # once a heartbeat's STATS has told a device (what it knew when its previous
+    # inference ended), every inference it offloads keeps its work
+    told = []
+    for d in range(3):
+        mine = sorted((i for i in shared.inferences if i.device == d), key=lambda i: i.index)
+        told += [i for prev, i in zip(mine, mine[1:])
+                 if i.offloaded and prev.estimates["server_others"] == 2]
+    assert told and all(i.kept_work for i in told)
+
+
 def test_fallback_when_the_link_dies():
     tg = chain(in_bytes=50_000)
     # the link all but stops after 1 ms: nothing is heard for the timeout, the device finishes

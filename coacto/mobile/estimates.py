@@ -66,6 +66,8 @@ GATE_STEP = 0.1
 #: A kind of plan's prediction error applies on links within this factor of the goodput it was
 #: learnt at (Estimates.offload_errors).
 ERROR_LINK_FACTOR = 2.0
+#: A contention factor above this means the server is computing other devices' inferences.
+SHARED_ALPHA = 1.1
 #: Bytes on the wire per raw byte of a layer not measured yet, per transfer encoding: dense
 #: tiles (a tile is never sent larger than that).
 WIRE_PRIOR = {"raw": 1.0, "lossless": 1.0, "f16": 0.5, "int8": 0.25}
@@ -370,11 +372,17 @@ class Estimates:
         alpha = stats.get("alpha")
         if isinstance(alpha, (int, float)) and alpha == alpha:
             self.alpha = max(1.0, float(alpha))
-        self.server_load = {k: stats[k] for k in ("inferences", "devices", "threads") if k in stats}
+        self.server_load = {k: stats[k] for k in ("inferences", "devices", "threads", "others")
+                            if type(stats.get(k)) is int}
         flops = stats.get("server_flops")
         if isinstance(flops, (int, float)) and flops > 0:
             self.server_flops = float(flops)
             self.server_flops_known = True
+
+    def server_shared(self) -> bool:
+        """The server computes for other devices too: its contention factor says so, or other
+        connections began inferences there in the last few seconds (STATS' ``others``)."""
+        return self.alpha > SHARED_ALPHA or self.server_load.get("others", 0) > 0
 
     def on_offloaded(self, predicted_s: float, actual_s: float, kind: str = "inputs") -> None:
         """A dynamic inference planned (a ``kind`` of plan) to take ``predicted_s`` offloaded
@@ -446,6 +454,8 @@ class Estimates:
             "rtt_est_ms": self.rtt.value * 1e3,
             "server_flops": self.server_flops,
             "alpha": self.alpha,
+            # other connections that began inferences on the server lately (STATS)
+            "server_others": self.server_load.get("others"),
             "device_flops": self.device_flops,
             "goodput_samples": self.goodput.samples,
             "offload_error_ms": self.offload_error * 1e3,

@@ -56,6 +56,7 @@ class Job:
         self.local_parked = False        # local work waits for the inputs to leave (dynamic)
         self.resume_at: float | None = None
         self.resume_on_release = True    # unpark when the last input batch leaves
+        self.kept_work = False           # computes from the start: the server is shared
         self.whole_bytes = 0             # send nothing before this many raw bytes were queued
         self.inputs_at_server: float | None = None
         # counters
@@ -189,6 +190,7 @@ def job_stats(job: Job, native: dict, t: float, engine) -> dict:
         stats["frontier"] = "device" if job.skipped else policies.frontier(plan)
         stats["predicted_s"] = float(plan.info["predicted_s"]) if "predicted_s" in plan.info \
             else None
+        stats["kept_work"] = job.kept_work  # the server was shared: nothing parked
     if job.server_report:
         stats["server"] = job.server_report
     return stats

@@ -94,8 +94,9 @@ class Link:
         self.poller.register(self.monitor, zmq.POLLIN)
         self.epoch += 1
 
-    def close(self) -> None:
-        """Closes the socket and drops whatever was queued on it (Lazy Pirate)."""
+    def close(self, linger_ms: int = 0) -> None:
+        """Closes the socket and drops whatever was queued on it (Lazy Pirate), or what is
+        still queued after ``linger_ms`` (a closing client's last words)."""
         self.outbox.clear()
         self.inbox.clear()
         self.held.clear()
@@ -114,7 +115,7 @@ class Link:
         except zmq.ZMQError:
             pass
         self.monitor.close(0)
-        self.sock.close(0)
+        self.sock.close(linger_ms)
         self.sock = self.monitor = None
 
     # ------------------------------------------------------------------ sending

@@ -210,7 +210,7 @@ class Server:
         self._handlers = {P.HELLO: self._on_hello, P.MODEL_QUERY: self._on_model_query,
                           P.MODEL_UPLOAD: self._on_model_upload, P.BEGIN: self.tenants.begin,
                           P.TILES: self.tenants.tiles, P.CANCEL: self.tenants.cancel,
-                          P.HEARTBEAT: self.tenants.heartbeat}
+                          P.HEARTBEAT: self.tenants.heartbeat, P.BYE: self.tenants.bye}
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)

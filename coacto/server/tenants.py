@@ -23,6 +23,10 @@ from .store import ModelStore, is_hash
 log = logging.getLogger(__name__)
 
 MAX_INF_ID_CHARS = 128
+#: A connection that began an inference within this many seconds counts in STATS' ``others``:
+#: a device told the server is shared keeps its own work going (docs/SCHEDULER.md, "Many
+#: devices"). Longer than a heartbeat period, so a device's view stays set between its STATS.
+SHARED_WINDOW_S = 10.0
 
 
 class Reject(Exception):
@@ -87,6 +91,8 @@ class Tenants:
         self.orphans: list = []
         self.freed_since_trim = 0
         self._tags = itertools.count(1)
+        # identity -> when that connection last began an inference, oldest first (others())
+        self.recent_begins: dict[bytes, float] = {}
 
     @property
     def max_inferences_per_device(self) -> int:
@@ -159,6 +165,7 @@ class Tenants:
         for si in list(session.inferences.values()):
             self._free(si, why)
         self.sessions.pop(session.identity, None)
+        self.recent_begins.pop(session.identity, None)
         mine = self.by_owner.get(session.owner)
         if mine is not None:
             mine.discard(session.identity)
@@ -275,8 +282,24 @@ class Tenants:
         self.inference_bytes += need
         self.owner_inferences[owner] = self.owner_inferences.get(owner, 0) + 1
         self.owner_bytes[owner] = self.owner_bytes.get(owner, 0) + need
+        self.recent_begins.pop(session.identity, None)
+        self.recent_begins[session.identity] = si.t_begin
         if entry.info.n_inputs == 0:
             self._start_computing(si)
+
+    def others(self, session: Session, t: float) -> int:
+        """Other connections that began an inference within SHARED_WINDOW_S."""
+        recent = self.recent_begins
+        while recent:
+            oldest, t_begin = next(iter(recent.items()))
+            if t - t_begin <= SHARED_WINDOW_S:
+                break
+            del recent[oldest]
+        return len(recent) - (session.identity in recent)
+
+    def bye(self, session: Session, h: dict, frames: list) -> None:
+        """The device closed its client: its state goes now, not at the heartbeat timeout."""
+        self.drop(session, "the device closed its connection")
 
     def tiles(self, session: Session, h: dict, frames: list) -> None:
         inf_id = parse_inf_id(h)
@@ -337,7 +360,7 @@ class Tenants:
             "t_server": t, "alpha": alpha(self.all_computing, session.computing, t),
             "inferences": len(self.by_tag), "devices": len(self.sessions),
             "threads": self.rt.threads, "server_flops": self.flops.value,
-            "computing": len(self.computing)})
+            "computing": len(self.computing), "others": self.others(session, t)})
 
     # ------------------------------------------------------------------ inferences
 

@@ -278,6 +278,8 @@ class SimDevice:
         if not job.done:
             job.native.compute_all(self.loop.now)
 
+    _keeps_work = Engine._keeps_work  # the engine's own, calling the _resume_local above
+
     def _watch(self, job: Job) -> None:
         """The engine's silence check: nothing heard about the inference for ``timeout``."""
         if job.done or job.fallback:

@@ -25,6 +25,7 @@ import numpy as np
 
 from .. import protocol as P
 from ..server.sessions import LoadAverage, alpha
+from ..server.tenants import SHARED_WINDOW_S
 from .cores import Cores, TileState
 from .graph import SimGraph
 from .link import Msg
@@ -37,7 +38,7 @@ _HEADER_BYTES = {kind: len(P.pack(h)[0]) for kind, h in {
     P.DONE: {"t": P.DONE, "inf": 1, "seconds": 1.0, "compute_s": 1.0, "tiles_computed": 100,
              "tiles_external": 10, "duplicates": 0},
     P.STATS: {"t": P.STATS, "t_send": 1.0, "t_server": 1.0, "alpha": 1.0, "inferences": 1,
-              "devices": 1, "threads": 64, "server_flops": 1e12, "computing": 1},
+              "devices": 1, "threads": 64, "server_flops": 1e12, "computing": 1, "others": 1},
     P.ERROR: {"t": P.ERROR, "code": P.E_UNKNOWN_INFERENCE, "inf": 1, "batch": 1,
               "text": "inference 1 has finished or was cancelled"},
 }.items()}
@@ -83,6 +84,7 @@ class SimServer:
         self.all_computing = LoadAverage(0.0)
         self.device_computing: dict[int, LoadAverage] = {}
         self.traces: dict[tuple, TileState] = {}
+        self.last_begin: dict[int, float] = {}  # device index -> its last BEGIN (others)
 
     # ------------------------------------------------------------------ messages
 
@@ -108,6 +110,8 @@ class SimServer:
                 "t_send": msg.data["t_send"], "t_server": t,
                 "alpha": alpha(self.all_computing, self._session(device), t),
                 "server_flops": self.server_flops, "threads": self.threads,
+                "others": sum(1 for d, tb in self.last_begin.items()
+                              if d != device.index and t - tb <= SHARED_WINDOW_S),
                 "probe": msg.data.get("probe")})
 
     def _session(self, device) -> LoadAverage:
@@ -123,6 +127,7 @@ class SimServer:
         key = (device.index, inf)
         if key in self.served:
             return
+        self.last_begin[device.index] = t
         ts = TileState(self.cores, self.g, tag=key)
         si = Served(device, inf, ts, self.g, t)
         ts.on_output = lambda tile, now, si=si: self._output_ready(si, tile, now)

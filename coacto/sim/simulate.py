@@ -87,6 +87,7 @@ class InferenceResult:
     server_skipped: str | None = None
     frontier: str | None = None         # which plan (policies.frontier)
     predicted_s: float | None = None    # what the plan predicted (dynamic, split)
+    kept_work: bool = False             # computed from the start: a shared server (dynamic)
     _device_trace: tuple = field(default=None, repr=False)
     _server_trace: tuple | None = field(default=None, repr=False)
 
@@ -455,7 +456,8 @@ def simulate(model_or_tg, policy: str = "dynamic", *, device="raspberry-pi-4",
                 decided_sent=sum(1 for d in rec["_job"].native.decisions if d[1]),
                 estimates=rec["estimates"], fallback_reason=rec["fallback_reason"],
                 server_skipped=rec["server_skipped"], frontier=rec["frontier"],
-                predicted_s=rec["predicted_s"], _device_trace=rec["_trace"],
+                predicted_s=rec["predicted_s"], kept_work=rec["_job"].kept_work,
+                _device_trace=rec["_trace"],
                 _server_trace=(srv.t0, srv.t1, srv.worker) if srv else None))
     results.sort(key=lambda r: (r.t_end, r.device))
     measured = [r for r in results if r.index > warmup]
