@@ -515,6 +515,8 @@ def run_policies(dev: Device, policies, repeat: int, rnd: int, bw_arg, base: dic
             "tile_bytes_wire": statistics.median(s.get("tile_bytes_wire", 0) for s in st),
             "fallbacks": sum(bool(s["fallback"]) for s in st),
             "offloaded": sum(bool(s.get("offloaded")) for s in st),
+            # inferences that computed everything from the start: the server was shared
+            "kept_work": sum(bool(s.get("kept_work")) for s in st),
             "server_skipped": next((s["server_skipped"] for s in st if s.get("server_skipped")), ""),
             "goodput_samples": r["estimates"].get("goodput_samples"),
             "finished_by": ",".join(sorted({s["finished_by"] for s in st})),
