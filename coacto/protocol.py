@@ -14,7 +14,7 @@ import numpy as np
 PROTOCOL_VERSION = 1
 
 # Message types (header "t").
-HELLO = "hello"              # c->s {v, client}                      s->c HELLO_OK or ERROR
+HELLO = "hello"              # c->s {v, client, device?}             s->c HELLO_OK or ERROR
 HELLO_OK = "hello_ok"        # s->c {v, server_flops, threads, max_model_bytes, heartbeat_s}
 MODEL_QUERY = "model_query"  # c->s {graph_id, model_hash, params}   s->c MODEL_READY | MODEL_MISSING
 MODEL_MISSING = "model_missing"  # s->c {graph_id, model_hash}
@@ -62,6 +62,9 @@ ZERO_COPY_MIN_BYTES = 64 * 1024
 #: Header frames larger than this are refused unparsed (by both sides: no header of this protocol
 #: comes near it).
 MAX_HEADER_BYTES = 64 * 1024
+#: HELLO's optional ``device``: a token the client's process draws, naming the device behind
+#: its connections (the server counts devices sharing it by it).
+MAX_DEVICE_TOKEN_CHARS = 64
 
 # TRACE rows: what the server did with one tile of a traced inference (the "worker" column).
 TRACE_RECEIVED = -1   # arrived from the device: t0..t1 the server took in its TILES batch

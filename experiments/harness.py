@@ -515,6 +515,10 @@ def run_policies(dev: Device, policies, repeat: int, rnd: int, bw_arg, base: dic
             "tile_bytes_wire": statistics.median(s.get("tile_bytes_wire", 0) for s in st),
             "fallbacks": sum(bool(s["fallback"]) for s in st),
             "offloaded": sum(bool(s.get("offloaded")) for s in st),
+            # how long after BEGIN the server held every input (offloaded inferences)
+            "inputs_at_server_ms": statistics.median(
+                [s["inputs_at_server_s"] * 1e3 for s in st if s.get("inputs_at_server_s")]
+                or [float("nan")]),
             # inferences that computed everything from the start: the server was shared
             "kept_work": sum(bool(s.get("kept_work")) for s in st),
             "server_skipped": next((s["server_skipped"] for s in st if s.get("server_skipped")), ""),

@@ -694,49 +694,54 @@ def test_alpha_counts_other_devices_computing():
     assert alpha(all_, other, 30 * ALPHA_TAU) == pytest.approx(2.0, rel=1e-6)
 
 
-def test_stats_count_other_connections_that_began_inferences_and_bye_ends_a_session(
+def test_stats_count_other_devices_that_began_inferences_and_bye_ends_a_session(
         ctx, server, model):
-    """STATS' ``others``: connections other than the asker's that began an inference within
-    SHARED_WINDOW_S (a device told its server is shared keeps its own work); BYE drops the
-    sender's session at once, so a closed client stops counting."""
-    from coacto.server.tenants import SHARED_WINDOW_S
-
-    devs = [Device(ctx, server.address) for _ in range(3)]
-    try:
-        for d in devs:
-            assert d.rpc({"t": P.HELLO, "v": P.PROTOCOL_VERSION})[0]["t"] == P.HELLO_OK
-        ensure_model(devs[0], model["tg"], model["data"])
-        ensure_model(devs[1], model["tg"], model["data"])
-        stats = [d.rpc({"t": P.HEARTBEAT, "t_send": 1.0})[0] for d in devs]
-        base = [h["others"] for h in stats]  # other tests' connections may have begun some
-        cloud_inference(devs[0], model, inf="shared-0")
-        cloud_inference(devs[1], model, inf="shared-1")
-        cloud_inference(devs[1], model, inf="shared-2")  # counted once
-        others = [d.rpc({"t": P.HEARTBEAT, "t_send": 1.0})[0]["others"] for d in devs]
-        assert others[0] == base[0] + 1 and others[1] == base[1] + 1, (base, others)
-        assert others[2] == base[2] + 2, (base, others)
-        devices = server.stats()["devices"]
-        devs[1].send({"t": P.BYE})
-        assert devs[1].silent(), "BYE has no reply"
-        assert server.stats()["devices"] == devices - 1
-        assert devs[2].rpc({"t": P.HEARTBEAT, "t_send": 1.0})[0]["others"] == base[2] + 1
-    finally:
-        for d in devs:
-            d.close()
-
-
-def test_others_forgets_begins_older_than_the_window():
+    """STATS' ``others``: devices other than the asker's that began an inference within
+    SHARED_WINDOW_S (a device told its server is shared keeps its own work). HELLO's ``device``
+    makes several connections one device; without it a connection counts alone. BYE drops the
+    sender's session at once, and its device stops counting once no connection of it is left."""
     from types import SimpleNamespace
 
     from coacto.server.tenants import SHARED_WINDOW_S, Tenants
 
+    names = ["one", "two", None, "one"]
+    devs = [Device(ctx, server.address) for _ in names]
+    try:
+        for d, name in zip(devs, names):
+            hello = {"t": P.HELLO, "v": P.PROTOCOL_VERSION, **({"device": name} if name else {})}
+            assert d.rpc(hello)[0]["t"] == P.HELLO_OK
+        for d in devs[:2]:
+            ensure_model(d, model["tg"], model["data"])
+
+        def others():
+            return [d.rpc({"t": P.HEARTBEAT, "t_send": 1.0})[0]["others"] for d in devs]
+
+        base = others()  # other tests' connections may have begun some
+        cloud_inference(devs[0], model, inf="shared-0")
+        cloud_inference(devs[1], model, inf="shared-1")
+        cloud_inference(devs[1], model, inf="shared-2")  # one device, counted once
+        assert [o - b for o, b in zip(others(), base)] == [1, 1, 2, 1]
+        devices = server.stats()["devices"]
+        devs[1].send({"t": P.BYE})
+        assert devs[1].silent(), "BYE has no reply"
+        assert server.stats()["devices"] == devices - 1
+        devs.pop(1)
+        base.pop(1)
+        assert [o - b for o, b in zip(others(), base)] == [0, 1, 0]
+        devs[0].send({"t": P.BYE})  # device "one" keeps a connection: still counted
+        devs.pop(0)
+        base.pop(0)
+        assert [o - b for o, b in zip(others(), base)] == [1, 0]
+    finally:
+        for d in devs:
+            d.close()
+    # and a begin older than the window is forgotten
     t = SimpleNamespace(recent_begins={b"a": 0.0, b"b": 5.0, b"me": 6.0})
-    me = SimpleNamespace(identity=b"me")
+    me = SimpleNamespace(device_key=b"me")
     assert Tenants.others(t, me, 6.0) == 2
-    assert Tenants.others(t, me, SHARED_WINDOW_S + 1.0) == 1  # a's begin has aged out
+    assert Tenants.others(t, me, SHARED_WINDOW_S + 1.0) == 1
     assert list(t.recent_begins) == [b"b", b"me"]
     assert Tenants.others(t, me, SHARED_WINDOW_S + 10.0) == 0
-    assert Tenants.others(t, SimpleNamespace(identity=b"other"), 0.0) == 0
 
 
 def test_large_frames_both_ways(ctx, server):

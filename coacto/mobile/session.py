@@ -9,6 +9,7 @@ back-off from BACKOFF_MIN_S to BACKOFF_MAX_S) -> ``hello`` ... A server that can
 from __future__ import annotations
 
 import logging
+import secrets
 
 import zmq
 
@@ -17,6 +18,10 @@ from ..inference import now
 
 log = logging.getLogger(__name__)
 
+#: Names this process to servers (HELLO's ``device``): the clients it opens, one after the
+#: other or at once, are one device when a server counts the others sharing it (STATS'
+#: ``others``). Random, so it says nothing about the device.
+DEVICE_TOKEN = secrets.token_hex(8)
 BACKOFF_MIN_S = 0.25
 BACKOFF_MAX_S = 4.0
 #: Back-off after an answer that retrying soon will not change (version, model refused).
@@ -148,7 +153,8 @@ class Session:
         self.connects += 1
         self.state = "hello"
         log.debug("connecting to %s (attempt %d)", self.address, self.connects)
-        self.link.control({"t": P.HELLO, "v": P.PROTOCOL_VERSION, "client": self.name})
+        self.link.control({"t": P.HELLO, "v": P.PROTOCOL_VERSION, "client": self.name,
+                           "device": DEVICE_TOKEN})
 
     def _retry_in(self, delay: float) -> None:
         self.state = "backoff"

@@ -439,6 +439,9 @@ class Server:
         session.version = v
         client = h.get("client")
         session.client = client[:128] if isinstance(client, str) else ""
+        device = h.get("device")
+        if isinstance(device, str) and 0 < len(device) <= P.MAX_DEVICE_TOKEN_CHARS:
+            self.tenants.name_device(session, device)
         log.info("device %s says hello (%s; %s)", session.name, session.client or "unnamed client",
                  f"key {session.owner[:12]}..." if self.secure else session.owner or "?")
         reply = {

@@ -153,6 +153,9 @@ class Session:
 
     def __init__(self, identity: bytes, t: float, owner: str = "", peer: str = ""):
         self.identity = identity
+        #: which device this connection is, for counting the devices sharing the server: the
+        #: connection itself unless HELLO named its device (Tenants.name_device)
+        self.device_key: object = identity
         self.name = identity.hex()[:16] if identity else "?"
         self.owner = owner
         self.peer = peer

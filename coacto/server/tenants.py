@@ -23,8 +23,8 @@ from .store import ModelStore, is_hash
 log = logging.getLogger(__name__)
 
 MAX_INF_ID_CHARS = 128
-#: A connection that began an inference within this many seconds counts in STATS' ``others``:
-#: a device told the server is shared keeps its own work going (docs/SCHEDULER.md, "Many
+#: A device that began an inference within this many seconds counts in STATS' ``others``: a
+#: device told the server is shared keeps its own work going (docs/SCHEDULER.md, "Many
 #: devices"). Longer than a heartbeat period, so a device's view stays set between its STATS.
 SHARED_WINDOW_S = 10.0
 
@@ -91,8 +91,8 @@ class Tenants:
         self.orphans: list = []
         self.freed_since_trim = 0
         self._tags = itertools.count(1)
-        # identity -> when that connection last began an inference, oldest first (others())
-        self.recent_begins: dict[bytes, float] = {}
+        # Session.device_key -> when that device last began an inference, oldest first (others)
+        self.recent_begins: dict[object, float] = {}
 
     @property
     def max_inferences_per_device(self) -> int:
@@ -165,7 +165,11 @@ class Tenants:
         for si in list(session.inferences.values()):
             self._free(si, why)
         self.sessions.pop(session.identity, None)
-        self.recent_begins.pop(session.identity, None)
+        key = session.device_key
+        if key in self.recent_begins and not any(
+                self.sessions[i].device_key == key for i in self.by_owner.get(session.owner, ())
+                if i in self.sessions):
+            del self.recent_begins[key]
         mine = self.by_owner.get(session.owner)
         if mine is not None:
             mine.discard(session.identity)
@@ -282,20 +286,27 @@ class Tenants:
         self.inference_bytes += need
         self.owner_inferences[owner] = self.owner_inferences.get(owner, 0) + 1
         self.owner_bytes[owner] = self.owner_bytes.get(owner, 0) + need
-        self.recent_begins.pop(session.identity, None)
-        self.recent_begins[session.identity] = si.t_begin
+        self.recent_begins.pop(session.device_key, None)
+        self.recent_begins[session.device_key] = si.t_begin
         if entry.info.n_inputs == 0:
             self._start_computing(si)
 
+    def name_device(self, session: Session, token: str) -> None:
+        """HELLO named the device behind this connection: its connections, one after the other
+        or at once, count as one device in others (a token is only the same device under the
+        same owner, so no device can merge itself with another's)."""
+        self.recent_begins.pop(session.device_key, None)
+        session.device_key = (session.owner, token)
+
     def others(self, session: Session, t: float) -> int:
-        """Other connections that began an inference within SHARED_WINDOW_S."""
+        """Other devices that began an inference within SHARED_WINDOW_S."""
         recent = self.recent_begins
         while recent:
             oldest, t_begin = next(iter(recent.items()))
             if t - t_begin <= SHARED_WINDOW_S:
                 break
             del recent[oldest]
-        return len(recent) - (session.identity in recent)
+        return len(recent) - (session.device_key in recent)
 
     def bye(self, session: Session, h: dict, frames: list) -> None:
         """The device closed its client: its state goes now, not at the heartbeat timeout."""
