@@ -256,10 +256,14 @@ static TARGET_AVX512 void reduce_14x32(size_t kc, const float *a, size_t lda, co
 }
 #endif
 
-static TARGET_AVX512 ALWAYS_INLINE void ukernel_rows(const size_t rows, size_t nr, size_t kc,
-                                                     const float *a, size_t lda, const float *b,
-                                                     float *c, size_t ldc, int accumulate,
-                                                     const gemm_epilogue *ep,
+/* wide: the block has more than 16 channels. A narrow one (a layer of 16 or fewer, or the last
+ * 16 of a layer of 48) computes its first vector only: half the multiply-adds, where both
+ * vectors were computed and the second thrown away (MobileNetV2's 32 -> 16 projection at
+ * 112x112 ran at half the speed of onnxruntime's). */
+static TARGET_AVX512 ALWAYS_INLINE void ukernel_rows(const size_t rows, const int wide, size_t nr,
+                                                     size_t kc, const float *a, size_t lda,
+                                                     const float *b, float *c, size_t ldc,
+                                                     int accumulate, const gemm_epilogue *ep,
                                                      const float *b_next, int pf_quarter)
 {
     __m512 acc0[MR], acc1[MR];
@@ -283,7 +287,7 @@ static TARGET_AVX512 ALWAYS_INLINE void ukernel_rows(const size_t rows, size_t n
         }
     }
 #ifdef HAVE_ASM_LOOP
-    if (rows == MR) {
+    if (rows == MR && wide) {
         __m512 acc[2 * MR] __attribute__((aligned(64)));
         reduce_14x32(kc, a, lda, b, b_next, pf_quarter, acc);
         UNROLL for (size_t i = 0; i < MR; i++)
@@ -305,13 +309,13 @@ static TARGET_AVX512 ALWAYS_INLINE void ukernel_rows(const size_t rows, size_t n
             pf += 64;
         }
         const __m512 b0 = _mm512_load_ps(b);
-        const __m512 b1 = _mm512_load_ps(b + 16);
+        const __m512 b1 = wide ? _mm512_load_ps(b + 16) : b0;
         b += NR;
         UNROLL for (size_t i = 0; i < rows; i++)
         {
             const __m512 ai = _mm512_set1_ps(*row_at(i, a0, a5, s1, s3, s5));
             acc0[i] = _mm512_fmadd_ps(ai, b0, acc0[i]);
-            acc1[i] = _mm512_fmadd_ps(ai, b1, acc1[i]);
+            if (wide) acc1[i] = _mm512_fmadd_ps(ai, b1, acc1[i]);
         }
         a0 += sizeof(float);
         a5 += sizeof(float);
@@ -325,17 +329,18 @@ static TARGET_AVX512 ALWAYS_INLINE void ukernel_rows(const size_t rows, size_t n
         UNROLL for (size_t i = 0; i < rows; i++)
         {
             acc0[i] = _mm512_add_ps(acc0[i], _mm512_maskz_loadu_ps(m0, c + i * ldc));
-            acc1[i] = _mm512_add_ps(acc1[i], _mm512_maskz_loadu_ps(m1, c + i * ldc + 16));
+            if (wide)
+                acc1[i] = _mm512_add_ps(acc1[i], _mm512_maskz_loadu_ps(m1, c + i * ldc + 16));
         }
     }
     if (ep) {
         if (ep->bias) {
             const __m512 bias0 = _mm512_maskz_loadu_ps(m0, ep->bias);
-            const __m512 bias1 = _mm512_maskz_loadu_ps(m1, ep->bias + 16);
+            const __m512 bias1 = wide ? _mm512_maskz_loadu_ps(m1, ep->bias + 16) : bias0;
             UNROLL for (size_t i = 0; i < rows; i++)
             {
                 acc0[i] = _mm512_add_ps(acc0[i], bias0);
-                acc1[i] = _mm512_add_ps(acc1[i], bias1);
+                if (wide) acc1[i] = _mm512_add_ps(acc1[i], bias1);
             }
         }
         if (ep->residual) {
@@ -344,7 +349,9 @@ static TARGET_AVX512 ALWAYS_INLINE void ukernel_rows(const size_t rows, size_t n
             UNROLL for (size_t i = 0; i < rows; i++)
             {
                 acc0[i] = _mm512_add_ps(acc0[i], _mm512_maskz_loadu_ps(m0, r + i * ldr));
-                acc1[i] = _mm512_add_ps(acc1[i], _mm512_maskz_loadu_ps(m1, r + i * ldr + 16));
+                if (wide)
+                    acc1[i] = _mm512_add_ps(acc1[i],
+                                            _mm512_maskz_loadu_ps(m1, r + i * ldr + 16));
             }
         }
         /* max(lo, v) / min(hi, v) return v when v is NaN: NaN propagates like in the oracle. */
@@ -352,19 +359,24 @@ static TARGET_AVX512 ALWAYS_INLINE void ukernel_rows(const size_t rows, size_t n
         UNROLL for (size_t i = 0; i < rows; i++)
         {
             acc0[i] = _mm512_min_ps(hi, _mm512_max_ps(lo, acc0[i]));
-            acc1[i] = _mm512_min_ps(hi, _mm512_max_ps(lo, acc1[i]));
+            if (wide) acc1[i] = _mm512_min_ps(hi, _mm512_max_ps(lo, acc1[i]));
         }
     }
     UNROLL for (size_t i = 0; i < rows; i++)
     {
         _mm512_mask_storeu_ps(c + i * ldc, m0, acc0[i]);
-        _mm512_mask_storeu_ps(c + i * ldc + 16, m1, acc1[i]);
+        if (wide) _mm512_mask_storeu_ps(c + i * ldc + 16, m1, acc1[i]);
     }
 }
 
-#define ROWS_CASE(r)                                                                  \
-    case r:                                                                           \
-        ukernel_rows(r, nr, kc, a, lda, b_panel, c, ldc, accumulate, ep, b_next, pf_quarter); \
+#define ROWS_CASE(r)                                                                        \
+    case r:                                                                                 \
+        if (nr > 16)                                                                        \
+            ukernel_rows(r, 1, nr, kc, a, lda, b_panel, c, ldc, accumulate, ep, b_next,     \
+                         pf_quarter);                                                       \
+        else                                                                                \
+            ukernel_rows(r, 0, nr, kc, a, lda, b_panel, c, ldc, accumulate, ep, b_next,     \
+                         pf_quarter);                                                       \
         break;
 
 TARGET_AVX512 void gemm_f32_14x32__avx512f(size_t mr, size_t nr, size_t kc, const float *a,
