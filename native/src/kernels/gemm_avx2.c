@@ -34,10 +34,12 @@ static TARGET_AVX2 ALWAYS_INLINE __m256i lanes_below(long n)
     return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)clamped), lane);
 }
 
-static TARGET_AVX2 ALWAYS_INLINE void ukernel_rows(const size_t rows, size_t nr, size_t kc,
-                                                   const float *a, size_t lda, const float *b,
-                                                   float *c, size_t ldc, int accumulate,
-                                                   const gemm_epilogue *ep,
+/* wide: the block has more than 8 channels; a narrower one (the last 8 of a layer of 24)
+ * computes its first vector only, as in the AVX-512 kernel. */
+static TARGET_AVX2 ALWAYS_INLINE void ukernel_rows(const size_t rows, const int wide, size_t nr,
+                                                   size_t kc, const float *a, size_t lda,
+                                                   const float *b, float *c, size_t ldc,
+                                                   int accumulate, const gemm_epilogue *ep,
                                                    const float *b_next, int pf_quarter)
 {
     __m256 acc0[MR], acc1[MR];
@@ -65,13 +67,13 @@ static TARGET_AVX2 ALWAYS_INLINE void ukernel_rows(const size_t rows, size_t nr,
             pf += NR * sizeof(float);
         }
         const __m256 b0 = _mm256_load_ps(b);
-        const __m256 b1 = _mm256_load_ps(b + 8);
+        const __m256 b1 = wide ? _mm256_load_ps(b + 8) : b0;
         b += NR;
         UNROLL for (size_t i = 0; i < rows; i++)
         {
             const __m256 ai = _mm256_broadcast_ss(a + i * lda + p);
             acc0[i] = _mm256_fmadd_ps(ai, b0, acc0[i]);
-            acc1[i] = _mm256_fmadd_ps(ai, b1, acc1[i]);
+            if (wide) acc1[i] = _mm256_fmadd_ps(ai, b1, acc1[i]);
         }
     }
 
@@ -82,19 +84,22 @@ static TARGET_AVX2 ALWAYS_INLINE void ukernel_rows(const size_t rows, size_t nr,
         {
             const float *cr = c + i * ldc;
             acc0[i] = _mm256_add_ps(acc0[i], full ? _mm256_loadu_ps(cr) : _mm256_maskload_ps(cr, m0));
-            acc1[i] = _mm256_add_ps(acc1[i], full ? _mm256_loadu_ps(cr + 8)
-                                                  : _mm256_maskload_ps(cr + 8, m1));
+            if (wide)
+                acc1[i] = _mm256_add_ps(acc1[i], full ? _mm256_loadu_ps(cr + 8)
+                                                      : _mm256_maskload_ps(cr + 8, m1));
         }
     }
     if (ep) {
         if (ep->bias) {
             const float *bias = ep->bias;
             const __m256 bias0 = full ? _mm256_loadu_ps(bias) : _mm256_maskload_ps(bias, m0);
-            const __m256 bias1 = full ? _mm256_loadu_ps(bias + 8) : _mm256_maskload_ps(bias + 8, m1);
+            const __m256 bias1 = !wide ? bias0
+                                 : full ? _mm256_loadu_ps(bias + 8)
+                                        : _mm256_maskload_ps(bias + 8, m1);
             UNROLL for (size_t i = 0; i < rows; i++)
             {
                 acc0[i] = _mm256_add_ps(acc0[i], bias0);
-                acc1[i] = _mm256_add_ps(acc1[i], bias1);
+                if (wide) acc1[i] = _mm256_add_ps(acc1[i], bias1);
             }
         }
         if (ep->residual) {
@@ -102,8 +107,9 @@ static TARGET_AVX2 ALWAYS_INLINE void ukernel_rows(const size_t rows, size_t nr,
             {
                 const float *r = ep->residual + i * ep->ld_residual;
                 acc0[i] = _mm256_add_ps(acc0[i], full ? _mm256_loadu_ps(r) : _mm256_maskload_ps(r, m0));
-                acc1[i] = _mm256_add_ps(acc1[i], full ? _mm256_loadu_ps(r + 8)
-                                                      : _mm256_maskload_ps(r + 8, m1));
+                if (wide)
+                    acc1[i] = _mm256_add_ps(acc1[i], full ? _mm256_loadu_ps(r + 8)
+                                                          : _mm256_maskload_ps(r + 8, m1));
             }
         }
         /* max(lo, v) / min(hi, v) return v when v is NaN: NaN propagates like in the oracle. */
@@ -111,7 +117,7 @@ static TARGET_AVX2 ALWAYS_INLINE void ukernel_rows(const size_t rows, size_t nr,
         UNROLL for (size_t i = 0; i < rows; i++)
         {
             acc0[i] = _mm256_min_ps(hi, _mm256_max_ps(lo, acc0[i]));
-            acc1[i] = _mm256_min_ps(hi, _mm256_max_ps(lo, acc1[i]));
+            if (wide) acc1[i] = _mm256_min_ps(hi, _mm256_max_ps(lo, acc1[i]));
         }
     }
     if (full) {
@@ -124,14 +130,19 @@ static TARGET_AVX2 ALWAYS_INLINE void ukernel_rows(const size_t rows, size_t nr,
         UNROLL for (size_t i = 0; i < rows; i++)
         {
             _mm256_maskstore_ps(c + i * ldc, m0, acc0[i]);
-            _mm256_maskstore_ps(c + i * ldc + 8, m1, acc1[i]);
+            if (wide) _mm256_maskstore_ps(c + i * ldc + 8, m1, acc1[i]);
         }
     }
 }
 
-#define ROWS_CASE(r)                                                                  \
-    case r:                                                                           \
-        ukernel_rows(r, nr, kc, a, lda, b_panel, c, ldc, accumulate, ep, b_next, pf_quarter); \
+#define ROWS_CASE(r)                                                                        \
+    case r:                                                                                 \
+        if (nr > 8)                                                                         \
+            ukernel_rows(r, 1, nr, kc, a, lda, b_panel, c, ldc, accumulate, ep, b_next,     \
+                         pf_quarter);                                                       \
+        else                                                                                \
+            ukernel_rows(r, 0, nr, kc, a, lda, b_panel, c, ldc, accumulate, ep, b_next,     \
+                         pf_quarter);                                                       \
         break;
 
 TARGET_AVX2 void gemm_f32_6x16__avx2(size_t mr, size_t nr, size_t kc, const float *a, size_t lda,
