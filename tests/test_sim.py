@@ -191,11 +191,43 @@ def _dynamic_with_decisions(monkeypatch):
     # CoActo's plan (the input first: 2 ms on the link + 1 ms RTT + 0.5 ms at the server + 0.4
     # ms back vs 5 ms here; a device share is predicted faster still, and a cut is explored, so
     # the kind is fixed): local work waits for the input to leave, then the device computes and
-    # decides.
-    from coacto.mobile import policies
+    # decides. (With the insurance margin at 2: the device, starting once its input has left,
+    # would finish at 7 ms, after 1.5x the server's predicted 3.9, and wait as insurance.)
+    from coacto.mobile import engine, policies
 
     monkeypatch.setattr(policies, "choose_dynamic", lambda *a, **k: "inputs")
+    monkeypatch.setattr(engine, "INSURANCE_MARGIN", 2.0)
     return sim(chain(), "dynamic", device_threads=1, server_cores=1, inferences=2, rtt_ms=1.0)
+
+
+def test_parked_work_is_insurance_when_the_device_would_finish_after_the_server():
+    """_park_local counts the device's finish from when its inputs have left: a device that
+    needs 5 ms after a 2 ms input ends at 7, after 1.5x the server's predicted 3.9 ms, so its
+    work waits as insurance (counted from the start, 5 ms, it started once the input was out);
+    against a server ten times slower (8.4 ms predicted) it starts once the input is out."""
+    from types import SimpleNamespace
+
+    from coacto.mobile.engine import Engine
+    from coacto.mobile.estimates import Estimates
+    from coacto.mobile.jobs import Job
+
+    tg = chain()
+    est = Estimates(bandwidth=1e6, device_flops=1e9)  # 5 ms of work (5 tiles of 1 MFLOP)
+    est.server_flops, est.rtt.value, est.down.value = 1e10, 1e-3, 1e6
+
+    def parked():
+        eng = SimpleNamespace(est=est, tg=tg)
+        job = Job(1, None, "dynamic", {}, 0.0)
+        job.t_start, job.input_bytes = 0.0, 2000  # 2 ms on the link
+        Engine._park_local(eng, job)
+        return job
+
+    job = parked()
+    assert job.local_parked and not job.resume_on_release and not job.kept_work
+    assert job.resume_at == pytest.approx(1.5 * (2e-3 + 1e-3 + 0.5e-3 + 0.4e-3))
+    est.server_flops = 1e9
+    job = parked()
+    assert job.local_parked and job.resume_on_release
 
 
 def test_send_decisions_go_through_the_runtimes_rule(monkeypatch):

@@ -302,7 +302,10 @@ class Engine:
         total = self.tg.total_flops
         t_server = (job.input_bytes / e.bandwidth + e.rtt.value + e.alpha * total / e.server_flops
                     + output_bytes(self.tg) / e.downlink)
-        t_device = total / e.device_flops if e.device_flops else float("inf")
+        # parked, the device starts once its inputs have left: it finishes first only if that
+        # and all of its work beat the server's answer
+        t_device = job.input_bytes / e.bandwidth + total / e.device_flops if e.device_flops \
+            else float("inf")
         job.local_parked = True
         if t_server * INSURANCE_MARGIN < t_device:
             job.resume_on_release = False
