@@ -107,6 +107,10 @@ def main(argv=None) -> int:
                                                  f"{':kept' if s.get('kept_work') else ''}"
                                                  .replace(" ", "_")
                                                  for s in r["stats"]),
+                                             # per inference, the device process's CPU time
+                                             "cpu_ms": " ".join(
+                                                 f"{s['device_process']['user_ms'] + s['device_process']['sys_ms']:.1f}"
+                                                 for s in r["stats"]),
                                              "max_rel_error": r["max_rel_error"]})
                             progress.step(n, f"{n} devices {policy}")
                 finally:
