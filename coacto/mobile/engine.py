@@ -267,8 +267,7 @@ class Engine:
         self._fail_submissions()
         self.link.flush(P.CANCEL)  # the server frees what we no longer need at once
         if self.session.ready:
-            # and this connection's state, which would count as another device's for as long
-            # as the heartbeat timeout (STATS' others, _keeps_work)
+            # and this connection's state, now rather than at the heartbeat timeout
             self.link.send_now({"t": P.BYE})
         self.link.close(linger_ms=CLOSE_LINGER_MS)
         self._reaper.shutdown(wait=True)

@@ -381,7 +381,7 @@ class Estimates:
 
     def server_shared(self) -> bool:
         """The server computes for other devices too: its contention factor says so, or other
-        connections began inferences there in the last few seconds (STATS' ``others``)."""
+        devices began inferences there in the last few seconds (STATS' ``others``)."""
         return self.alpha > SHARED_ALPHA or self.server_load.get("others", 0) > 0
 
     def on_offloaded(self, predicted_s: float, actual_s: float, kind: str = "inputs") -> None:
@@ -454,7 +454,7 @@ class Estimates:
             "rtt_est_ms": self.rtt.value * 1e3,
             "server_flops": self.server_flops,
             "alpha": self.alpha,
-            # other connections that began inferences on the server lately (STATS)
+            # other devices that began inferences on the server lately (STATS)
             "server_others": self.server_load.get("others"),
             "device_flops": self.device_flops,
             "goodput_samples": self.goodput.samples,

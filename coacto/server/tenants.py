@@ -295,7 +295,8 @@ class Tenants:
         """HELLO named the device behind this connection: its connections, one after the other
         or at once, count as one device in others (a token is only the same device under the
         same owner, so no device can merge itself with another's)."""
-        self.recent_begins.pop(session.device_key, None)
+        if session.device_key == session.identity:  # not named yet (a HELLO again: it was)
+            self.recent_begins.pop(session.identity, None)
         session.device_key = (session.owner, token)
 
     def others(self, session: Session, t: float) -> int:
