@@ -4,7 +4,8 @@
  * 24 accumulators + 4 panel vectors + 2 broadcasts stay within the 32 vector registers. Each row
  * count gets its own unrolled body. A partial channel block runs the same full-width body on a
  * small stack copy (C, bias and residual padded to 16) and copies back only its mr x nr values,
- * so C outside the block is never touched. */
+ * so C outside the block is never touched; it computes only the vectors its channels reach (the
+ * last 8 of a layer of 24: two of four), the others staying zero. */
 #if defined(__aarch64__)
 #include <arm_neon.h>
 #include <assert.h>
@@ -18,9 +19,11 @@
 #define ALWAYS_INLINE inline __attribute__((always_inline))
 #define UNROLL _Pragma("GCC unroll 8")
 
-static ALWAYS_INLINE void ukernel_rows(const size_t rows, size_t kc, const float *a, size_t lda,
-                                       const float *b, float *c, size_t ldc, int accumulate,
-                                       const gemm_epilogue *ep, const float *b_next, int pf_quarter)
+/* nq: the Q vectors computed (1 to 4); the rest of the accumulators stay zero. */
+static ALWAYS_INLINE void ukernel_rows(const size_t rows, const int nq, size_t kc, const float *a,
+                                       size_t lda, const float *b, float *c, size_t ldc,
+                                       int accumulate, const gemm_epilogue *ep,
+                                       const float *b_next, int pf_quarter)
 {
     float32x4_t acc[MR][4];
     UNROLL for (size_t i = 0; i < rows; i++)
@@ -45,16 +48,18 @@ static ALWAYS_INLINE void ukernel_rows(const size_t rows, size_t kc, const float
             __builtin_prefetch(pf, 0, 2);
             pf += NR * sizeof(float);
         }
-        const float32x4_t b0 = vld1q_f32(b), b1 = vld1q_f32(b + 4);
-        const float32x4_t b2 = vld1q_f32(b + 8), b3 = vld1q_f32(b + 12);
+        const float32x4_t b0 = vld1q_f32(b);
+        const float32x4_t b1 = nq > 1 ? vld1q_f32(b + 4) : b0;
+        const float32x4_t b2 = nq > 2 ? vld1q_f32(b + 8) : b0;
+        const float32x4_t b3 = nq > 3 ? vld1q_f32(b + 12) : b0;
         b += NR;
         UNROLL for (size_t i = 0; i < rows; i++)
         {
             const float32x4_t ai = vld1q_dup_f32(a + i * lda + p);
             acc[i][0] = vfmaq_f32(acc[i][0], b0, ai);
-            acc[i][1] = vfmaq_f32(acc[i][1], b1, ai);
-            acc[i][2] = vfmaq_f32(acc[i][2], b2, ai);
-            acc[i][3] = vfmaq_f32(acc[i][3], b3, ai);
+            if (nq > 1) acc[i][1] = vfmaq_f32(acc[i][1], b1, ai);
+            if (nq > 2) acc[i][2] = vfmaq_f32(acc[i][2], b2, ai);
+            if (nq > 3) acc[i][3] = vfmaq_f32(acc[i][3], b3, ai);
         }
     }
     if (accumulate) {
@@ -94,18 +99,23 @@ static ALWAYS_INLINE void ukernel_rows(const size_t rows, size_t kc, const float
     }
 }
 
-static ALWAYS_INLINE void ukernel_any_rows(size_t mr, size_t kc, const float *a, size_t lda,
-                                           const float *b, float *c, size_t ldc, int accumulate,
-                                           const gemm_epilogue *ep, const float *b_next,
-                                           int pf_quarter)
+#define ROWS_NQ(r, nq)                                                                      \
+    ukernel_rows(r, nq, kc, a, lda, b, c, ldc, accumulate, ep, b_next, pf_quarter)
+#define ROWS_CASE(r)                                                                        \
+    case r:                                                                                 \
+        if (nq == 4) ROWS_NQ(r, 4);                                                         \
+        else if (nq == 3) ROWS_NQ(r, 3);                                                    \
+        else if (nq == 2) ROWS_NQ(r, 2);                                                    \
+        else ROWS_NQ(r, 1);                                                                 \
+        break;
+
+static ALWAYS_INLINE void ukernel_any_rows(size_t mr, int nq, size_t kc, const float *a,
+                                           size_t lda, const float *b, float *c, size_t ldc,
+                                           int accumulate, const gemm_epilogue *ep,
+                                           const float *b_next, int pf_quarter)
 {
     switch (mr) {
-    case 1: ukernel_rows(1, kc, a, lda, b, c, ldc, accumulate, ep, b_next, pf_quarter); break;
-    case 2: ukernel_rows(2, kc, a, lda, b, c, ldc, accumulate, ep, b_next, pf_quarter); break;
-    case 3: ukernel_rows(3, kc, a, lda, b, c, ldc, accumulate, ep, b_next, pf_quarter); break;
-    case 4: ukernel_rows(4, kc, a, lda, b, c, ldc, accumulate, ep, b_next, pf_quarter); break;
-    case 5: ukernel_rows(5, kc, a, lda, b, c, ldc, accumulate, ep, b_next, pf_quarter); break;
-    case 6: ukernel_rows(6, kc, a, lda, b, c, ldc, accumulate, ep, b_next, pf_quarter); break;
+        ROWS_CASE(1) ROWS_CASE(2) ROWS_CASE(3) ROWS_CASE(4) ROWS_CASE(5) ROWS_CASE(6)
     default: break;
     }
 }
@@ -116,7 +126,7 @@ void gemm_f32_6x16__neon(size_t mr, size_t nr, size_t kc, const float *a, size_t
 {
     assert(mr <= MR && nr <= NR);
     if (nr == NR) {
-        ukernel_any_rows(mr, kc, a, lda, b_panel, c, ldc, accumulate, ep, b_next, pf_quarter);
+        ukernel_any_rows(mr, 4, kc, a, lda, b_panel, c, ldc, accumulate, ep, b_next, pf_quarter);
         return;
     }
     float tmp_c[MR * NR], tmp_bias[NR], tmp_res[MR * NR];
@@ -139,8 +149,8 @@ void gemm_f32_6x16__neon(size_t mr, size_t nr, size_t kc, const float *a, size_t
             tmp_ep.ld_residual = NR;
         }
     }
-    ukernel_any_rows(mr, kc, a, lda, b_panel, tmp_c, NR, accumulate, ep ? &tmp_ep : NULL,
-                     b_next, pf_quarter);
+    ukernel_any_rows(mr, (int)(nr + 3) / 4, kc, a, lda, b_panel, tmp_c, NR, accumulate,
+                     ep ? &tmp_ep : NULL, b_next, pf_quarter);
     for (size_t i = 0; i < mr; i++) memcpy(c + i * ldc, tmp_c + i * NR, nr * sizeof(float));
 }
 
