@@ -109,7 +109,8 @@ def main(argv=None) -> int:
                                                  for s in r["stats"]),
                                              # per inference, the device process's CPU time
                                              "cpu_ms": " ".join(
-                                                 f"{s['device_process']['user_ms'] + s['device_process']['sys_ms']:.1f}"
+                                                 "{:.1f}".format(s["device_process"]["user_ms"]
+                                                                 + s["device_process"]["sys_ms"])
                                                  for s in r["stats"]),
                                              "max_rel_error": r["max_rel_error"]})
                             progress.step(n, f"{n} devices {policy}")

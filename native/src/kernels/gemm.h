@@ -35,6 +35,20 @@ typedef void (*gemm_ukernel_fn)(size_t mr, size_t nr, size_t kc, const float *a,
                                 const float *b_panel, float *c, size_t ldc, int accumulate,
                                 const gemm_epilogue *ep, const float *b_next, int pf_quarter);
 
+/* A two-vector micro-kernel's dispatch on the block's row count r: its ukernel_rows(rows, wide,
+ * ...) body for that count, wide (both vectors computed) when the block has more than half of
+ * NR channels, else the first vector alone. Expands inside the kernel function, whose parameters
+ * it names. */
+#define GEMM_TWO_VECTOR_ROWS_CASE(r)                                                        \
+    case r:                                                                                 \
+        if (nr > NR / 2)                                                                    \
+            ukernel_rows(r, 1, nr, kc, a, lda, b_panel, c, ldc, accumulate, ep, b_next,     \
+                         pf_quarter);                                                       \
+        else                                                                                \
+            ukernel_rows(r, 0, nr, kc, a, lda, b_panel, c, ldc, accumulate, ep, b_next,     \
+                         pf_quarter);                                                       \
+        break;
+
 typedef struct gemm_kernel {
     const char *name;
     size_t mr, nr;

@@ -135,15 +135,7 @@ static TARGET_AVX2 ALWAYS_INLINE void ukernel_rows(const size_t rows, const int 
     }
 }
 
-#define ROWS_CASE(r)                                                                        \
-    case r:                                                                                 \
-        if (nr > 8)                                                                         \
-            ukernel_rows(r, 1, nr, kc, a, lda, b_panel, c, ldc, accumulate, ep, b_next,     \
-                         pf_quarter);                                                       \
-        else                                                                                \
-            ukernel_rows(r, 0, nr, kc, a, lda, b_panel, c, ldc, accumulate, ep, b_next,     \
-                         pf_quarter);                                                       \
-        break;
+#define ROWS_CASE(r) GEMM_TWO_VECTOR_ROWS_CASE(r)
 
 TARGET_AVX2 void gemm_f32_6x16__avx2(size_t mr, size_t nr, size_t kc, const float *a, size_t lda,
                                      const float *b_panel, float *c, size_t ldc, int accumulate,

@@ -369,15 +369,7 @@ static TARGET_AVX512 ALWAYS_INLINE void ukernel_rows(const size_t rows, const in
     }
 }
 
-#define ROWS_CASE(r)                                                                        \
-    case r:                                                                                 \
-        if (nr > 16)                                                                        \
-            ukernel_rows(r, 1, nr, kc, a, lda, b_panel, c, ldc, accumulate, ep, b_next,     \
-                         pf_quarter);                                                       \
-        else                                                                                \
-            ukernel_rows(r, 0, nr, kc, a, lda, b_panel, c, ldc, accumulate, ep, b_next,     \
-                         pf_quarter);                                                       \
-        break;
+#define ROWS_CASE(r) GEMM_TWO_VECTOR_ROWS_CASE(r)
 
 TARGET_AVX512 void gemm_f32_14x32__avx512f(size_t mr, size_t nr, size_t kc, const float *a,
                                            size_t lda, const float *b_panel, float *c,
