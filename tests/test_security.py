@@ -214,9 +214,13 @@ def test_a_stolen_routing_id_reaches_nothing(secure, keys, ctx, small):
     all) is ignored: it cannot cancel the inference or receive its results."""
     tg = small["tg"]
     victim = Device(ctx, secure.address, identity=b"victim-1", curve=curve(keys, "dev1"))
-    thieves = [Device(ctx, secure.address, identity=b"victim-1", curve=curve(keys, "dev2"))]
+    thieves = []
     try:
         assert victim.rpc({"t": P.HELLO, "v": P.PROTOCOL_VERSION})[0]["t"] == P.HELLO_OK
+        # the thief connects once the id is in use: connected at the same time, whichever
+        # handshake ends first owns the id, and the "victim" would be the one left out
+        thieves.append(Device(ctx, secure.address, identity=b"victim-1",
+                              curve=curve(keys, "dev2")))
         assert upload(victim, tg, small["data"])["t"] == P.MODEL_READY
         victim.send({"t": P.BEGIN, "inf": 7, "graph_id": tg.graph_id})
         time.sleep(0.2)
