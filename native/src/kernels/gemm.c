@@ -179,6 +179,20 @@ static const gemm_epilogue *block_epilogue(const gemm_epilogue *ep, size_t i, si
     return out;
 }
 
+/* Prefetches for writing the rows of C PREFETCH_BLOCKS row blocks after row i of the run,
+ * channels [j0, j1). */
+static void prefetch_c_rows(const gemm_rows *run, size_t i, size_t mr_max, size_t j0, size_t j1,
+                            size_t ldc)
+{
+    const size_t line = 64 / sizeof(float);
+    const size_t ahead = i + PREFETCH_BLOCKS * mr_max;
+    if (ahead >= run->m) return;
+    const size_t rows = run->m - ahead < mr_max ? run->m - ahead : mr_max;
+    for (size_t r = 0; r < rows; r++)
+        for (size_t j = j0; j < j1; j += line)
+            __builtin_prefetch(run->c + (ahead + r) * ldc + j, 1, 3);
+}
+
 /* K block [kb, kb + kc) of channels [j0, j1) for the row runs (A at reduction offset aoff of
  * each run's a), panels outer and every run's row blocks inner, so each panel slice is read once
  * for all of them; ep (NULL unless this is the last K block) with each run's residual rows. The
@@ -203,6 +217,11 @@ static void run_block(const gemm_kernel *kern, const gemm_rows *runs, size_t n_r
         else if (kb + kc < k)
             next = packed + j0 * k + (kb + kc) * nr_max;
         const int spread = next && blocks >= 4; /* a quarter to each of four blocks */
+        /* The first pass of a short reduction writes C: fetch its rows ahead for writing, as
+         * the short-reduction path of gemm_run_k does (the in-place convolutions with few input
+         * channels, whose passes are a window row of k x cin values each, meet the same cold
+         * output). */
+        const int prefetch_c = kb == 0 && kc <= SMALL_K;
         size_t r = 0;
         for (size_t s = 0; s < n_runs; s++) {
             const gemm_rows *run = &runs[s];
@@ -212,6 +231,7 @@ static void run_block(const gemm_kernel *kern, const gemm_rows *runs, size_t n_r
             }
             for (size_t i = 0; i < run->m; i += mr_max, r++) {
                 const size_t mr = run->m - i < mr_max ? run->m - i : mr_max;
+                if (prefetch_c && j == j0) prefetch_c_rows(run, i, mr_max, j0, j1, ldc);
                 kern->ukernel(mr, nr, kc, run->a + i * lda + aoff, lda, panel,
                               run->c + i * ldc + j, ldc, kb > 0,
                               ep ? block_epilogue(&run_ep, i, j, &block_ep) : NULL,
