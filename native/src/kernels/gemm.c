@@ -179,6 +179,18 @@ static const gemm_epilogue *block_epilogue(const gemm_epilogue *ep, size_t i, si
     return out;
 }
 
+/* Rows of the next row block with `left` rows to go: MR, except that a last block of fewer
+ * than MR / 2 rows shares the last MR + r rows evenly with the block before it. Few rows keep
+ * too few multiply-add chains in flight to hide the FMA latency (a 1-row block of the 14 x 32
+ * kernel runs 2 chains, a quarter of the core's rate, for as many steps as a full one), and
+ * 197-token transformer tiles of 99 rows ended in one. The row blocks are as many as before. */
+static size_t block_rows(size_t left, size_t mr_max)
+{
+    if (left <= mr_max) return left;
+    if (left < mr_max + mr_max / 2) return (left + 1) / 2;
+    return mr_max;
+}
+
 /* Prefetches for writing the rows of C PREFETCH_BLOCKS row blocks after row i of the run,
  * channels [j0, j1). */
 static void prefetch_c_rows(const gemm_rows *run, size_t i, size_t mr_max, size_t j0, size_t j1,
@@ -229,8 +241,8 @@ static void run_block(const gemm_kernel *kern, const gemm_rows *runs, size_t n_r
                 run_ep = *ep;
                 run_ep.residual = run->residual;
             }
-            for (size_t i = 0; i < run->m; i += mr_max, r++) {
-                const size_t mr = run->m - i < mr_max ? run->m - i : mr_max;
+            for (size_t i = 0, mr; i < run->m; i += mr, r++) {
+                mr = block_rows(run->m - i, mr_max);
                 if (prefetch_c && j == j0) prefetch_c_rows(run, i, mr_max, j0, j1, ldc);
                 kern->ukernel(mr, nr, kc, run->a + i * lda + aoff, lda, panel,
                               run->c + i * ldc + j, ldc, kb > 0,
@@ -261,8 +273,8 @@ void gemm_run_k(const gemm_kernel *kern, size_t m, size_t j0, size_t j1, size_t 
     if (k0 == 0 && k1 == k && k <= SMALL_K &&
         (j1 - j0 + nr_max - 1) / nr_max * nr_max * k * sizeof(float) <= SMALL_B_BYTES) {
         const size_t line = 64 / sizeof(float); /* floats per cache line */
-        for (size_t i = 0; i < m; i += mr_max) {
-            const size_t mr = m - i < mr_max ? m - i : mr_max;
+        for (size_t i = 0, mr; i < m; i += mr) {
+            mr = block_rows(m - i, mr_max);
             const size_t ahead = i + PREFETCH_BLOCKS * mr_max;
             if (ahead < m) {
                 const size_t rows = m - ahead < mr_max ? m - ahead : mr_max;
@@ -281,12 +293,15 @@ void gemm_run_k(const gemm_kernel *kern, size_t m, size_t j0, size_t j1, size_t 
     /* Loop order (BLIS): K blocks, then row chunks of gemm_block_m, then (run_block) panels, then MR
      * row blocks. Later K blocks accumulate into C; only the last applies the epilogue. k == 0
      * still runs once, so C = epilogue(0). */
+    /* Row chunks of equal size in whole row blocks (337 rows went as 336 and 1) */
+    const size_t chunks = (m + mc_max - 1) / mc_max;
+    const size_t mc = ((m + chunks - 1) / chunks + mr_max - 1) / mr_max * mr_max;
     size_t kb = k0;
     do {
         const size_t kc = k1 - kb < kc_max ? k1 - kb : kc_max;
         const int last = kb + kc == k;
-        for (size_t ib = 0; ib < m; ib += mc_max) {
-            const size_t i_end = m - ib < mc_max ? m : ib + mc_max;
+        for (size_t ib = 0; ib < m; ib += mc) {
+            const size_t i_end = m - ib < mc ? m : ib + mc;
             const gemm_rows run = {a + ib * lda, c + ib * ldc,
                                    ep && ep->residual ? ep->residual + ib * ep->ld_residual : NULL,
                                    i_end - ib};
