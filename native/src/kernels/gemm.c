@@ -179,6 +179,19 @@ static const gemm_epilogue *block_epilogue(const gemm_epilogue *ep, size_t i, si
     return out;
 }
 
+/* Reduction values per K block for a range of `len`: blocks of at most a third more than kc_max,
+ * as few as that allows, of equal depth in whole cache lines of A. Every K block after the first
+ * reads its part of C back and writes it again, and a layer's C is back in L2 or beyond by then
+ * (ResNet-50's 256 -> 1024 expansions, K = 256, ran as 192 + 64 and read their 800 KB of C a
+ * second time for 64 steps). */
+static size_t even_block_k(size_t len, size_t kc_max)
+{
+    const size_t most = kc_max + kc_max / 3;
+    if (len <= most) return len;
+    const size_t blocks = (len + most - 1) / most;
+    return ((len + blocks - 1) / blocks + 15) / 16 * 16;
+}
+
 /* Rows of the next row block with `left` rows to go: MR, except that a last block of fewer
  * than MR / 2 rows shares the last MR + r rows evenly with the block before it. Few rows keep
  * too few multiply-add chains in flight to hide the FMA latency (a 1-row block of the 14 x 32
@@ -260,7 +273,7 @@ void gemm_run_k(const gemm_kernel *kern, size_t m, size_t j0, size_t j1, size_t 
                 const gemm_epilogue *ep)
 {
     const size_t mr_max = kern->mr, nr_max = kern->nr;
-    const size_t kc_max = gemm_block_k(kern);
+    const size_t kc_max = even_block_k(k1 - k0, gemm_block_k(kern));
     const size_t mc_max = gemm_block_m(kern);
     assert(j0 % nr_max == 0);
     assert(k0 <= k1 && k1 <= k && (k0 < k1 || k == 0));
@@ -316,7 +329,7 @@ void gemm_run_k_rows(const gemm_kernel *kern, const gemm_rows *runs, size_t n_ru
                      size_t j1, size_t k, size_t k0, size_t k1, size_t lda, const float *packed,
                      size_t ldc, const gemm_epilogue *ep)
 {
-    const size_t kc_max = gemm_block_k(kern);
+    const size_t kc_max = even_block_k(k1 - k0, gemm_block_k(kern));
     assert(j0 % kern->nr == 0);
     assert(k0 <= k1 && k1 <= k && (k0 < k1 || k == 0));
     if (n_runs == 0 || j1 <= j0) return;
