@@ -128,6 +128,12 @@ class NativeInference:
             self.native.ensure_work(tile_work(self.tg))
         check(lib.coacto_inference_set_plan(self.handle, lp, sp, rp, self.tag), "setting the tile plan")
 
+    def set_inplace(self, on: bool = True) -> None:
+        """Layers the graph found safe for it write their output into their residual input's
+        buffer (coacto_inference_set_inplace): less memory touched, as onnxruntime and OpenVINO
+        do. Only for an inference computed entirely here: it then takes no tiles from outside."""
+        check(lib.coacto_inference_set_inplace(self.handle, 1 if on else 0), "setting in-place residuals")
+
     def set_offload_params(self, bandwidth: float, rtt: float, inputs_at_server: float,
                            server_flops: float, alpha: float = 1.0) -> None:
         p = ffi.new("coacto_offload_params *")

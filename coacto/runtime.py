@@ -340,6 +340,7 @@ class Runtime:
             raise CoactoError("this Runtime is closed; create a new one")
         self._check_feeds(feeds)
         with NativeInference(rt, self.graph) as inf:
+            inf.set_inplace()  # every tile is computed here
             with self._lock:
                 self._running.add(inf)
             try:

@@ -203,6 +203,16 @@ coacto_status coacto_graph_tile_trace(const coacto_graph *graph, double *t0, dou
 
 coacto_status coacto_inference_create(coacto_runtime *rt, coacto_graph *graph,
                                       coacto_inference **out);
+/* In-place residuals, before the first input is set (COACTO_ERR_STATE after): with on != 0 a
+ * layer the graph found safe for it (coacto_graph_layer_alias) writes its output into the buffer
+ * of its residual input, which the runtime then frees with the layer's own, as onnxruntime and
+ * OpenVINO write a convolution's sum into its residual. Only for an inference whose every tile is
+ * computed here: puts (coacto_inference_put_tile and the batch forms) are refused with
+ * COACTO_ERR_STATE, and a plan (coacto_inference_set_plan) turns it off. */
+coacto_status coacto_inference_set_inplace(coacto_inference *inf, int32_t on);
+/* The layer whose buffer `layer` writes its output into under coacto_inference_set_inplace (its
+ * residual input), -1 when none, -2 when layer is out of range. */
+int32_t coacto_graph_layer_alias(const coacto_graph *graph, int32_t layer);
 /* Copies an input layer's NHWC data (exactly n*h*w*c floats) and completes its tiles. */
 coacto_status coacto_inference_set_input(coacto_inference *inf, int32_t layer, const float *data,
                                          int64_t n_floats);

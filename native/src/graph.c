@@ -201,6 +201,11 @@ void graph_buffer_put(coacto_graph *g, float *buf, int64_t bytes) {
     pthread_mutex_unlock(&g->cache_mu);
 }
 
+int32_t coacto_graph_layer_alias(const coacto_graph *g, int32_t li) {
+    if (!g || li < 0 || li >= g->n_layers) return -2;
+    return g->layer_alias[li];
+}
+
 int64_t coacto_graph_release_buffers(coacto_graph *g) {
     if (!g) return 0;
     int64_t freed = 0;
@@ -241,6 +246,7 @@ static void graph_free(coacto_graph *g) {
     free(g->layer_input_off);
     free(g->layer_input_ids);
     free(g->layer_floats);
+    free(g->layer_alias);
     free(g->tile_layer);
     free(g->tile_bounds);
     free(g->parent_off);
@@ -605,6 +611,77 @@ static coacto_status derive_lifetimes(coacto_graph *g) {
     return COACTO_OK;
 }
 
+/* 1 when tile `anc` is an ancestor of tile t (parents come before their children, so the search
+ * goes no lower than anc). seen: n_tiles stamps, `stamp` new for each search; stack: n_tiles. */
+static int is_ancestor(const coacto_graph *g, int32_t anc, int32_t t, int32_t *seen,
+                       int32_t stamp, int32_t *stack) {
+    int32_t top = 0;
+    stack[top++] = t;
+    while (top > 0) {
+        const int32_t u = stack[--top];
+        for (int32_t e = g->parent_off[u]; e < g->parent_off[u + 1]; e++) {
+            const int32_t p = g->parents[e];
+            if (p == anc) return 1;
+            if (p < anc || seen[p] == stamp) continue;
+            seen[p] = stamp;
+            stack[top++] = p;
+        }
+    }
+    return 0;
+}
+
+static int32_t alias_root(const coacto_graph *g, int32_t li) {
+    while (g->layer_alias[li] >= 0) li = g->layer_alias[li];
+    return li;
+}
+
+/* Which layers may write their output into their residual input's buffer
+ * (coacto_inference_set_inplace): a convolution that writes each value once after reading the
+ * residual there (conv_writes_output_once), whose residual R has the same size, is computed
+ * here (not an input) and not kept as an output, shares no buffer with the layer's other input,
+ * and whose every tile T comes after every other reader of the part of R it overwrites: each tile
+ * that reads a tile of R that T reads (T's parents in R) is T's ancestor or a tile of T's own
+ * layer (which reads R only where it writes, as T does). Then when T writes, nothing still needs
+ * those values. */
+static coacto_status derive_aliases(coacto_graph *g) {
+    const int32_t nl = g->n_layers, nt = g->n_tiles;
+    g->layer_alias = malloc(sizeof(int32_t) * (size_t)nl);
+    if (!g->layer_alias) return COACTO_ERR_OUT_OF_MEMORY;
+    for (int32_t li = 0; li < nl; li++) g->layer_alias[li] = -1;
+    int32_t *seen = NULL, *stack = NULL, stamp = 0;
+    for (int32_t li = 0; li < nl; li++) {
+        const layer *l = &g->layers[li];
+        if (!conv_writes_output_once(l)) continue;
+        const int32_t r = l->inputs[1];
+        if (r == li || g->layers[r].op == COACTO_OP_INPUT || (g->layer_flags[r] & COACTO_LAYER_KEEP) ||
+            g->layer_floats[r] != g->layer_floats[li] || alias_root(g, l->inputs[0]) == alias_root(g, r))
+            continue;
+        if (!seen) {
+            seen = calloc((size_t)nt, sizeof(int32_t));
+            stack = malloc(sizeof(int32_t) * (size_t)nt);
+            if (!seen || !stack) {
+                free(seen), free(stack);
+                return COACTO_ERR_OUT_OF_MEMORY;
+            }
+        }
+        int safe = 1;
+        for (int32_t t = g->layer_first_tile[li]; safe && t < g->layer_first_tile[li + 1]; t++)
+            for (int32_t e = g->parent_off[t]; safe && e < g->parent_off[t + 1]; e++) {
+                const int32_t p = g->parents[e];
+                if (g->tile_layer[p] != r) continue;
+                for (int32_t c = g->child_off[p]; safe && c < g->child_off[p + 1]; c++) {
+                    const int32_t u = g->children[c];
+                    if (g->tile_layer[u] == li) continue;
+                    safe = u < t && is_ancestor(g, u, t, seen, ++stamp, stack);
+                }
+            }
+        if (safe) g->layer_alias[li] = r;
+    }
+    free(seen);
+    free(stack);
+    return COACTO_OK;
+}
+
 coacto_status coacto_graph_create(const coacto_graph_desc *d, coacto_graph **out, char *err,
                                   size_t es) {
     if (err && es) err[0] = 0;
@@ -659,6 +736,7 @@ coacto_status coacto_graph_create(const coacto_graph_desc *d, coacto_graph **out
     if (st == COACTO_OK) st = load_edges(g, d, err, es);
     if (st == COACTO_OK) st = derive_schedule(g);
     if (st == COACTO_OK) st = derive_lifetimes(g);
+    if (st == COACTO_OK) st = derive_aliases(g);
     if (st != COACTO_OK) {
         if (st == COACTO_ERR_OUT_OF_MEMORY && err && es && !err[0])
             snprintf(err, es, "out of memory while loading the graph");

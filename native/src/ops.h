@@ -94,6 +94,9 @@ typedef struct layer {
  * Resets every field it fills first, so op_release is safe after a failure. */
 coacto_status op_prepare(layer *l, char *err, size_t err_size);
 void op_release(layer *l);
+/* 1 when a prepared CONV layer writes each output value once, after reading its residual input
+ * at the same place (one pass over the reduction), so its output may overwrite that input. */
+int conv_writes_output_once(const layer *l);
 /* Computes columns [col0, col1) x rows [row0, row1) of l's output and writes nothing else of it
  * (other tiles of the same buffer are written concurrently). Thread-safe; no allocation.
  * in[i]: the NHWC buffer of input i; out: the NHWC buffer of l's output (whole layer);

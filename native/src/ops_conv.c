@@ -714,6 +714,14 @@ OPS_CLONES static void conv_execute_depthwise(const layer *l, const float *const
     }
 }
 
+int conv_writes_output_once(const layer *l) {
+    if (l->op != COACTO_OP_CONV || l->n_inputs != 2 || l->variant != CONV_POINTWISE || !l->kern)
+        return 0;
+    /* a second K block would read back a partial sum written over the residual */
+    const conv_geometry g = geometry(l);
+    return g.group == 1 && (size_t)g.k <= gemm_one_pass_k(l->kern);
+}
+
 void conv_execute(const layer *l, const float *const *in, float *out, int32_t col0, int32_t col1,
                   int32_t row0, int32_t row1, float *scratch) {
     if (l->variant == CONV_DEPTHWISE) {

@@ -218,9 +218,25 @@ static void release_inflight(coacto_inference *inf) {
     pthread_mutex_unlock(&inf->mu);
 }
 
+/* The layer whose buffer li writes into in this inference (in-place residual), or -1. */
+static int32_t alias_of(const coacto_inference *inf, int32_t li) {
+    return inplace_active(inf) ? inf->g->layer_alias[li] : -1;
+}
+
 static float *ensure_buffer(coacto_inference *inf, int32_t li) {
     float *buf = atomic_load_explicit(&inf->buffers[li], memory_order_acquire);
     if (buf) return buf;
+    const int32_t r = alias_of(inf, li);
+    if (r >= 0) {
+        /* The residual's buffer, held one use longer: until this layer's buffer is released.
+         * It is alive: the tile asking is one of its uses and has not completed. */
+        float *shared = atomic_load_explicit(&inf->buffers[r], memory_order_acquire);
+        if (!shared) return NULL;
+        float *expected = NULL;
+        if (!atomic_compare_exchange_strong(&inf->buffers[li], &expected, shared)) return expected;
+        atomic_fetch_add(&inf->uses_left[r], 1);
+        return shared;
+    }
     size_t bytes = (size_t)inf->g->layer_floats[li] * sizeof(float);
     float *fresh = graph_buffer_get(inf->g, (int64_t)bytes);
     if (!fresh) return NULL;
@@ -240,6 +256,11 @@ static void use_done(coacto_inference *inf, int32_t li) {
     if (inf->g->layer_flags[li] & COACTO_LAYER_KEEP) return;
     if (atomic_fetch_sub(&inf->uses_left[li], 1) == 1) {
         float *buf = atomic_exchange(&inf->buffers[li], NULL);
+        const int32_t r = alias_of(inf, li);
+        if (buf && r >= 0) { /* the residual's buffer: drop the use ensure_buffer added */
+            use_done(inf, r);
+            return;
+        }
         if (buf) {
             int64_t bytes = inf->g->layer_floats[li] * (int64_t)sizeof(float);
             atomic_fetch_sub(&inf->bytes_now, (long)bytes);
@@ -732,12 +753,20 @@ coacto_status coacto_inference_set_input_nchw(coacto_inference *inf, int32_t li,
     return set_input(inf, li, data, n_floats, 1);
 }
 
+coacto_status coacto_inference_set_inplace(coacto_inference *inf, int32_t on) {
+    if (!inf) return COACTO_ERR_INVALID_ARGUMENT;
+    if (atomic_load(&inf->started)) return COACTO_ERR_STATE;
+    inf->inplace = on != 0;
+    return COACTO_OK;
+}
+
 coacto_status coacto_inference_put_tile(coacto_inference *inf, int32_t tile, const float *data,
                                         int64_t n_floats) {
     if (!inf || !data || tile < 0 || tile >= inf->g->n_tiles) return COACTO_ERR_INVALID_ARGUMENT;
     const coacto_graph *g = inf->g;
     int32_t li = g->tile_layer[tile];
     if (n_floats != tile_floats(g, tile)) return COACTO_ERR_INVALID_ARGUMENT;
+    if (inplace_active(inf)) return COACTO_ERR_STATE;
     if (!inference_usable(inf)) return COACTO_ERR_CANCELLED;
     mark_started(inf);
     atomic_fetch_add(&inf->inflight, 1);
@@ -777,6 +806,7 @@ coacto_status coacto_inference_put_tiles(coacto_inference *inf, const int32_t *i
                                          int32_t *duplicates) {
     if (accepted) *accepted = 0;
     if (duplicates) *duplicates = 0;
+    if (inf && inplace_active(inf)) return COACTO_ERR_STATE;
     coacto_status st = check_batch(inf, ids, n, n_floats);
     if (st != COACTO_OK || n == 0) return st;
     if (!data) return COACTO_ERR_INVALID_ARGUMENT;
@@ -890,6 +920,7 @@ void coacto_inference_destroy(coacto_inference *inf) {
     pthread_mutex_unlock(&inf->mu);
     for (int32_t li = 0; li < inf->g->n_layers; li++) {
         float *buf = atomic_load(&inf->buffers[li]);
+        if (alias_of(inf, li) >= 0) continue; /* the residual's, put with it (its uses are held) */
         if (buf) graph_buffer_put(inf->g, buf, inf->g->layer_floats[li] * (int64_t)sizeof(float));
     }
     pthread_mutex_destroy(&inf->mu);

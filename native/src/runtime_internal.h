@@ -23,6 +23,8 @@ struct coacto_graph {
     int32_t *layer_input_off;      /* [n_layers + 1] CSR of distinct input layers */
     int32_t *layer_input_ids;
     int64_t *layer_floats;         /* [n_layers] */
+    int32_t *layer_alias;          /* [n_layers]: the residual input whose buffer the layer may
+                                      write its output into (derive_aliases), or -1 */
     int32_t n_tiles;
     int32_t *tile_layer;
     int32_t *tile_bounds;          /* col0, col1, row0, row1 */
@@ -151,6 +153,7 @@ struct coacto_inference {
     uint8_t *plan_local, *plan_send, *plan_report;
     uint64_t tag;
     int has_plan;
+    int inplace;                     /* coacto_inference_set_inplace */
     atomic_int compute_all;
     pthread_mutex_t params_mu;
     coacto_offload_params params;
@@ -199,5 +202,10 @@ float *graph_buffer_get(coacto_graph *g, int64_t bytes);
 void graph_buffer_put(coacto_graph *g, float *buf, int64_t bytes);
 double coacto_now_seconds(void);
 void *coacto_aligned_alloc(size_t bytes);
+/* Whether layers write into their residual's buffer in this inference (set_inplace, no plan):
+ * then no tile may come from outside. */
+static inline int inplace_active(const coacto_inference *inf) {
+    return inf->inplace && !inf->has_plan;
+}
 
 #endif

@@ -230,6 +230,7 @@ coacto_status coacto_inference_put_tiles_encoded(coacto_inference *inf, int32_t 
     if (duplicates) *duplicates = 0;
     if (!inf || n < 0 || (n > 0 && (!ids || !lens || !data)) || !value_bytes(mode))
         return COACTO_ERR_INVALID_ARGUMENT;
+    if (inplace_active(inf)) return COACTO_ERR_STATE;
     if (n == 0) return n_bytes == 0 ? COACTO_OK : COACTO_ERR_INVALID_ARGUMENT;
     /* Every id and length is checked before anything is allocated or applied. */
     int64_t bytes = 0;

@@ -699,6 +699,168 @@ static void run_offload(int seed) {
     dag_free(&d);
 }
 
+/* In-place residuals (coacto_inference_set_inplace) on random graphs of 1x1 convolutions with a
+ * residual input, affine layers and sums, every layer on its own grid of column and channel
+ * blocks: a convolution's tile reads every channel of its columns of input 0 and its own
+ * rectangle of the residual. Wherever the graph lets a convolution write into its residual's
+ * buffer, the results still equal a direct computation, on any number of threads. */
+static void run_inplace_case(int seed, int threads, int *aliased) {
+    rng_state = 0x2545F4914F6CDD1Dull * (uint64_t)(seed + 1);
+    const int n_layers = 3 + (int)(rnd() % 24), cols = 8 + (int)(rnd() % 100),
+              rows = 1 + (int)(rnd() % 40);
+    const size_t n = (size_t)cols * rows;
+    coacto_layer_desc *layers = calloc((size_t)n_layers, sizeof *layers);
+    const int64_t vec = ((int64_t)rows * 4 + 63) / 64 * 64, mat = ((int64_t)rows * rows * 4 + 63) / 64 * 64;
+    const int64_t blob_size = 2 * vec + mat;
+    float *blob = calloc(1, (size_t)blob_size); /* scale, shift (also the bias), weights */
+    float *wts = blob + 2 * vec / 4;
+    for (int r = 0; r < rows; r++) blob[r] = 0.5f, blob[vec / 4 + r] = 0.25f;
+    for (int i = 0; i < rows * rows; i++) wts[i] = ((float)(rnd() % 200) - 100.0f) / (100.0f * rows);
+    for (int l = 0; l < n_layers; l++) {
+        coacto_layer_desc *ld = &layers[l];
+        ld->n = 1, ld->c = rows, ld->h = 1, ld->w = cols;
+        const uint32_t kind = l == 0 ? 9 : rnd() % 4;
+        if (l == 0) {
+            ld->op = COACTO_OP_INPUT;
+        } else if (kind <= 1 || l == 1) {
+            ld->op = COACTO_OP_CONV;
+            ld->n_inputs = 2;
+            ld->inputs[0] = (int32_t)(rnd() % (uint32_t)l);
+            ld->inputs[1] = (int32_t)(rnd() % (uint32_t)l);
+            int32_t p[12] = {1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, COACTO_ACT_NONE};
+            memcpy(ld->iparams, p, sizeof p);
+            ld->array_offset[0] = 2 * vec, ld->array_size[0] = (int64_t)rows * rows * 4;
+            ld->array_offset[1] = vec, ld->array_size[1] = rows * 4;
+        } else if (kind == 2) {
+            ld->op = COACTO_OP_AFFINE;
+            ld->n_inputs = 1;
+            ld->inputs[0] = (int32_t)(rnd() % (uint32_t)l);
+            ld->array_offset[0] = 0, ld->array_size[0] = rows * 4;
+            ld->array_offset[1] = vec, ld->array_size[1] = rows * 4;
+        } else {
+            ld->op = COACTO_OP_BINARY;
+            ld->n_inputs = 2;
+            ld->inputs[0] = (int32_t)(rnd() % (uint32_t)l);
+            ld->inputs[1] = (int32_t)(rnd() % (uint32_t)l);
+            for (int k = 4; k < 8; k++) ld->iparams[k] = 1; /* add */
+        }
+    }
+    for (int l = 0; l < n_layers; l++) { /* sinks are outputs: every tile then runs */
+        int consumed = 0;
+        for (int k = l + 1; k < n_layers && !consumed; k++)
+            for (int i = 0; i < layers[k].n_inputs; i++) consumed |= layers[k].inputs[i] == l;
+        if (!consumed) layers[l].flags = COACTO_LAYER_KEEP;
+    }
+    /* tiles: each layer's own grid; parents by overlap (all channels of input 0 for a conv) */
+    int32_t *ccuts = malloc(sizeof(int32_t) * (size_t)(cols + 1) * n_layers),
+            *rcuts = malloc(sizeof(int32_t) * (size_t)(rows + 1) * n_layers);
+    int *ncp = malloc(sizeof(int) * n_layers), *nrp = malloc(sizeof(int) * n_layers),
+        *first = malloc(sizeof(int) * (n_layers + 1));
+    int n_tiles = 0;
+    for (int l = 0; l < n_layers; l++) {
+        ncp[l] = random_cuts(cols, 6, ccuts + (size_t)l * (cols + 1));
+        nrp[l] = random_cuts(rows, 3, rcuts + (size_t)l * (rows + 1));
+        n_tiles += ncp[l] * nrp[l];
+    }
+    int32_t *tile_layer = malloc(sizeof(int32_t) * n_tiles), *bounds = malloc(sizeof(int32_t) * 4 * n_tiles),
+            *poff = calloc((size_t)n_tiles + 1, sizeof(int32_t));
+    int cap = 1024, n_edges = 0, t = 0;
+    int32_t *parents = malloc(sizeof(int32_t) * (size_t)cap);
+    for (int l = 0; l < n_layers; l++) {
+        first[l] = t;
+        const int32_t *cc = ccuts + (size_t)l * (cols + 1), *rc = rcuts + (size_t)l * (rows + 1);
+        for (int a = 0; a < ncp[l]; a++)
+            for (int b = 0; b < nrp[l]; b++, t++) {
+                tile_layer[t] = l;
+                int32_t *bd = &bounds[4 * t];
+                bd[0] = cc[a], bd[1] = cc[a + 1], bd[2] = rc[b], bd[3] = rc[b + 1];
+                const coacto_layer_desc *ld = &layers[l];
+                for (int k = 0; k < ld->n_inputs; k++) {
+                    const int p = ld->inputs[k];
+                    if (k == 1 && ld->inputs[0] == p) break;
+                    const int all_rows = ld->op == COACTO_OP_CONV && k == 0;
+                    for (int pt = first[p]; pt < first[p] + ncp[p] * nrp[p]; pt++) {
+                        const int32_t *pb = &bounds[4 * pt];
+                        if (pb[0] < bd[1] && bd[0] < pb[1] && (all_rows || (pb[2] < bd[3] && bd[2] < pb[3]))) {
+                            if (n_edges == cap) parents = realloc(parents, sizeof(int32_t) * (size_t)(cap *= 2));
+                            parents[n_edges++] = pt;
+                        }
+                    }
+                }
+                poff[t + 1] = n_edges;
+            }
+    }
+    /* the reference, in double */
+    double **v = malloc(sizeof(double *) * n_layers);
+    for (int l = 0; l < n_layers; l++) {
+        v[l] = malloc(sizeof(double) * n);
+        const coacto_layer_desc *ld = &layers[l];
+        for (int col = 0; col < cols; col++)
+            for (int r = 0; r < rows; r++) {
+                const size_t i = (size_t)col * rows + r;
+                if (ld->op == COACTO_OP_INPUT) {
+                    v[l][i] = (double)((int)(rnd() % 200) - 100) / 64.0;
+                } else if (ld->op == COACTO_OP_AFFINE) {
+                    v[l][i] = v[ld->inputs[0]][i] * 0.5 + 0.25;
+                } else if (ld->op == COACTO_OP_BINARY) {
+                    v[l][i] = v[ld->inputs[0]][i] + v[ld->inputs[1]][i];
+                } else {
+                    double acc = 0.25 + v[ld->inputs[1]][i];
+                    for (int k = 0; k < rows; k++) acc += (double)wts[k * rows + r] * v[ld->inputs[0]][(size_t)col * rows + k];
+                    v[l][i] = acc;
+                }
+            }
+    }
+    float *input = malloc(sizeof(float) * n), *got = malloc(sizeof(float) * n);
+    for (size_t i = 0; i < n; i++) input[i] = (float)v[0][i];
+    coacto_graph_desc gd = {n_layers, layers, n_tiles, tile_layer, bounds, poff, parents, (uint8_t *)blob, blob_size, 0};
+    coacto_graph *g = NULL;
+    coacto_runtime *rt = NULL;
+    char err[256];
+    coacto_status st = coacto_graph_create(&gd, &g, err, sizeof err);
+    CHECK(st == COACTO_OK, "inplace seed %d: graph_create: %s", seed, err);
+    if (st == COACTO_OK && coacto_runtime_create(threads, &rt) == COACTO_OK) {
+        for (int l = 0; l < n_layers; l++) *aliased += coacto_graph_layer_alias(g, l) >= 0;
+        CHECK(coacto_graph_layer_alias(g, n_layers) == -2, "alias of a layer out of range");
+        for (int rep = 0; rep < 4; rep++) {
+            coacto_inference *inf = NULL;
+            CHECK(coacto_inference_create(rt, g, &inf) == COACTO_OK, "inference_create");
+            CHECK(coacto_inference_set_inplace(inf, rep != 3) == COACTO_OK, "set_inplace");
+            CHECK(coacto_inference_set_input(inf, 0, input, (int64_t)n) == COACTO_OK, "set_input");
+            CHECK(coacto_inference_set_inplace(inf, 1) == COACTO_ERR_STATE, "set_inplace after start");
+            if (rep != 3) {
+                const int32_t *b = &bounds[4 * (n_tiles - 1)];
+                CHECK(coacto_inference_put_tile(inf, n_tiles - 1, got, (int64_t)(b[1] - b[0]) * (b[3] - b[2])) ==
+                          COACTO_ERR_STATE,
+                      "a put into an in-place inference was not refused");
+            }
+            st = coacto_inference_wait(inf, 30.0);
+            CHECK(st == COACTO_OK, "inplace seed %d: wait: %s", seed, coacto_status_string(st));
+            for (int l = 0; l < n_layers; l++) {
+                if (!(layers[l].flags & COACTO_LAYER_KEEP)) continue;
+                CHECK(coacto_inference_get_output(inf, l, got, (int64_t)n) == COACTO_OK, "get_output");
+                double scale = 1e-30, worst = 0;
+                for (size_t i = 0; i < n; i++) {
+                    scale = fmax(scale, fabs(v[l][i]));
+                    worst = fmax(worst, fabs((double)got[i] - v[l][i]));
+                }
+                CHECK(worst <= 1e-5 * scale, "inplace seed %d threads %d rep %d layer %d: error %g of %g",
+                      seed, threads, rep, l, worst, scale);
+            }
+            coacto_inference_stats s;
+            coacto_inference_get_stats(inf, &s);
+            CHECK(s.tiles_computed + ncp[0] * nrp[0] == n_tiles, "inplace seed %d: %lld of %d tiles computed",
+                  seed, (long long)s.tiles_computed, n_tiles);
+            coacto_inference_destroy(inf);
+        }
+    }
+    coacto_runtime_destroy(rt);
+    coacto_graph_destroy(g);
+    for (int l = 0; l < n_layers; l++) free(v[l]);
+    free(v), free(input), free(got), free(layers), free(blob), free(ccuts), free(rcuts), free(ncp), free(nrp);
+    free(first), free(tile_layer), free(bounds), free(poff), free(parents);
+}
+
 int main(void) {
     int cases = getenv("COACTO_TEST_QUICK") ? 20 : 60;
     for (int s = 0; s < cases; s++) run_case(s, 1 + s % 4, 0);
@@ -708,6 +870,10 @@ int main(void) {
     run_cancel_long_tile();
     run_invalid();
     for (int s = 0; s < 5; s++) run_offload(s);
+    int aliased = 0;
+    for (int s = 0; s < cases; s++) run_inplace_case(s, 1 + s % 4, &aliased);
+    CHECK(aliased > cases / 4, "only %d layers of %d graphs wrote into their residual", aliased, cases);
+    printf("dag: %d layers of %d random graphs wrote into their residual\n", aliased, cases);
     printf("dag: %d passed, %d failed\n", checks - failures, failures);
     return failures ? 1 : 0;
 }

@@ -108,6 +108,13 @@ size_t gemm_block_k(const gemm_kernel *kern)
     return clamp_size(l1 / 2 / (kern->nr * sizeof(float)) / 16 * 16, 64, 512);
 }
 
+/* A third deeper than gemm_block_k: a reduction this deep goes in one K block. */
+size_t gemm_one_pass_k(const gemm_kernel *kern)
+{
+    const size_t kc = gemm_block_k(kern);
+    return kc + kc / 3;
+}
+
 /* Rows per pass over the panels: their A block (mc x kc floats) stays in L2 while every panel
  * of the channel range reuses it, in a quarter of L2 (the panels stream through the rest). A
  * multiple of the kernel's MR, 4 MR to 1024. */
@@ -179,14 +186,14 @@ static const gemm_epilogue *block_epilogue(const gemm_epilogue *ep, size_t i, si
     return out;
 }
 
-/* Reduction values per K block for a range of `len`: blocks of at most a third more than kc_max,
- * as few as that allows, of equal depth in whole cache lines of A. Every K block after the first
- * reads its part of C back and writes it again, and a layer's C is back in L2 or beyond by then
+/* Reduction values per K block for a range of `len`: blocks of at most gemm_one_pass_k, as few
+ * as that allows, of equal depth in whole cache lines of A. Every K block after the first reads
+ * its part of C back and writes it again, and a layer's C is back in L2 or beyond by then
  * (ResNet-50's 256 -> 1024 expansions, K = 256, ran as 192 + 64 and read their 800 KB of C a
  * second time for 64 steps). */
-static size_t even_block_k(size_t len, size_t kc_max)
+static size_t even_block_k(const gemm_kernel *kern, size_t len)
 {
-    const size_t most = kc_max + kc_max / 3;
+    const size_t most = gemm_one_pass_k(kern);
     if (len <= most) return len;
     const size_t blocks = (len + most - 1) / most;
     return ((len + blocks - 1) / blocks + 15) / 16 * 16;
@@ -273,7 +280,7 @@ void gemm_run_k(const gemm_kernel *kern, size_t m, size_t j0, size_t j1, size_t 
                 const gemm_epilogue *ep)
 {
     const size_t mr_max = kern->mr, nr_max = kern->nr;
-    const size_t kc_max = even_block_k(k1 - k0, gemm_block_k(kern));
+    const size_t kc_max = even_block_k(kern, k1 - k0);
     const size_t mc_max = gemm_block_m(kern);
     assert(j0 % nr_max == 0);
     assert(k0 <= k1 && k1 <= k && (k0 < k1 || k == 0));
@@ -329,7 +336,7 @@ void gemm_run_k_rows(const gemm_kernel *kern, const gemm_rows *runs, size_t n_ru
                      size_t j1, size_t k, size_t k0, size_t k1, size_t lda, const float *packed,
                      size_t ldc, const gemm_epilogue *ep)
 {
-    const size_t kc_max = even_block_k(k1 - k0, gemm_block_k(kern));
+    const size_t kc_max = even_block_k(kern, k1 - k0);
     assert(j0 % kern->nr == 0);
     assert(k0 <= k1 && k1 <= k && (k0 < k1 || k == 0));
     if (n_runs == 0 || j1 <= j0) return;

@@ -115,6 +115,9 @@ void gemm_run_k_rows(const gemm_kernel *kern, const gemm_rows *runs, size_t n_ru
 /* Reduction depth gemm_run hands to one ukernel call (tests sweep k around it). */
 size_t gemm_block_k(const gemm_kernel *kern);
 size_t gemm_block_m(const gemm_kernel *kern);
+/* The deepest reduction gemm_run_k computes in one K block: C written once, after the last
+ * multiply-add (a deeper one goes in blocks of equal depth, C read back between them). */
+size_t gemm_one_pass_k(const gemm_kernel *kern);
 
 /* The micro-kernels (each compiled in only where its instruction set exists). */
 void gemm_f32_4x8__scalar(size_t mr, size_t nr, size_t kc, const float *a, size_t lda,
