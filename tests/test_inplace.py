@@ -18,7 +18,7 @@ rng = np.random.default_rng(11)
 C, HW = 32, 12
 
 
-def _conv(name, x, cin, cout, k, inits, nodes, relu=True):
+def _conv(name, x, cin, cout, k, inits, nodes, relu=True, stride=1):
     w = helper.make_tensor(f"{name}.w", TensorProto.FLOAT, [cout, cin, k, k],
                            (rng.standard_normal(cout * cin * k * k) / np.sqrt(cin * k * k))
                            .astype(np.float32))
@@ -27,7 +27,7 @@ def _conv(name, x, cin, cout, k, inits, nodes, relu=True):
     inits += [w, b]
     out = f"/{name}/Conv_output_0"
     nodes.append(helper.make_node("Conv", [x, w.name, b.name], [out], name=f"/{name}/Conv",
-                                  kernel_shape=[k, k], pads=[k // 2] * 4, strides=[1, 1]))
+                                  kernel_shape=[k, k], pads=[k // 2] * 4, strides=[stride] * 2))
     if not relu:
         return out
     nodes.append(helper.make_node("Relu", [out], [f"/{name}/Relu_output_0"], name=f"/{name}/Relu"))
@@ -45,7 +45,8 @@ def _model(kind: str, cin_deep: int = 0):
     """Bottlenecks as PyTorch exports them (Conv, Relu, Add nodes; the importer fuses the Add
     and Relu into the last convolution). kind: 'chain' (two blocks, safe), 'branch' (the
     residual is also read by a 3x3 convolution the block does not wait for), 'self' (the sum
-    reads the convolution's own input), 'output' (the residual is a graph output), 'deep' (the
+    reads the convolution's own input), 'output' (the residual is a graph output), 'downsample'
+    (the sum of a 1x1 convolution and a strided 1x1 shortcut), 'deep' (the
     1x1 reduces over cin_deep channels, more than one K block)."""
     nodes, inits = [], []
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, HW, HW])
@@ -69,6 +70,12 @@ def _model(kind: str, cin_deep: int = 0):
         a = _conv("c1", r, width, 8, 1, inits, nodes)
         y = _add_relu("blk", _conv("c3", a, 8, width, 1, inits, nodes, relu=False), r, nodes)
         outputs.append(helper.make_tensor_value_info(r, TensorProto.FLOAT, None))
+    elif kind == "downsample":  # torchvision's first bottleneck of a stage: Add(main, shortcut)
+        a = _conv("c1", r, width, 8, 1, inits, nodes)
+        a = _conv("c2", a, 8, 8, 3, inits, nodes, stride=2)
+        main = _conv("c3", a, 8, 2 * width, 1, inits, nodes, relu=False)
+        shortcut = _conv("ds", r, width, 2 * width, 1, inits, nodes, relu=False, stride=2)
+        y = _add_relu("blk", main, shortcut, nodes)
     elif kind == "deep":
         a = _conv("c1", r, width, width, 1, inits, nodes)
         y = _add_relu("blk", _conv("c3", a, width, width, 1, inits, nodes, relu=False), r, nodes)
@@ -112,6 +119,15 @@ def test_bottlenecks_write_into_their_residual_and_match_onnxruntime(tiles, thre
     got = _aliases(tg)
     assert set(got) == {"/b1.c3/Conv", "/b2.c3/Conv"}, got
     assert got["/b2.c3/Conv"] == "/b1.c3/Conv"  # a chain of two: one buffer for both sums
+
+
+@pytest.mark.parametrize("tiles", [1, 4])
+def test_a_downsampling_block_sums_into_its_shortcut(tiles):
+    """The Add is fused into the stride-1 convolution, whose output can then go into the
+    shortcut's buffer (fused into the strided shortcut, it could not: only 1x1 convolutions with
+    stride 1 sum in place)."""
+    tg = _check(_model("downsample"), tiles, threads=2)
+    assert _aliases(tg) == {"/c3/Conv": "/ds/Conv"}
 
 
 def test_in_place_sums_take_less_activation_memory():

@@ -75,7 +75,9 @@ def fuse_layers(layers: list[ir.Layer], inputs: dict[str, int], outputs: dict[st
         elif layer.op == "BINARY" and len(layer.inputs) == 2 and \
                 layer.attrs["kind"] == ir.BIN_ADD and layer.inputs[0] != layer.inputs[1]:
             a, b = layer.inputs
-            for c, other in ((b, a), (a, b)):
+            # into a 1x1 convolution with stride 1 rather than the other (a downsampling
+            # shortcut): the runtime can write that one's sum into its residual's buffer
+            for c, other in sorted(((b, a), (a, b)), key=lambda co: not _pointwise(layers[co[0]])):
                 conv = layers[c]
                 if conv.op == "CONV" and single(c) and len(conv.inputs) == 1 and \
                         conv.attrs["act"] == ir.ACT_NONE and conv.shape == layer.shape and \
@@ -91,6 +93,12 @@ def fuse_layers(layers: list[ir.Layer], inputs: dict[str, int], outputs: dict[st
 
     outputs = {name: resolve(i) for name, i in outputs.items()}
     return prune_layers(layers, inputs, outputs, alive)
+
+
+def _pointwise(layer) -> bool:
+    at = layer.attrs
+    return layer.op == "CONV" and all(at.get(k) == 1 for k in ("kh", "kw", "sh", "sw")) and \
+        not any(at.get(k) for k in ("pt", "pl", "pb", "pr")) and at.get("group", 1) == 1
 
 
 def prune_layers(layers, inputs, outputs, alive=None):
