@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "ops_internal.h"
+#include "kernels/vec.h"
 
 enum {
     BIN_ADD = 0, BIN_SUB = 1, BIN_MUL = 2, BIN_DIV = 3, BIN_EQUAL = 4, BIN_LESS = 5,
@@ -380,11 +381,23 @@ void softmax_execute(const layer *l, const float *const *in, float *out, int32_t
                      int32_t col1, int32_t row0, int32_t row1, float *scratch) {
     int64_t c = l->c;
     float *restrict e = scratch;
+#if defined(__x86_64__) || defined(_M_X64)
+    const int wide = vec_avx512_usable();
+#endif
     for (int64_t col = col0; col < col1; col++) {
         const float *restrict x = in[0] + col * c;
         float *restrict o = out + col * c;
-        float max;
-        float sum = ops_softmax_exp(x, e, (size_t)c, &max);
+        float max, sum;
+#if defined(__x86_64__) || defined(_M_X64)
+        if (wide) {
+            sum = vec_softmax_exp_avx512(x, e, (size_t)c, &max);
+            if (!l->iparams[0]) {
+                vec_scale_avx512(e + row0, o + row0, (size_t)(row1 - row0), 1.0f / sum);
+                continue;
+            }
+        } else
+#endif
+            sum = ops_softmax_exp(x, e, (size_t)c, &max);
         if (l->iparams[0]) {
             float shift = max + logf(sum);
             for (int64_t r = row0; r < row1; r++) o[r] = x[r] - shift;

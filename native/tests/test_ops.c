@@ -12,6 +12,7 @@
  * Usage: test_ops [seed] */
 #define _POSIX_C_SOURCE 200809L
 #include "harness.h"
+#include "kernels/vec.h"
 
 /* ---- CONV ------------------------------------------------------------------------------------ */
 
@@ -714,6 +715,60 @@ static void window_taps_cases(void) {
     }
 }
 
+/* The softmax row kernels, portable and (where it runs) AVX-512, against a double reference at
+ * every length around their vector widths, with rows of huge negative values (exact zeros), a
+ * NaN (max and results NaN), and -inf entries. */
+static void softmax_row_cases(void) {
+    float x[80], e[80];
+    for (int form = 0; form < 2; form++) {
+#if defined(__x86_64__) || defined(_M_X64)
+        if (form == 1 && !vec_avx512_usable()) continue;
+#else
+        if (form == 1) continue;
+#endif
+        for (int n = 1; n <= 70; n++)
+            for (int kind = 0; kind < 4; kind++) {
+                for (int i = 0; i < n; i++) x[i] = frand(-20, 20);
+                if (kind == 1) x[n / 2] = -1000.0f;            /* e^(x - max) exactly 0 */
+                if (kind == 2) x[n - 1] = NAN;                  /* NaN wins */
+                if (kind == 3 && n > 1) x[0] = -INFINITY;       /* e^-inf = 0 */
+                for (int i = n; i < 80; i++) e[i] = 7.0f;       /* nothing written past n */
+                float max, sum;
+#if defined(__x86_64__) || defined(_M_X64)
+                sum = form ? vec_softmax_exp_avx512(x, e, (size_t)n, &max)
+                           : ops_softmax_exp(x, e, (size_t)n, &max);
+#else
+                sum = ops_softmax_exp(x, e, (size_t)n, &max);
+#endif
+                int bad = 0;
+                for (int i = n; i < 80; i++) bad += e[i] != 7.0f;
+                if (kind == 2) {
+                    bad += !isnan(max);
+                } else {
+                    double m = -INFINITY, s = 0;
+                    for (int i = 0; i < n; i++) m = fmax(m, x[i]);
+                    bad += max != (float)m;
+                    for (int i = 0; i < n; i++) {
+                        /* the argument as the kernels round it: e^x itself is then within
+                         * a few units of 1e-7 */
+                        const float arg = x[i] - (float)m;
+                        const double want = exp((double)arg);
+                        s += want;
+                        bad += fabs(e[i] - want) > 2e-7 * want + (want < 1e-37 ? 0 : 1e-38);
+                        if (kind == 1 && i == n / 2 && n > 1) bad += e[i] != 0.0f;
+                    }
+                    bad += fabs(sum - s) > 1e-6 * s;
+                }
+                if (bad) {
+                    failed++;
+                    fprintf(stderr, "FAIL softmax row: form %d, n %d, kind %d\n", form, n, kind);
+                } else {
+                    passed++;
+                }
+            }
+    }
+}
+
 int main(int argc, char **argv) {
     if (argc > 1) rng = strtoull(argv[1], NULL, 0) | 1;
     printf("gemm kernel: %s\n", gemm_select()->name);
@@ -723,6 +778,7 @@ int main(int argc, char **argv) {
     binary_cases();
     data_cases();
     norm_cases();
+    softmax_row_cases();
     rejections();
     printf("ops: %d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;

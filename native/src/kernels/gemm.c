@@ -13,6 +13,7 @@
 
 #include "coacto.h"
 #include "kernels/cpu.h"
+#include "kernels/vec.h"
 
 /* rank: the instruction-set level a kernel needs, for COACTO_ISA's cap (scalar 0; AVX2 and
  * NEON 1; AVX-512 2) */
@@ -90,6 +91,8 @@ const gemm_kernel *const *gemm_available(void)
 }
 
 const char *coacto_gemm_kernel_name(void) { return gemm_select()->name; }
+
+int vec_avx512_usable(void) { return gemm_select()->rank >= 2; }
 
 const char *coacto_gemm_kernels_available(void)
 {
