@@ -23,7 +23,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/vec.h"
 #include "ops_internal.h"
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#endif
 
 enum { CONV_IM2COL = 0, CONV_POINTWISE = 1, CONV_FC = 2, CONV_DEPTHWISE = 3, CONV_WINOGRAD = 4 };
 
@@ -650,6 +654,111 @@ dw3_interior(const layer *l, const conv_geometry *gp, const float *xb, const flo
         }
 }
 
+#if defined(__x86_64__) || defined(_M_X64)
+/* dw3_interior with AVX-512 (where vec_avx512_usable): sixteen channels a vector, the last
+ * vector of the channel range masked, so every channel of every tiling takes the same path and
+ * the same order of operations (each output: bias, then the taps row by row, one FMA each).
+ * Only that last vector uses masked loads and stores: on the Zen 5 this was measured on, a masked
+ * load costs several plain ones (MobileNetV2's 144-channel layer at 56 x 56: 0.22 ms with every
+ * load masked, 0.16 plain; OpenVINO's 0.08-0.09; the eight-float form 0.24). */
+#define DW16_LD(P) (full ? _mm512_loadu_ps((const float *)(P)) : _mm512_maskz_loadu_ps(k, (const float *)(P)))
+
+/* One window row (input row pointer P) of four outputs sw columns apart: the 3 sw + 3 input
+ * vectors they read are loaded once each (addressing every tap of every output separately ran
+ * out of registers for the addresses and reloaded them from the stack), then each output adds
+ * its three taps in order. */
+#define DW16_ROW4(P, W0, W1, W2)                                                            \
+    {                                                                                       \
+        __m512 v[9];                                                                        \
+        const char *pp = (P);                                                               \
+        for (int t = 0; t < 3 * sw + 3; t++, pp += cs) v[t] = DW16_LD(pp);                 \
+        a0 = _mm512_fmadd_ps(v[0], W0, a0);                                                 \
+        a0 = _mm512_fmadd_ps(v[1], W1, a0);                                                 \
+        a0 = _mm512_fmadd_ps(v[2], W2, a0);                                                 \
+        a1 = _mm512_fmadd_ps(v[sw], W0, a1);                                                \
+        a1 = _mm512_fmadd_ps(v[sw + 1], W1, a1);                                            \
+        a1 = _mm512_fmadd_ps(v[sw + 2], W2, a1);                                            \
+        a2 = _mm512_fmadd_ps(v[2 * sw], W0, a2);                                            \
+        a2 = _mm512_fmadd_ps(v[2 * sw + 1], W1, a2);                                        \
+        a2 = _mm512_fmadd_ps(v[2 * sw + 2], W2, a2);                                        \
+        a3 = _mm512_fmadd_ps(v[3 * sw], W0, a3);                                            \
+        a3 = _mm512_fmadd_ps(v[3 * sw + 1], W1, a3);                                        \
+        a3 = _mm512_fmadd_ps(v[3 * sw + 2], W2, a3);                                        \
+    }
+/* The same three taps for one output (the run's tail): the same order, so the same bits. */
+#define DW16_ROW1(P, W0, W1, W2)                                                            \
+    a0 = _mm512_fmadd_ps(DW16_LD(P), W0, a0);                                               \
+    a0 = _mm512_fmadd_ps(DW16_LD((P) + cs), W1, a0);                                        \
+    a0 = _mm512_fmadd_ps(DW16_LD((P) + 2 * cs), W2, a0);
+#define DW16_STORE(A, COL)                                                                  \
+    {                                                                                       \
+        float *o_ = out + (COL) * c + c0;                                                   \
+        __m512 v_ = res ? _mm512_add_ps(A, DW16_LD(res + (COL) * c + c0)) : A;              \
+        v_ = _mm512_min_ps(hiv, _mm512_max_ps(lov, v_)); /* NaN stays, as in DW_CLAMP_STORE */ \
+        if (full)                                                                           \
+            _mm512_storeu_ps(o_, v_);                                                       \
+        else                                                                                \
+            _mm512_mask_storeu_ps(o_, k, v_);                                               \
+    }
+
+/* Channels [c0, c0 + 16) (k: those of them below the range's end) of the run; sw (1 or 2) and
+ * full are constants where it is inlined, so v[] stays in registers and full blocks load plain. */
+__attribute__((target("avx512f"), always_inline)) static inline void
+dw16_block(const layer *l, const conv_geometry *gp, const float *xb, const float *res, float *out,
+           int64_t col, int64_t y, int64_t x, int64_t count, int64_t c0, __mmask16 k,
+           const int sw, const int full, __m512 lov, __m512 hiv) {
+    const conv_geometry g = *gp;
+    const float *bias = l->arrays[1];
+    const int64_t c = l->c, iy0 = y * g.sh - g.pt;
+    const size_t cs = (size_t)c * sizeof(float), s = (size_t)sw * cs, rs = (size_t)g.win * cs;
+    const float *wt = l->packed + c0;
+    const __m512 b = bias ? DW16_LD(bias + c0) : _mm512_setzero_ps();
+    /* The nine weights stay in registers for the whole run. */
+    const __m512 w00 = DW16_LD(wt), w01 = DW16_LD(wt + c), w02 = DW16_LD(wt + 2 * c),
+                 w10 = DW16_LD(wt + 3 * c), w11 = DW16_LD(wt + 4 * c), w12 = DW16_LD(wt + 5 * c),
+                 w20 = DW16_LD(wt + 6 * c), w21 = DW16_LD(wt + 7 * c), w22 = DW16_LD(wt + 8 * c);
+    const char *q = (const char *)(xb + (iy0 * g.win + x * sw - g.pl) * c + c0);
+    int64_t j = 0;
+    for (; j + 4 <= count; j += 4, q += 4 * s) {
+        __m512 a0 = b, a1 = b, a2 = b, a3 = b;
+        DW16_ROW4(q, w00, w01, w02)
+        DW16_ROW4(q + rs, w10, w11, w12)
+        DW16_ROW4(q + 2 * rs, w20, w21, w22)
+        DW16_STORE(a0, col + j) DW16_STORE(a1, col + j + 1)
+        DW16_STORE(a2, col + j + 2) DW16_STORE(a3, col + j + 3)
+    }
+    for (; j < count; j++, q += s) {
+        __m512 a0 = b;
+        DW16_ROW1(q, w00, w01, w02)
+        DW16_ROW1(q + rs, w10, w11, w12)
+        DW16_ROW1(q + 2 * rs, w20, w21, w22)
+        DW16_STORE(a0, col + j)
+    }
+}
+
+/* The run (window stride sw, 1 or 2), channel blocks outer. */
+__attribute__((target("avx512f"))) static void
+dw3_interior_avx512(const layer *l, const conv_geometry *g, const float *xb, const float *res,
+                    float *out, int64_t col, int64_t y, int64_t x, int64_t count, int64_t row0,
+                    int64_t row1, float lo, float hi) {
+    const __m512 lov = _mm512_set1_ps(lo), hiv = _mm512_set1_ps(hi);
+    int64_t c0 = row0;
+    for (; c0 + 16 <= row1; c0 += 16) {
+        if (g->sw == 1)
+            dw16_block(l, g, xb, res, out, col, y, x, count, c0, 0xFFFF, 1, 1, lov, hiv);
+        else
+            dw16_block(l, g, xb, res, out, col, y, x, count, c0, 0xFFFF, 2, 1, lov, hiv);
+    }
+    if (c0 < row1) {
+        const __mmask16 k = (__mmask16)((1u << (row1 - c0)) - 1u);
+        if (g->sw == 1)
+            dw16_block(l, g, xb, res, out, col, y, x, count, c0, k, 1, 0, lov, hiv);
+        else
+            dw16_block(l, g, xb, res, out, col, y, x, count, c0, k, 2, 0, lov, hiv);
+    }
+}
+#endif
+
 /* Direct depthwise convolution: per output position, blocks of channels accumulate every tap of
  * the window in registers (weights re-laid [ky][kx][c] so each tap is a contiguous vector). Runs
  * of 3x3 windows inside the input (all but the border of a padded map) take dw3_interior. */
@@ -666,11 +775,20 @@ OPS_CLONES static void conv_execute_depthwise(const layer *l, const float *const
     ops_act_bounds((int32_t)g.act, l->fparams[0], l->fparams[1], &lo, &hi);
     const ops_f32x8 lov = {lo, lo, lo, lo, lo, lo, lo, lo}, hiv = {hi, hi, hi, hi, hi, hi, hi, hi};
     ops_position p = ops_position_of(col0, l->h, l->w);
+#if defined(__x86_64__) || defined(_M_X64)
+    const int wide = vec_avx512_usable();
+#endif
     for (int64_t col = col0; col < col1;) {
         const float *xb = x + p.n * g.hin * g.win * c;
         const int64_t run = dw3_interior_run(&g, p.y, p.x, l->w, col1 - col);
         if (run > 0) {
-            dw3_interior(l, &g, xb, res, out, col, p.y, p.x, run, row0, row1, lov, hiv, lo, hi);
+#if defined(__x86_64__) || defined(_M_X64)
+            if (wide && g.sw <= 2)
+                dw3_interior_avx512(l, &g, xb, res, out, col, p.y, p.x, run, row0, row1, lo, hi);
+            else
+#endif
+                dw3_interior(l, &g, xb, res, out, col, p.y, p.x, run, row0, row1, lov, hiv, lo,
+                             hi);
             if (!ops_act_is_clamp((int32_t)g.act))
                 for (int64_t j = 0; j < run; j++)
                     ops_act_apply(out + (col + j) * c + row0, (size_t)(row1 - row0),
