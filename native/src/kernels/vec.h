@@ -11,6 +11,8 @@ int vec_avx512_usable(void);
 #if defined(__x86_64__) || defined(_M_X64)
 /* ops_softmax_exp: e = e^(x - max x), returns the sum of e and stores max x (NaN when any x is). */
 float vec_softmax_exp_avx512(const float *x, float *e, size_t n, float *max_out);
+/* erf (gelu 0) or GELU (gelu 1: x (1 + erf(x / sqrt 2)) / 2) of n floats in place. */
+void vec_erf_family_avx512(float *x, size_t n, int gelu);
 /* o[i] = x[i] * s. */
 void vec_scale_avx512(const float *x, float *o, size_t n, float s);
 #endif

@@ -72,6 +72,45 @@ TARGET_AVX512 float vec_softmax_exp_avx512(const float *restrict x, float *restr
     return _mm512_reduce_add_ps(acc);
 }
 
+/* erf(u) for u clamped to [-4, 4]: ops_vec.c's rational polynomial, one pass. */
+static TARGET_AVX512 inline __m512 erf16(__m512 x)
+{
+    x = _mm512_min_ps(_mm512_set1_ps(4.0f), _mm512_max_ps(_mm512_set1_ps(-4.0f), x));
+    const __m512 x2 = _mm512_mul_ps(x, x);
+    __m512 p = _mm512_set1_ps(-2.72614225801306e-10f);
+    p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(2.77068142495902e-08f));
+    p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(-2.10102402082508e-06f));
+    p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(-5.69250639462346e-05f));
+    p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(-7.34990630326855e-04f));
+    p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(-2.95459980854025e-03f));
+    p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(-1.60960333262415e-02f));
+    __m512 q = _mm512_set1_ps(-1.45660718464996e-05f);
+    q = _mm512_fmadd_ps(q, x2, _mm512_set1_ps(-2.13374055278905e-04f));
+    q = _mm512_fmadd_ps(q, x2, _mm512_set1_ps(-1.68282697438203e-03f));
+    q = _mm512_fmadd_ps(q, x2, _mm512_set1_ps(-7.37332916720468e-03f));
+    q = _mm512_fmadd_ps(q, x2, _mm512_set1_ps(-1.42647390514189e-02f));
+    return _mm512_div_ps(_mm512_mul_ps(x, p), q);
+}
+
+TARGET_AVX512 void vec_erf_family_avx512(float *x, size_t n, int gelu)
+{
+    const __m512 k = _mm512_set1_ps(gelu ? 0.70710678118654752f : 1.0f);
+    const __m512 half = _mm512_set1_ps(0.5f), one = _mm512_set1_ps(1.0f);
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m512 v = _mm512_loadu_ps(x + i);
+        const __m512 e = erf16(_mm512_mul_ps(v, k));
+        _mm512_storeu_ps(x + i, gelu ? _mm512_mul_ps(_mm512_mul_ps(half, v), _mm512_add_ps(one, e)) : e);
+    }
+    if (i < n) {
+        const __mmask16 m = tail_mask(n - i);
+        const __m512 v = _mm512_maskz_loadu_ps(m, x + i);
+        const __m512 e = erf16(_mm512_mul_ps(v, k));
+        _mm512_mask_storeu_ps(x + i, m,
+                              gelu ? _mm512_mul_ps(_mm512_mul_ps(half, v), _mm512_add_ps(one, e)) : e);
+    }
+}
+
 TARGET_AVX512 void vec_scale_avx512(const float *restrict x, float *restrict o, size_t n, float s)
 {
     const __m512 sv = _mm512_set1_ps(s);
