@@ -155,12 +155,34 @@ void affine_execute(const layer *l, const float *const *in, float *out, int32_t 
     const float *restrict shift = (const float *)l->arrays[1] + row0;
     int64_t c = l->c;
     size_t n = (size_t)(row1 - row0);
+    /* A tile of whole columns is one contiguous span: the activation goes over it in one call
+     * (called per column, a 3-channel image's normalisation took 4.6 ns a value, one call per
+     * pixel) */
+    const int whole = row0 == 0 && row1 == c;
+    if (whole && c < 16) {
+        /* Few channels: the span against scale and shift repeated 16 times, a loop the
+         * compiler vectorizes (per column it ran c multiply-adds at a time) */
+        float sp[256], tp[256];
+        const size_t period = (size_t)c * 16, total = (size_t)(col1 - col0) * (size_t)c;
+        for (size_t i = 0; i < period; i++) sp[i] = scale[i % (size_t)c], tp[i] = shift[i % (size_t)c];
+        const float *restrict x = in[0] + col0 * c;
+        float *restrict o = out + col0 * c;
+        size_t i = 0;
+        for (; i + period <= total; i += period)
+            for (size_t j = 0; j < period; j++) o[i + j] = x[i + j] * sp[j] + tp[j];
+        for (size_t j = 0; i + j < total; j++) o[i + j] = x[i + j] * sp[j] + tp[j];
+        ops_act_apply(o, total, l->iparams[0], l->fparams[0], l->fparams[1]);
+        return;
+    }
     for (int64_t col = col0; col < col1; col++) {
         const float *restrict x = in[0] + col * c + row0;
         float *restrict o = out + col * c + row0;
         for (size_t i = 0; i < n; i++) o[i] = x[i] * scale[i] + shift[i];
-        ops_act_apply(o, n, l->iparams[0], l->fparams[0], l->fparams[1]);
+        if (!whole) ops_act_apply(o, n, l->iparams[0], l->fparams[0], l->fparams[1]);
     }
+    if (whole)
+        ops_act_apply(out + col0 * c, (size_t)(col1 - col0) * n, l->iparams[0], l->fparams[0],
+                      l->fparams[1]);
 }
 
 /* ---- WHERE ----------------------------------------------------------------------------------- */

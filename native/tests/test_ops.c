@@ -353,36 +353,40 @@ static void binary_cases(void) {
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) test_binary(&cases[i]);
 
-    /* AFFINE with every activation. */
-    for (int act = 0; act < COACTO_ACT_COUNT; act++) {
-        tensor x = t_rand(2, 29, 3, 4, -3, 3);
-        float sc[29], sh[29];
-        for (int i = 0; i < 29; i++) sc[i] = frand(-2, 2), sh[i] = frand(-1, 1);
-        if (act == COACTO_ACT_SQRT || act == COACTO_ACT_RECIPROCAL || act == COACTO_ACT_LOG)
-            /* arguments in [0.5, 5.5] */
-            for (int i = 0; i < 29; i++) sc[i] = frand(-0.5f, 0.5f), sh[i] = frand(2, 4);
-        layer l = mk(COACTO_OP_AFFINE, 2, 29, 3, 4);
-        set_input(&l, 0, &x);
-        l.iparams[0] = act;
-        float alpha = act == COACTO_ACT_CLIP ? -1.0f : 0.2f, beta = act == COACTO_ACT_CLIP ? 2.0f : 0.5f;
-        l.fparams[0] = alpha;
-        l.fparams[1] = beta;
-        void *sb = blob_copy(sc, sizeof sc), *tb = blob_copy(sh, sizeof sh);
-        set_array(&l, 0, sb, sizeof sc);
-        set_array(&l, 1, tb, sizeof sh);
-        expected e = e_new(&l);
-        for (size_t i = 0; i < t_size(&x); i++) {
-            int ci = (int)(i % 29);
-            e.v[i] = act_ref((double)x.d[i] * sc[ci] + sh[ci], act, alpha, beta);
-            e.mag[i] = 4;
+    /* AFFINE with every activation, over 29 channels and over 3 (a span of many columns: an
+     * image's normalisation; 5 x 7 positions so a tile's span is not a multiple of 48). */
+    for (int act = 0; act < COACTO_ACT_COUNT; act++)
+        for (int wide = 0; wide < 2; wide++) {
+            const int ch = wide ? 29 : 3, hh = wide ? 3 : 5, ww = wide ? 4 : 7;
+            tensor x = t_rand(2, ch, hh, ww, -3, 3);
+            float sc[29], sh[29];
+            for (int i = 0; i < ch; i++) sc[i] = frand(-2, 2), sh[i] = frand(-1, 1);
+            if (act == COACTO_ACT_SQRT || act == COACTO_ACT_RECIPROCAL || act == COACTO_ACT_LOG)
+                /* arguments in [0.5, 5.5] */
+                for (int i = 0; i < ch; i++) sc[i] = frand(-0.5f, 0.5f), sh[i] = frand(2, 4);
+            layer l = mk(COACTO_OP_AFFINE, 2, ch, hh, ww);
+            set_input(&l, 0, &x);
+            l.iparams[0] = act;
+            float alpha = act == COACTO_ACT_CLIP ? -1.0f : 0.2f,
+                  beta = act == COACTO_ACT_CLIP ? 2.0f : 0.5f;
+            l.fparams[0] = alpha;
+            l.fparams[1] = beta;
+            void *sb = blob_copy(sc, sizeof(float) * ch), *tb = blob_copy(sh, sizeof(float) * ch);
+            set_array(&l, 0, sb, sizeof(float) * ch);
+            set_array(&l, 1, tb, sizeof(float) * ch);
+            expected e = e_new(&l);
+            for (size_t i = 0; i < t_size(&x); i++) {
+                int ci = (int)(i % (size_t)ch);
+                e.v[i] = act_ref((double)x.d[i] * sc[ci] + sh[ci], act, alpha, beta);
+                e.mag[i] = 4;
+            }
+            char name[64];
+            snprintf(name, sizeof name, "affine act %d, %d channels", act, ch);
+            const float *in[1] = {x.d};
+            check_tiles(name, &l, in, &e, 2e-6, 1);
+            e_free(&e);
+            free(x.d), free(sb), free(tb);
         }
-        char name[64];
-        snprintf(name, sizeof name, "affine act %d", act);
-        const float *in[1] = {x.d};
-        check_tiles(name, &l, in, &e, 2e-6, 1);
-        e_free(&e);
-        free(x.d), free(sb), free(tb);
-    }
 }
 
 /* ---- CONCAT / GATHER ------------------------------------------------------------------------- */
