@@ -111,6 +111,17 @@ static void binary_span(int32_t kind, const float *restrict a, int sa, const flo
     }
 }
 
+/* Values a flat span (a tile of whole columns) is computed in before its activation runs over
+ * them: activations of several passes (sigmoid: negate, e^x, reciprocal) then find them in L1. */
+#define FLAT_CHUNK 2048
+
+/* An operand read as the output is laid out (NHWC of the output's dims), or a single value. */
+static int operand_flat(const operand *x, const layer *l) {
+    const int64_t c = l->c, w = l->w, h = l->h;
+    if (x->sn == 0 && x->sy == 0 && x->sx == 0 && x->sc == 0) return 1;
+    return x->sc == 1 && x->sx == c && x->sy == c * w && (x->sn == c * w * h || l->n == 1);
+}
+
 void binary_execute(const layer *l, const float *const *in, float *out, int32_t col0, int32_t col1,
                     int32_t row0, int32_t row1) {
     const int32_t *p = l->iparams;
@@ -129,6 +140,19 @@ void binary_execute(const layer *l, const float *const *in, float *out, int32_t 
     const operand *A = &ops[0], *B = &ops[1];
     int64_t c = l->c;
     size_t n = (size_t)(row1 - row0);
+    /* Whole columns of operands laid out as the output (or one value each): one span, one
+     * activation call (per column, two 3-channel images' sum took 240 us, 1.6 ns a value) */
+    if (row0 == 0 && row1 == c && operand_flat(A, l) && operand_flat(B, l)) {
+        const size_t total = (size_t)(col1 - col0) * (size_t)c;
+        for (size_t i = 0; i < total; i += FLAT_CHUNK) {
+            const size_t m = total - i < FLAT_CHUNK ? total - i : FLAT_CHUNK;
+            const size_t at = (size_t)(col0 * c) + i;
+            binary_span(p[0], A->sc ? A->base + at : A->base, A->sc != 0,
+                        B->sc ? B->base + at : B->base, B->sc != 0, out + at, m);
+            ops_act_apply(out + at, m, p[1], l->fparams[0], l->fparams[1]);
+        }
+        return;
+    }
     ops_position q = ops_position_of(col0, l->h, l->w);
     for (int64_t col = col0; col < col1; col++, ops_position_next(&q, l->h, l->w)) {
         const float *a = A->base + q.n * A->sn + q.y * A->sy + q.x * A->sx + row0 * A->sc;
@@ -167,11 +191,15 @@ void affine_execute(const layer *l, const float *const *in, float *out, int32_t 
         for (size_t i = 0; i < period; i++) sp[i] = scale[i % (size_t)c], tp[i] = shift[i % (size_t)c];
         const float *restrict x = in[0] + col0 * c;
         float *restrict o = out + col0 * c;
-        size_t i = 0;
-        for (; i + period <= total; i += period)
-            for (size_t j = 0; j < period; j++) o[i + j] = x[i + j] * sp[j] + tp[j];
-        for (size_t j = 0; i + j < total; j++) o[i + j] = x[i + j] * sp[j] + tp[j];
-        ops_act_apply(o, total, l->iparams[0], l->fparams[0], l->fparams[1]);
+        const size_t chunk = FLAT_CHUNK / period * period; /* whole periods */
+        for (size_t i0 = 0; i0 < total; i0 += chunk) {
+            const size_t end = total - i0 < chunk ? total : i0 + chunk;
+            size_t i = i0;
+            for (; i + period <= end; i += period)
+                for (size_t j = 0; j < period; j++) o[i + j] = x[i + j] * sp[j] + tp[j];
+            for (size_t j = 0; i + j < end; j++) o[i + j] = x[i + j] * sp[j] + tp[j];
+            ops_act_apply(o + i0, end - i0, l->iparams[0], l->fparams[0], l->fparams[1]);
+        }
         return;
     }
     for (int64_t col = col0; col < col1; col++) {
