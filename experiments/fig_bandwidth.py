@@ -202,6 +202,7 @@ def main(argv=None) -> int:
         settings = {"quota": args.quota, "server_threads": args.server_threads,
                     "added_rtt_ms": args.rtt_ms,
                     "device_threads": 1, "repeat": args.repeat, "rounds": args.rounds,
+                    "rotation": "alternate",  # H.rotation
                     "bandwidths_mbps": bandwidths, "testbed": H.testbed_settings(tb)}
         for model in args.models:
             measure_coacto(args, tb, wd, model, bandwidths, progress, rows)

@@ -86,8 +86,7 @@ def main(argv=None) -> int:
                         d.calibrate(bw)
                         d.run("dynamic", repeat=0, warmup=1, bandwidth=bw)
                     for rnd in range(args.rounds):
-                        k = rnd % len(args.policies)
-                        for policy in args.policies[k:] + args.policies[:k]:
+                        for policy in H.rotation(args.policies, rnd):
                             results, wall = run_round(devs, policy, args.repeat, bw)
                             lat_all = [x for r in results for x in r["latencies_s"]]
                             for i, r in enumerate(results):

@@ -480,20 +480,31 @@ def link_columns(link: dict) -> dict:
             "measured_rtt_ms": link["rtt_ms"]}
 
 
+def rotation(policies, rnd: int, alternate: bool = True) -> list:
+    """The order of round ``rnd``: rotated by the round number, and with three policies or more
+    reversed on odd rounds, so that each policy follows a different one from round to round
+    (rotation alone always ran dynamic right after fl, whose last inferences leave the server's
+    caches and the link in their own state; two policies alternate by rotation alone).
+    ``alternate=False``: rotation alone, the order of results recorded before (their settings
+    have no "rotation")."""
+    k = rnd % len(policies)
+    order = list(policies[k:]) + list(policies[:k])
+    return order[::-1] if alternate and rnd % 2 and len(order) > 2 else order
+
+
 def run_policies(dev: Device, policies, repeat: int, rnd: int, bw_arg, base: dict,
                  progress: Progress | None = None, warmup: bool = True) -> list[dict]:
     """A fresh Client; warm-up inferences until it has measured the link (a device that just
     joined a network starts from a guess of its goodput); then every policy ``repeat`` times, the
-    order rotated by the round number; one row per policy."""
+    order of ``rotation``; one row per policy."""
     dev.fresh_client(bw_arg)
     learned = dev.learn(bw_arg) if warmup else {"inferences": 0}
     rows = []
-    k = rnd % len(policies)
     # The device's speed is measured beside the policies, before and after them, as the link's
     # goodput is beside every setting: its quota's share of a core shared with the rest of the
     # host computes 10-30% slower for seconds at a time (sim_vs_real takes it from here)
     probe = dev.probe(PROBE_RUNS)
-    for policy in list(policies[k:]) + list(policies[:k]):
+    for policy in rotation(policies, rnd):
         r = dev.run(policy, repeat=repeat, warmup=0, bandwidth=bw_arg)
         st = r["stats"]
         rows.append({

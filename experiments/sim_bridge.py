@@ -104,17 +104,17 @@ def testbed_kwargs(settings: dict, nominal_mbps: float | None, profile: str = PR
 
 
 def session(policies, repeat: int, rnd: int, warmup: int = 1,
-            cuts: dict | None = None, probe: int = 0) -> list[tuple]:
+            cuts: dict | None = None, probe: int = 0, alternate: bool = True) -> list[tuple]:
     """What H.run_policies runs on one fresh client: ``warmup`` dynamic inferences (the device
     driver's `learn`: until one offloaded and measured the goodput; the rows say how many),
-    then every policy ``repeat`` times, the order rotated by the round. ``cuts``: {"split": [layer
+    then every policy ``repeat`` times, in the harness's order for the round (H.rotation;
+    ``alternate``: see there). ``cuts``: {"split": [layer
     per inference]}: those inferences are planned at the given cuts (Client's split_layer
     option) instead of from the simulated client's estimates, and {"dynamic": [frontier per
     inference]} runs those plans (policies.plan_dynamic's frontier). ``probe``: local inferences
     before and after the policies (the device's speed measured beside them, H.PROBE_RUNS; rows
     from before the probe existed had none)."""
-    k = rnd % len(policies)
-    order = list(policies[k:]) + list(policies[:k])
+    order = H.rotation(policies, rnd, alternate)
     seq: list[tuple] = [("dynamic", max(1, int(warmup)))]
     if probe:
         seq.append(("local", probe))
@@ -200,7 +200,8 @@ def simulate_session(tg, settings: dict, row: dict, policies, repeat: int, rnd: 
             and "quota_slowdown" not in extra:
         # the device's speed in its quota as measured beside this session, not the profile's
         common["quota_slowdown"] = _local_slowdown(tg, probe_ms / 1e3, common)
-    seq = session(policies, repeat, rnd, warm, cuts, probe=probe_runs)
+    seq = session(policies, repeat, rnd, warm, cuts, probe=probe_runs,
+                  alternate=settings.get("rotation") == "alternate")
     r = sim.simulate(tg, seq, warmup=warm, **common)
     return _without_probe(r, probe_runs)
 

@@ -134,12 +134,16 @@ def test_sessions_replay_the_recorded_plans_and_the_probe():
     plans = sim_bridge.real_cuts(rows)
     assert plans == {"split": [21, 21], "dynamic": ["device", "cut /a/Conv"]}
     seq = sim_bridge.session(["local", "split", "fl", "dynamic"], 2, 1, warmup=2, cuts=plans,
-                             probe=3)
+                             probe=3, alternate=False)
     assert seq[0] == ("dynamic", 2) and seq[1] == ("local", 3) and seq[-1] == ("local", 3)
-    # round 1 starts at the second policy
+    # round 1 starts at the second policy (results recorded before the order alternated)
     assert seq[2:-1] == [("split", 1, {"split_layer": 21}), ("split", 1, {"split_layer": 21}),
                          ("fl", 2), ("dynamic", 1, {"frontier": "device"}),
                          ("dynamic", 1, {"frontier": "cut /a/Conv"}), ("local", 2)]
+    # and now, as H.rotation runs it: rotated, then reversed on an odd round
+    seq = sim_bridge.session(["local", "split", "fl", "dynamic"], 2, 1, warmup=2, cuts=plans,
+                             probe=3)
+    assert [s[0] for s in seq[2:-1]] == ["local"] + ["dynamic"] * 2 + ["fl"] + ["split"] * 2
 
 
 # ----------------------------------------------------------------------------- real runs

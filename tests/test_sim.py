@@ -685,8 +685,10 @@ def _experiments():
 
 def test_sim_bridge_replays_the_testbeds_sessions():
     B, _ = _experiments()
-    assert B.session(["local", "cloud", "dynamic"], 2, 1) == \
+    assert B.session(["local", "cloud", "dynamic"], 2, 1, alternate=False) == \
         [("dynamic", 1), ("cloud", 2), ("dynamic", 2), ("local", 2)]
+    assert B.session(["local", "cloud", "dynamic"], 2, 1) == \
+        [("dynamic", 1), ("local", 2), ("dynamic", 2), ("cloud", 2)]
     kw = B.testbed_kwargs({"quota": 0.25, "server_threads": 1, "device_threads": 1,
                            "testbed": {"mode": "netns", "cfs_period_us": 4000, "cgroup": "v1",
                                        "server_cpus": "1"}}, 20)
