@@ -9,6 +9,7 @@
  * GEMM micro-kernels on A in place. */
 #include <string.h>
 
+#include "kernels/vec.h"
 #include "ops_internal.h"
 
 /* ---- MATMUL ---------------------------------------------------------------------------------- */
@@ -277,6 +278,14 @@ OPS_CLONES void layernorm_execute(const layer *l, const float *const *in, float 
     const float *restrict scale = l->arrays[0], *restrict shift = l->arrays[1];
     size_t c = (size_t)l->c;
     float eps = l->fparams[0];
+#if defined(__x86_64__) || defined(_M_X64)
+    if (vec_avx512_usable()) { /* ViT's 24 LayerNorms took 1.1 ms a run here, OpenVINO's 0.74 */
+        for (int64_t col = col0; col < col1; col++)
+            vec_layernorm_avx512(in[0] + (size_t)col * c, out + (size_t)col * c, c, (size_t)row0,
+                                 (size_t)row1, scale, shift, eps);
+        return;
+    }
+#endif
     for (int64_t col = col0; col < col1; col++) {
         const float *restrict x = in[0] + (size_t)col * c;
         float *restrict o = out + (size_t)col * c;

@@ -13,6 +13,10 @@ int vec_avx512_usable(void);
 float vec_softmax_exp_avx512(const float *x, float *e, size_t n, float *max_out);
 /* erf (gelu 0) or GELU (gelu 1: x (1 + erf(x / sqrt 2)) / 2) of n floats in place. */
 void vec_erf_family_avx512(float *x, size_t n, int gelu);
+/* One LayerNorm column: mean and variance over x[0:c], then
+ * o[r] = (x[r] - mean) / sqrt(var + eps) * scale[r] + shift[r] for row0 <= r < row1. */
+void vec_layernorm_avx512(const float *x, float *o, size_t c, size_t row0, size_t row1,
+                          const float *scale, const float *shift, float eps);
 /* o[i] = x[i] * s. */
 void vec_scale_avx512(const float *x, float *o, size_t n, float s);
 #endif

@@ -111,6 +111,40 @@ TARGET_AVX512 void vec_erf_family_avx512(float *x, size_t n, int gelu)
     }
 }
 
+TARGET_AVX512 void vec_layernorm_avx512(const float *restrict x, float *restrict o, size_t c,
+                                        size_t row0, size_t row1, const float *restrict scale,
+                                        const float *restrict shift, float eps)
+{
+    __m512 acc = _mm512_setzero_ps();
+    size_t i = 0;
+    for (; i + 16 <= c; i += 16) acc = _mm512_add_ps(acc, _mm512_loadu_ps(x + i));
+    if (i < c) acc = _mm512_add_ps(acc, _mm512_maskz_loadu_ps(tail_mask(c - i), x + i));
+    const float mean = _mm512_reduce_add_ps(acc) / (float)c;
+    const __m512 mv = _mm512_set1_ps(mean);
+    acc = _mm512_setzero_ps();
+    for (i = 0; i + 16 <= c; i += 16) {
+        const __m512 d = _mm512_sub_ps(_mm512_loadu_ps(x + i), mv);
+        acc = _mm512_fmadd_ps(d, d, acc);
+    }
+    if (i < c) {
+        const __mmask16 k = tail_mask(c - i);
+        const __m512 d = _mm512_maskz_sub_ps(k, _mm512_maskz_loadu_ps(k, x + i), mv);
+        acc = _mm512_fmadd_ps(d, d, acc);
+    }
+    const float var = _mm512_reduce_add_ps(acc) / (float)c;
+    const __m512 rstd = _mm512_set1_ps(1.0f / sqrtf(var + eps));
+    for (i = row0; i + 16 <= row1; i += 16) {
+        const __m512 d = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(x + i), mv), rstd);
+        _mm512_storeu_ps(o + i, _mm512_fmadd_ps(d, _mm512_loadu_ps(scale + i), _mm512_loadu_ps(shift + i)));
+    }
+    if (i < row1) {
+        const __mmask16 k = tail_mask(row1 - i);
+        const __m512 d = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), mv), rstd);
+        _mm512_mask_storeu_ps(o + i, k, _mm512_fmadd_ps(d, _mm512_maskz_loadu_ps(k, scale + i),
+                                                         _mm512_maskz_loadu_ps(k, shift + i)));
+    }
+}
+
 TARGET_AVX512 void vec_scale_avx512(const float *restrict x, float *restrict o, size_t n, float s)
 {
     const __m512 sv = _mm512_set1_ps(s);
