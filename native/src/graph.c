@@ -737,6 +737,13 @@ coacto_status coacto_graph_create(const coacto_graph_desc *d, coacto_graph **out
     if (st == COACTO_OK) st = derive_schedule(g);
     if (st == COACTO_OK) st = derive_lifetimes(g);
     if (st == COACTO_OK) st = derive_aliases(g);
+    if (st == COACTO_OK)
+        for (int32_t t = 0; t < g->n_tiles; t++) {
+            const layer *l = &g->layers[g->tile_layer[t]];
+            const int32_t *b = &g->tile_bounds[4 * (size_t)t];
+            const size_t need = l->scratch_fixed + l->scratch_per_col * (size_t)(b[1] - b[0]);
+            if (need > g->scratch_max) g->scratch_max = need;
+        }
     if (st != COACTO_OK) {
         if (st == COACTO_ERR_OUT_OF_MEMORY && err && es && !err[0])
             snprintf(err, es, "out of memory while loading the graph");

@@ -25,6 +25,7 @@ struct coacto_graph {
     int64_t *layer_floats;         /* [n_layers] */
     int32_t *layer_alias;          /* [n_layers]: the residual input whose buffer the layer may
                                       write its output into (derive_aliases), or -1 */
+    size_t scratch_max;            /* the most scratch floats any of the graph's tiles needs */
     int32_t n_tiles;
     int32_t *tile_layer;
     int32_t *tile_bounds;          /* col0, col1, row0, row1 */
