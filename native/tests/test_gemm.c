@@ -233,15 +233,17 @@ typedef struct run_case {
 
 /* Variants cycle over the cases so each shape meets one of them (and every variant meets many
  * shapes): 0 plain, tight strides, ep NULL; 1 bias + ReLU, strided A and C, j0 > 0;
- * 2 bias + residual + clamp, strided, j1 < n_total; 3 identity epilogue, j0 > 0, j1 < n_total. */
+ * 2 bias + residual + clamp, strided, j1 < n_total; 3 identity epilogue, j0 > 0, j1 < n_total;
+ * 4 (outside the cycle) as 2, with rows of A a multiple of 4 KiB apart, so that a row block's
+ * rows share an L1 set and the driver reads them from its copy (gemm.c a_rows_conflict). */
 static void run_one(const gemm_kernel *const *kernels, size_t j_align, const run_case *tc)
 {
     const size_t m = tc->m, n = tc->n, k = tc->k;
     const int v = tc->variant;
     const size_t j0 = (v == 1 || v == 3) ? j_align : 0;
     const size_t j1 = j0 + n;
-    const size_t n_total = j1 + ((v == 2 || v == 3) ? 7 : 0);
-    const size_t lda = v == 0 ? k : k + 3;
+    const size_t n_total = j1 + ((v == 2 || v == 3 || v == 4) ? 7 : 0);
+    const size_t lda = v == 0 ? k : v == 4 ? (k / 1024 + 1) * 1024 : k + 3;
     const size_t ldc = v == 0 ? n_total : n_total + 5;
     const size_t ldr = n_total + 2;
     const size_t rows_total = m + 2, row0 = 1;
@@ -260,7 +262,7 @@ static void run_one(const gemm_kernel *const *kernels, size_t j_align, const run
         ep_store.bias = bias;
         ep_store.lo = 0.0f;
         ep = &ep_store;
-    } else if (v == 2) {
+    } else if (v == 2 || v == 4) {
         ep_store.bias = bias;
         ep_store.residual = res;
         ep_store.ld_residual = ldr;
@@ -409,6 +411,16 @@ static void test_run(const gemm_kernel *const *kernels, int quick)
                 const run_case tc = {ms[mi], ns[ni], ks[ki], (int)(variant++ % 4)};
                 run_one(kernels, j_align, &tc);
             }
+        }
+    /* Rows of A 4 KiB apart (variant 4): block heights around every kernel's MR, reductions
+     * of one K block and several, in gemm_run, gemm_run_k and gemm_run_k_rows alike. */
+    const size_t conflict_m[] = {1, 3, max_mr, max_mr + 1, 2 * max_mr + 1, 49, 196};
+    const size_t conflict_k[] = {7, max_kc + 1, 1000, 1024, 2048};
+    for (size_t mi = 0; mi < sizeof conflict_m / sizeof *conflict_m; mi++)
+        for (size_t ki = 0; ki < sizeof conflict_k / sizeof *conflict_k; ki++) {
+            if (quick && conflict_m[mi] * conflict_k[ki] > 100000 && (mi + ki) % 3) continue;
+            const run_case tc = {conflict_m[mi], 2 * max_nr + 3, conflict_k[ki], 4};
+            run_one(kernels, j_align, &tc);
         }
     /* k == 0: the epilogue alone. */
     for (int v = 0; v < 4; v++) {

@@ -113,7 +113,7 @@ static int read_line(const char *path, char *buf, size_t n)
 static void caches_from_sysfs(cpu_caches *c)
 {
     for (int i = 0; i < 16; i++) {
-        char path[96], level[16], type[32], size[32];
+        char path[96], level[16], type[32], size[32], ways[16];
         snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/level", i);
         if (!read_line(path, level, sizeof level)) break;
         snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/type", i);
@@ -121,7 +121,12 @@ static void caches_from_sysfs(cpu_caches *c)
         snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/size", i);
         if (!read_line(path, size, sizeof size)) continue;
         long bytes = parse_size(size);
-        if (strcmp(level, "1") == 0 && strcmp(type, "Data") == 0) c->l1d_bytes = bytes;
+        if (strcmp(level, "1") == 0 && strcmp(type, "Data") == 0) {
+            c->l1d_bytes = bytes;
+            snprintf(path, sizeof path,
+                     "/sys/devices/system/cpu/cpu0/cache/index%d/ways_of_associativity", i);
+            if (read_line(path, ways, sizeof ways)) c->l1d_ways = parse_size(ways);
+        }
         if (strcmp(level, "2") == 0 && strcmp(type, "Instruction") != 0) c->l2_bytes = bytes;
     }
 }
@@ -140,6 +145,12 @@ static void init_caches(void)
     caches_from_sysfs(&caches);
     caches.source = "sysfs";
 #if defined(_SC_LEVEL1_DCACHE_SIZE) && defined(_SC_LEVEL2_CACHE_SIZE)
+#if defined(_SC_LEVEL1_DCACHE_ASSOC)
+    if (caches.l1d_ways <= 0) {
+        long w = sysconf(_SC_LEVEL1_DCACHE_ASSOC);
+        if (w > 0) caches.l1d_ways = w;
+    }
+#endif
     if (caches.l1d_bytes <= 0 || caches.l2_bytes <= 0) {
         long l1 = sysconf(_SC_LEVEL1_DCACHE_SIZE), l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
         if (caches.l1d_bytes <= 0 && l1 > 0) caches.l1d_bytes = l1;
@@ -151,9 +162,14 @@ static void init_caches(void)
     if (caches.l1d_bytes <= 0) caches.l1d_bytes = 32L << 10;
     if (caches.l2_bytes <= 0) caches.l2_bytes = 512L << 10;
     long l1 = env_bytes("COACTO_L1D_BYTES"), l2 = env_bytes("COACTO_L2_BYTES");
+    long ways = env_bytes("COACTO_L1D_WAYS");
     if (l1 > 0) caches.l1d_bytes = l1;
     if (l2 > 0) caches.l2_bytes = l2;
-    if (l1 > 0 || l2 > 0) caches.source = "environment";
+    if (ways > 0) caches.l1d_ways = ways;
+    if (l1 > 0 || l2 > 0 || ways > 0) caches.source = "environment";
+    /* Unknown or nonsensical (fully associative reported as 0, more ways than lines): 8, the
+     * associativity of most L1 data caches of 32 KiB and more. */
+    if (caches.l1d_ways <= 0 || caches.l1d_ways > caches.l1d_bytes / 64) caches.l1d_ways = 8;
 }
 
 const cpu_caches *cpu_get_caches(void)

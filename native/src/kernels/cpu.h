@@ -18,9 +18,11 @@ const cpu_features *cpu_get_features(void);
  * core, in bytes. Read once from Linux's sysfs (/sys/devices/system/cpu/cpu0/cache), else from
  * sysconf, else assumed (32 KiB, 512 KiB: the smallest of the machines coacto is for);
  * COACTO_L1D_BYTES / COACTO_L2_BYTES in the environment override either (to try the blocking of
- * another machine). source says which: "sysfs", "sysconf", "assumed" or "environment". */
+ * another machine). source says which: "sysfs", "sysconf", "assumed" or "environment".
+ * l1d_ways: the L1 data cache's associativity (sysfs, sysconf, else 8; COACTO_L1D_WAYS
+ * overrides): rows of A a power-of-two stride apart can fall in one set (gemm.c). */
 typedef struct cpu_caches {
-    long l1d_bytes, l2_bytes;
+    long l1d_bytes, l2_bytes, l1d_ways;
     const char *source;
 } cpu_caches;
 

@@ -228,6 +228,85 @@ static void prefetch_c_rows(const gemm_rows *run, size_t i, size_t mr_max, size_
             __builtin_prefetch(run->c + (ahead + r) * ldc + j, 1, 3);
 }
 
+/* Rows of A that the L1 data cache cannot hold together. A row block reads MR rows lda floats
+ * apart, each line of each row for 16 consecutive steps; rows whose first lines fall in one set,
+ * as many as the cache has ways or more, evict each other at every step (with the panel slice in
+ * L1 too) and every broadcast goes to L2. A stride that is a multiple of the way span (4 KiB for
+ * 32 KiB and 8 ways, or 48 KiB and 12) puts all MR rows in one set: a 1x1 convolution of 1024
+ * or 2048 input channels, a transformer's 3072-wide feed-forward output. Remembered per thread
+ * for the last stride asked (callers ask with the same one for a whole layer). */
+static int a_rows_conflict(const gemm_kernel *kern, size_t lda)
+{
+    static _Thread_local size_t memo_lda = 0;
+    static _Thread_local int memo = 0;
+    if (lda == memo_lda) return memo;
+    const cpu_caches *c = cpu_get_caches();
+    const size_t line = 64, ways = (size_t)c->l1d_ways;
+    const size_t sets = (size_t)c->l1d_bytes / (line * ways);
+    const size_t stride = lda * sizeof(float);
+    size_t worst = 0; /* the most distinct lines (rows' first lines) in one set */
+    for (size_t i = 0; sets > 0 && i < kern->mr; i++) {
+        size_t same = 0;
+        for (size_t r = 0; r < kern->mr; r++) {
+            const size_t l = r * stride / line;
+            same += l % sets == (i * stride / line) % sets && (r == 0 || l != (r - 1) * stride / line);
+        }
+        if (same > worst) worst = same;
+    }
+    memo_lda = lda;
+    memo = worst >= ways;
+    return memo;
+}
+
+/* The per-thread buffer rows of A are copied to when a_rows_conflict: grown on demand, freed
+ * when its thread ends (a runtime's workers end with the runtime). */
+#define A_COPY_MAX_FLOATS ((size_t)1 << 19) /* 2 MiB: more would not stay in L2 anyway */
+#define A_COPY_MAX_RUNS 64
+static pthread_key_t a_copy_key;
+static pthread_once_t a_copy_once = PTHREAD_ONCE_INIT;
+static _Thread_local float *a_copy;
+static _Thread_local size_t a_copy_floats;
+
+static void a_copy_free(void *p) { free(p); }
+static void a_copy_key_init(void) { (void)pthread_key_create(&a_copy_key, a_copy_free); }
+
+static float *a_copy_buffer(size_t floats)
+{
+    if (floats <= a_copy_floats) return a_copy;
+    if (floats > A_COPY_MAX_FLOATS) return NULL;
+    pthread_once(&a_copy_once, a_copy_key_init);
+    float *p = aligned_alloc(64, (floats * sizeof(float) + 63) / 64 * 64);
+    if (!p) return NULL;
+    free(a_copy);
+    a_copy = p;
+    a_copy_floats = floats;
+    (void)pthread_setspecific(a_copy_key, p);
+    return p;
+}
+
+/* Copies K block [aoff, aoff + kc) of every run's rows of A to the thread's buffer, rows an odd
+ * number of cache lines apart (so that consecutive rows fall in different sets), and points
+ * `out` at the copies; their stride in *lda_out. 0 when the buffer cannot be had (the caller
+ * reads A where it is). */
+static int copy_a_rows(const gemm_rows *runs, size_t n_runs, size_t aoff, size_t kc, size_t lda,
+                       gemm_rows *out, size_t *lda_out)
+{
+    size_t ldp = (kc + 15) / 16 * 16;
+    if ((ldp / 16) % 2 == 0) ldp += 16;
+    size_t rows = 0;
+    for (size_t s = 0; s < n_runs; s++) rows += runs[s].m;
+    float *buf = n_runs <= A_COPY_MAX_RUNS ? a_copy_buffer(rows * ldp) : NULL;
+    if (!buf) return 0;
+    for (size_t s = 0; s < n_runs; s++) {
+        out[s] = runs[s];
+        out[s].a = buf;
+        for (size_t i = 0; i < runs[s].m; i++, buf += ldp)
+            memcpy(buf, runs[s].a + i * lda + aoff, kc * sizeof(float));
+    }
+    *lda_out = ldp;
+    return 1;
+}
+
 /* K block [kb, kb + kc) of channels [j0, j1) for the row runs (A at reduction offset aoff of
  * each run's a), panels outer and every run's row blocks inner, so each panel slice is read once
  * for all of them; ep (NULL unless this is the last K block) with each run's residual rows. The
@@ -240,6 +319,11 @@ static void run_block(const gemm_kernel *kern, const gemm_rows *runs, size_t n_r
 {
     const size_t mr_max = kern->mr, nr_max = kern->nr;
     const size_t quarter = kc * nr_max / 4; /* floats of a quarter of the next slice */
+    gemm_rows copies[A_COPY_MAX_RUNS];
+    if (a_rows_conflict(kern, lda) && copy_a_rows(runs, n_runs, aoff, kc, lda, copies, &lda)) {
+        runs = copies;
+        aoff = 0;
+    }
     size_t blocks = 0;
     for (size_t s = 0; s < n_runs; s++) blocks += (runs[s].m + mr_max - 1) / mr_max;
     gemm_epilogue run_ep, block_ep;
