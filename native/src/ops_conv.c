@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/cpu.h"
 #include "kernels/vec.h"
 #include "ops_internal.h"
 #if defined(__x86_64__) || defined(_M_X64)
@@ -35,15 +36,20 @@ enum { CONV_IM2COL = 0, CONV_POINTWISE = 1, CONV_FC = 2, CONV_DEPTHWISE = 3, CON
  * run as Winograd F(2x2, 3x3) (ops_winograd.c), 16 multiply-adds for every 36 of the direct
  * convolution, when they have WINOGRAD_MIN_CIN input channels or more (the transforms are per
  * channel), at most WINOGRAD_MAX_WEIGHTS weights per tap, and output maps of at least
- * WINOGRAD_MIN_POSITIONS positions: each block of 2x2 tiles reads the 16 transformed weight
- * matrices (16/9 of the weights), so a small map leaves too little work per read. One thread,
- * each layer against onnxruntime: VGG-16's 224 x 224 x 64 layer 0.80 (was 1.07), 112 x 112 x 128
- * 0.72, 56 x 56 x 256 0.78, 28 x 28 x 512 0.87; ResNet-50's 7 x 7 x 512 1.14 (direct: 0.88) and
- * its 14 x 14 x 256 layers no faster in the model. COACTO_WINOGRAD=0 in the environment turns it
- * off (the direct paths then compute every convolution). */
+ * winograd_min_positions() positions: each block of 2x2 tiles reads the 16 transformed weight
+ * matrices (16/9 of the weights), so a small map leaves too little work per read, unless the
+ * direct kernel itself runs well below the core's rate. It does with an L1 data cache under
+ * 48 KiB: the panel slice and the rows of A of a K block deep enough to amortise the passes over
+ * C do not stay in 32 KiB and 8 ways together (a 14 x 14 x 256 3x3 at 86% of the core's rate,
+ * Winograd a third faster; on a 48 KiB L1, 94-96% and no faster: docs/PERFORMANCE.md).
+ * COACTO_WINOGRAD=0 in the environment turns it off (the direct paths then compute every
+ * convolution). */
 #define WINOGRAD_MIN_CIN 16
 #define WINOGRAD_MAX_WEIGHTS (512 * 512)
-#define WINOGRAD_MIN_POSITIONS (28 * 28)
+
+static int64_t winograd_min_positions(void) {
+    return cpu_get_caches()->l1d_bytes >= 48 * 1024 ? 28 * 28 : 7 * 7;
+}
 
 /* Output positions per im2col block: gemm_block_m. The weights stream once per block, and the
  * im2col slice of a block (gemm_block_m x gemm_block_k floats, a quarter of L2) stays in L2
@@ -130,7 +136,7 @@ static int winograd_fits(const layer *l, const conv_geometry *g) {
     return g->group == 1 && g->kh == 3 && g->kw == 3 && g->sh == 1 && g->sw == 1 && g->dh == 1 &&
            g->dw == 1 && g->pt == 1 && g->pl == 1 && g->pb == 1 && g->pr == 1 &&
            g->cin >= WINOGRAD_MIN_CIN && g->cin * l->c <= WINOGRAD_MAX_WEIGHTS &&
-           (int64_t)l->h * l->w >= WINOGRAD_MIN_POSITIONS;
+           (int64_t)l->h * l->w >= winograd_min_positions();
 }
 
 coacto_status conv_prepare(layer *l, char *err, size_t err_size) {

@@ -150,8 +150,9 @@ static void conv_cases(void) {
     for (const gemm_kernel *const *k = gemm_available(); *k; k++)
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) test_conv(&cases[i], *k);
 
-    /* 3x3, stride 1, one pixel of padding, maps of 28 x 28 positions or more: Winograd F(2x2,
-     * 3x3) (ops_winograd.c), then with COACTO_WINOGRAD=0 the direct path. Odd heights and widths
+    /* 3x3, stride 1, one pixel of padding, maps of 28 x 28 positions or more (7 x 7 where the
+     * L1 data cache is under 48 KiB: the Makefile runs this test again with COACTO_L1D_BYTES=32K
+     * too): Winograd F(2x2, 3x3) (ops_winograd.c), then with COACTO_WINOGRAD=0 the direct path. Odd heights and widths
      * (tiles half outside the map), batches, input channels off the vector width, one-row-pair
      * and one-column maps, several blocks of tiles; the tilings cut Winograd tiles between layer
      * tiles and channels off panel boundaries. */
@@ -162,6 +163,9 @@ static void conv_cases(void) {
         {"winograd two rows", 1, 16, 2, 400, 8, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 0, 0},
         {"winograd one column", 1, 16, 801, 1, 5, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 1, 0, 0},
         {"winograd several blocks", 1, 64, 33, 32, 96, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 1, 0, 0},
+        {"winograd 7x7 residual relu", 1, 48, 7, 7, 40, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0},
+        {"winograd 14x14 batch 2", 2, 32, 14, 14, 33, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 1, 0, 0},
+        {"winograd 5x9 no bias", 1, 17, 5, 9, 20, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0},
     };
     for (int direct = 0; direct < 2; direct++) {
         if (direct) setenv("COACTO_WINOGRAD", "0", 1);
