@@ -388,10 +388,12 @@ def compile_bench_model(bm: BenchModel, threads: int, tiles: int | None, use_tun
         layer_tiles = tune.tuned_layer_tiles(hashlib.sha256(bm.onnx_bytes).hexdigest(), threads)
     key = tuple(sorted((layer_tiles or {}).items()))
     for tg in bm.graphs.values():
-        if tuple(sorted((int(k), v) for k, v in tg.params.get("layer_tiles", {}).items())) == key:
+        if (tuple(sorted((int(k), v) for k, v in tg.params.get("layer_tiles", {}).items())) == key
+                and tg.params.get("threads") == threads):
             break
     else:
-        tg = compiler.compile(bm.onnx_bytes, tiles_per_layer=tiles, layer_tiles=layer_tiles)
+        tg = compiler.compile(bm.onnx_bytes, tiles_per_layer=tiles, layer_tiles=layer_tiles,
+                              threads=threads)
     bm.graphs[threads] = tg
     return tg
 

@@ -10,7 +10,8 @@ from .tilegraph import TileGraph
 
 
 def compile(model, tiles_per_layer: int | None = None, input_shapes: dict | None = None,
-            layer_tiles: dict | None = None, min_column_blocks: int = 0) -> TileGraph:
+            layer_tiles: dict | None = None, min_column_blocks: int = 0,
+            threads: int | None = None) -> TileGraph:
     """Import an ONNX model (path, bytes or ModelProto) and cut it into a tile graph.
 
     ``tiles_per_layer``: tiles per layer (None: a FLOP-based heuristic, see coacto.partition);
@@ -19,20 +20,25 @@ def compile(model, tiles_per_layer: int | None = None, input_shapes: dict | None
     (see coacto.tune.tuned_layer_tiles). It becomes part of the graph's parameters (and id).
     ``min_column_blocks``: fewest column blocks of image layers, for graphs meant for offloading
     (coacto.partition.OFFLOAD_MIN_COLUMN_BLOCKS; clients use it); also part of the parameters.
+    ``threads``: the computing threads a local Runtime will run the graph on, when known (with
+    one, a cheap layer is one tile, not four; with more than four, it gets that many); also part
+    of the parameters. Graphs for offloading leave it out (the server computes with its own).
     """
     from .frontend import import_model  # the onnx package loads here, not on `import coacto`
 
     graph = import_model(model, input_shapes=input_shapes)
-    return partition_graph(graph, tiles_per_layer, input_shapes, layer_tiles, min_column_blocks)
+    return partition_graph(graph, tiles_per_layer, input_shapes, layer_tiles, min_column_blocks,
+                           threads)
 
 
 def partition_graph(graph, tiles_per_layer: int | None = None, input_shapes: dict | None = None,
-                    layer_tiles: dict | None = None, min_column_blocks: int = 0) -> TileGraph:
+                    layer_tiles: dict | None = None, min_column_blocks: int = 0,
+                    threads: int | None = None) -> TileGraph:
     """The second half of compile: an imported operator graph (coacto.ir.Graph) -> tile graph.
     Tuning partitions one imported graph many times."""
     from .partition import partition
 
-    plan = partition(graph, tiles_per_layer, layer_tiles, min_column_blocks)
+    plan = partition(graph, tiles_per_layer, layer_tiles, min_column_blocks, threads)
     params = {
         "tiles_per_layer": tiles_per_layer,
         # plain ints: the parameters are JSON (and part of the graph id), numpy ints are not
@@ -40,6 +46,8 @@ def partition_graph(graph, tiles_per_layer: int | None = None, input_shapes: dic
     }
     if min_column_blocks:  # absent otherwise, like layer_tiles
         params["min_column_blocks"] = int(min_column_blocks)
+    if threads is not None:  # absent otherwise, so graphs compiled without it keep their ids
+        params["threads"] = int(threads)
     if layer_tiles:  # absent otherwise, so untuned graphs keep their ids
         params["layer_tiles"] = {str(int(k)): int(v) for k, v in sorted(layer_tiles.items(),
                                                                         key=lambda kv: int(kv[0]))}

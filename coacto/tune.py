@@ -274,7 +274,7 @@ class _Candidates:
 
         overrides = {li: c for li, c in enumerate(counts)
                      if c != self.default_counts[li] and self.graph.layers[li].op != "INPUT"}
-        plan = partition(self.graph, None, overrides)
+        plan = partition(self.graph, None, overrides, 0, self.base.params.get("threads"))
         params = dict(self.base.params)
         if overrides:
             params["layer_tiles"] = {str(k): int(v) for k, v in sorted(overrides.items())}
@@ -303,7 +303,7 @@ def tune(model, threads: int, *, feeds: dict | None = None, budget_s: float = 12
     if save:
         check_profile_dir()
     graph = import_model(model)
-    default_tg = partition_graph(graph)
+    default_tg = partition_graph(graph, threads=threads)
     if feeds is None:
         rng = np.random.default_rng(0)
         feeds = {k: rng.standard_normal(v).astype(np.float32) for k, v in default_tg.inputs.items()}

@@ -326,6 +326,47 @@ def test_small_weight_layers_on_small_maps_split_by_columns():
     assert list(cols) == [0, 49] and len(rows) == 5
 
 
+def test_threads_set_the_fewest_tiles_of_cheap_layers():
+    """A graph partitioned for one computing thread runs a cheap layer whole; for two threads,
+    or without a thread count, it keeps DEFAULT_MIN_TILES, and for eight, eight; layers whose
+    FLOPs ask for more tiles get them either way, and every plan still covers each element once
+    with exact dependencies. A thread count that is not a positive integer is refused."""
+    import pytest
+
+    from coacto.errors import CoactoError
+    from coacto.partition.rules import DEFAULT_MIN_TILES, DEFAULT_TILE_FLOPS
+
+    conv = dict(kh=1, kw=1, sh=1, sw=1, pt=0, pl=0, pb=0, pr=0, group=1)
+    cheap = np.zeros((96, 16, 1, 1), np.float32)        # 16 -> 96 at 56 x 56: 9.6 MFLOP
+    costly = np.zeros((1024, 1024, 1, 1), np.float32)   # 1024 -> 1024 at 56 x 56: 6.6 GFLOP
+    layers = [ir.Layer("x", "INPUT", [], (1, 16, 56, 56)),
+              ir.Layer("cheap", "CONV", [0], (1, 96, 56, 56), conv, weights={"w": cheap}),
+              ir.Layer("wide", "CONV", [1], (1, 1024, 56, 56), conv,
+                       weights={"w": np.zeros((1024, 96, 1, 1), np.float32)}),
+              ir.Layer("costly", "CONV", [2], (1, 1024, 56, 56), conv, weights={"w": costly})]
+    graph = ir.Graph(layers, {"x": 0}, {"y": 3})
+
+    def tiles(plan, li):
+        return int(plan.layer_first_tile[li + 1] - plan.layer_first_tile[li])
+
+    default, one, two = partition(graph), partition(graph, threads=1), partition(graph, threads=2)
+    assert tiles(default, 1) == tiles(two, 1) == DEFAULT_MIN_TILES == 4 and tiles(one, 1) == 1
+    assert tiles(partition(graph, threads=8), 1) == 8
+    want = round(2 * 56 * 56 * 1024 * 1024 / DEFAULT_TILE_FLOPS)
+    assert tiles(one, 3) == tiles(default, 3) >= min(want, 16) > 4
+    small = ir.Graph([ir.Layer("x", "INPUT", [], (1, 3, 9, 9)),
+                      ir.Layer("c", "CONV", [0], (1, 5, 9, 9), conv,
+                               weights={"w": np.zeros((5, 3, 1, 1), np.float32)}),
+                      ir.Layer("d", "CONV", [1], (1, 4, 9, 9), conv,
+                               weights={"w": np.zeros((4, 5, 1, 1), np.float32)})],
+                     {"x": 0}, {"y": 2})
+    for t in (1, 2, 3):
+        check_plan(small, partition(small, threads=t))
+    for bad in (0, -1, 1.0, "2", True):
+        with pytest.raises(CoactoError):
+            partition(graph, threads=bad)
+
+
 def test_large_weight_convolutions_read_in_place_split_rows():
     """A 3x3 convolution the runtime reads in place with more than LARGE_WEIGHT_BYTES of weights
     (VGG-16's 28 x 28 x 512) gets column blocks of at least MIN_TILE_COLUMNS_LARGE_WEIGHTS

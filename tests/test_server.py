@@ -812,14 +812,14 @@ def test_fuzzed_headers_never_crash(device, model, server):
 
 
 def test_partition_params_a_device_may_ask_for():
-    """The offloading partition (min_column_blocks) and tuned profiles (layer_tiles) compile on
-    the server to the device's graph id; malformed values are refused with E_BAD_MESSAGE."""
+    """The offloading partition (min_column_blocks), tuned profiles (layer_tiles) and graphs
+    partitioned for a thread count (threads) compile on the server to the device's graph id; malformed values are refused with E_BAD_MESSAGE."""
     from coacto.server.store import ModelStore, StoreError, check_params
 
     model = zoo.build("squeezenet", image_size=32).SerializeToString()
     digest = hashlib.sha256(model).hexdigest()
     store = ModelStore()
-    for kw in ({"min_column_blocks": 16}, {"layer_tiles": {3: 2, 5: 7}}):
+    for kw in ({"min_column_blocks": 16}, {"layer_tiles": {3: 2, 5: 7}}, {"threads": 1}):
         tg = coacto.compile(model, **kw)
         entry = store.ensure_graph(tg.graph_id, digest, tg.params, data=model)
         assert entry is not None and entry.tg.graph_id == tg.graph_id
@@ -827,7 +827,7 @@ def test_partition_params_a_device_may_ask_for():
     assert check_params({"tiles_per_layer": None})["min_column_blocks"] == 0
     for bad in ({"min_column_blocks": -1}, {"min_column_blocks": "16"},
                 {"layer_tiles": {"x": 2}}, {"layer_tiles": {"3": 0}}, {"layer_tiles": [1, 2]},
-                {"layer_tiles": {"3": 1.5}}):
+                {"layer_tiles": {"3": 1.5}}, {"threads": 0}, {"threads": 2.0}, {"threads": "1"}):
         with pytest.raises(StoreError) as e:
             check_params(bad)
         assert e.value.code == P.E_BAD_MESSAGE

@@ -31,8 +31,9 @@ def resolve_model(spec: str, tiles_per_layer=None, input_shapes=None, image_size
 
     An ONNX model is compiled with the tile counts of the profile `coacto tune` stored for it on
     this machine and thread count, when there is one, use_tuned is set, and neither --tiles nor
-    --shape overrides the partition. ``min_column_blocks``: see coacto.compile (graphs for
-    offloading)."""
+    --shape overrides the partition. A local graph (``min_column_blocks`` 0) is partitioned for
+    ``threads`` (default: coacto.runtime.default_threads()); ``min_column_blocks``: see
+    coacto.compile (graphs for offloading)."""
     path = Path(spec)
     if path.suffix == ".ctg":
         return compiler.load(path), None
@@ -51,12 +52,13 @@ def resolve_model(spec: str, tiles_per_layer=None, input_shapes=None, image_size
         progress(f"building zoo model {spec} ...")
         data = zoo.build(spec, **kw).SerializeToString()
         label = spec
+    from ..runtime import default_threads
+
+    t = threads or default_threads()
     layer_tiles = None
     if use_tuned and tiles_per_layer is None and not input_shapes:
         from .. import tune
-        from ..runtime import default_threads
 
-        t = threads or default_threads()
         model_hash = hashlib.sha256(data).hexdigest()
         prof = tune.load_profile(model_hash, t)
         layer_tiles = tune.layer_tiles_of(prof)
@@ -65,8 +67,11 @@ def resolve_model(spec: str, tiles_per_layer=None, input_shapes=None, image_size
                       f"(measured {prof['ratio']:.2f}x the default's latency at {t} threads; "
                       f"--no-tuned ignores it)")
     t0 = time.perf_counter()
+    # A local graph is partitioned for the threads that will run it; one for offloading is not
+    # (the server computes it with threads of its own).
     tg = compiler.compile(data, tiles_per_layer=tiles_per_layer, input_shapes=input_shapes,
-                        layer_tiles=layer_tiles, min_column_blocks=min_column_blocks)
+                          layer_tiles=layer_tiles, min_column_blocks=min_column_blocks,
+                          threads=None if min_column_blocks else t)
     progress(f"compiled {label}: {tg.n_layers} layers, {tg.n_tiles} tiles "
               f"in {time.perf_counter() - t0:.2f} s")
     return tg, data

@@ -24,7 +24,7 @@ from .sequence import block_of, embed_parent_pairs, matmul_parent_pairs
 #: Bumped whenever partitioning changes the tiles it derives for the same parameters (the rules
 #: and constants of this module and coacto.partition.sequence): stored graphs and tuned tile
 #: counts made by another version are rebuilt, not trusted.
-PARTITIONER_VERSION = 5
+PARTITIONER_VERSION = 6
 
 # The measurements behind these values are in docs/PERFORMANCE.md, "History of the partitioner's
 # constants".
@@ -38,7 +38,11 @@ DEFAULT_MAX_TILES = 16
 #: Fewest tiles a layer gets from the default heuristic when it has the columns or rows for
 #: them: even a cheap layer is then shared by two threads instead of serialising the network,
 #: and a chain of cheap layers at one resolution gets the same column blocks, so a thread runs
-#: a block depth-first through the chain while it is in cache.
+#: a block depth-first through the chain while it is in cache. A graph partitioned for one
+#: computing thread (``threads=1``) runs a cheap layer whole instead: split four ways, one
+#: thread ran it slower, not faster (its tiles run as a wavefront through many layers whose
+#: blocks together outgrow L2; docs/PERFORMANCE.md). For more threads the fewest is the larger
+#: of this and the thread count (two tiles for two threads ran slower in app conditions).
 DEFAULT_MIN_TILES = 4
 #: Fewest column blocks of an image layer (CNN layout) in a graph meant for offloading
 #: (``min_column_blocks``, which clients use), where the columns allow (MIN_TILE_COLUMNS each),
@@ -186,11 +190,12 @@ def _reads_in_place(graph: ir.Graph, layer: ir.Layer) -> bool:
 
 
 def choose_splits(graph: ir.Graph, li: int, tiles_per_layer: int | None,
-                  min_column_blocks: int = 0) -> tuple[np.ndarray, np.ndarray]:
+                  min_column_blocks: int = 0,
+                  min_tiles: int = DEFAULT_MIN_TILES) -> tuple[np.ndarray, np.ndarray]:
     """Column and row block boundaries of one layer.
 
     The layer gets about T tiles: T = tiles_per_layer when given; otherwise FLOPs /
-    DEFAULT_TILE_FLOPS, clamped to [DEFAULT_MIN_TILES, DEFAULT_MAX_TILES], and for image layers at
+    DEFAULT_TILE_FLOPS, clamped to [min_tiles, DEFAULT_MAX_TILES], and for image layers at
     least ``min_column_blocks`` column blocks where the columns allow (see
     OFFLOAD_MIN_COLUMN_BLOCKS). Columns are split first, into blocks of at least MIN_TILE_COLUMNS
     columns (a GEMM over fewer rows wastes most of the micro-kernel, and every column block
@@ -216,7 +221,7 @@ def choose_splits(graph: ir.Graph, li: int, tiles_per_layer: int | None,
     cols, rows = layer.columns, layer.rows
     if tiles_per_layer is None:
         want = int(round(layer_flops(graph, li) / DEFAULT_TILE_FLOPS))
-        want = max(DEFAULT_MIN_TILES, min(DEFAULT_MAX_TILES, want))
+        want = max(min_tiles, min(DEFAULT_MAX_TILES, want))
     else:
         want = max(1, int(tiles_per_layer))
     min_cols = MIN_TILE_COLUMNS
@@ -416,15 +421,18 @@ def _check_layer_tiles(layer_tiles, n_layers: int) -> dict[int, int]:
 
 
 def partition(graph: ir.Graph, tiles_per_layer: int | None = None,
-              layer_tiles: dict[int, int] | None = None, min_column_blocks: int = 0) -> TilePlan:
+              layer_tiles: dict[int, int] | None = None, min_column_blocks: int = 0,
+              threads: int | None = None) -> TilePlan:
     """Cut every layer into tiles and compute their exact dependencies.
 
     ``layer_tiles`` overrides the tile count of single layers ({layer index: tiles}, as
     ``tiles_per_layer`` does for all): the hook auto-tuning (coacto.tune) uses to give each layer
     the count that measured fastest on a device. ``min_column_blocks``: see
-    OFFLOAD_MIN_COLUMN_BLOCKS (0: none). Raises CoactoError only."""
+    OFFLOAD_MIN_COLUMN_BLOCKS (0: none). ``threads``: the computing threads the graph will run
+    on, when known: it sets the fewest tiles of a cheap layer (see DEFAULT_MIN_TILES, the
+    default when None). Raises CoactoError only."""
     try:
-        return _partition(graph, tiles_per_layer, layer_tiles, min_column_blocks)
+        return _partition(graph, tiles_per_layer, layer_tiles, min_column_blocks, threads)
     except CoactoError:
         raise
     except MemoryError as e:  # the size caps should have refused it first
@@ -439,10 +447,15 @@ def partition(graph: ir.Graph, tiles_per_layer: int | None = None,
         raise err from e
 
 
-def _partition(graph: ir.Graph, tiles_per_layer, layer_tiles, min_column_blocks) -> TilePlan:
+def _partition(graph: ir.Graph, tiles_per_layer, layer_tiles, min_column_blocks,
+               threads) -> TilePlan:
     if type(min_column_blocks) is not int or not 0 <= min_column_blocks <= 4096:
         raise CoactoError(f"min_column_blocks must be an integer from 0 to 4096, got "
                           f"{min_column_blocks!r}")
+    if threads is not None and (type(threads) is not int or not 1 <= threads <= 4096):
+        raise CoactoError(f"threads must be None or an integer from 1 to 4096, got {threads!r}")
+    min_tiles = (DEFAULT_MIN_TILES if threads is None else 1 if threads == 1
+                 else min(max(threads, DEFAULT_MIN_TILES), DEFAULT_MAX_TILES))
     if tiles_per_layer is not None and (int(tiles_per_layer) != tiles_per_layer
                                         or tiles_per_layer < 1):
         raise CoactoError(f"tiles_per_layer must be a positive integer, got {tiles_per_layer!r}")
@@ -451,7 +464,7 @@ def _partition(graph: ir.Graph, tiles_per_layer, layer_tiles, min_column_blocks)
     plan_cols, plan_rows = [], []
     for li, layer in enumerate(graph.layers):
         tiles = layer_tiles.get(li, tiles_per_layer)
-        cb, rb = choose_splits(graph, li, tiles, min_column_blocks)
+        cb, rb = choose_splits(graph, li, tiles, min_column_blocks, min_tiles)
         if tiles is None and layer.op == "POOL":
             # At least as many column blocks as the layer it reads: a pooling tile then reads
             # about one producer tile's output, which the thread that just computed it still has

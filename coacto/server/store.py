@@ -28,7 +28,8 @@ from ..tilegraph import TileGraph
 log = logging.getLogger(__name__)
 
 #: Partition parameters a device may ask for (the keys of TileGraph.params).
-PARAM_KEYS = frozenset({"tiles_per_layer", "input_shapes", "min_column_blocks", "layer_tiles"})
+PARAM_KEYS = frozenset({"tiles_per_layer", "input_shapes", "min_column_blocks", "layer_tiles",
+                        "threads"})
 #: Bounds on what a device may ask the server to compile (a hostile request must not exhaust it).
 MAX_TILES_PER_LAYER = 4096
 MAX_LAYER_TILES_ENTRIES = 1 << 16
@@ -58,7 +59,8 @@ def check_params(params) -> dict:
     """Partition parameters from a device -> keyword arguments for coacto.compile."""
     if not isinstance(params, dict):
         raise StoreError(P.E_BAD_MESSAGE, "params must be a map like TileGraph.params "
-                                          "{tiles_per_layer, input_shapes, min_column_blocks, layer_tiles}")
+                                          "{tiles_per_layer, input_shapes, min_column_blocks, "
+                                          "layer_tiles, threads}")
     unknown = sorted(str(k) for k in params if k not in PARAM_KEYS)
     if unknown:
         raise StoreError(P.E_BAD_MESSAGE, f"unknown partition parameter(s) {unknown}; this server "
@@ -91,8 +93,13 @@ def check_params(params) -> dict:
         raise StoreError(P.E_BAD_MESSAGE, f"layer_tiles must be a map {{layer index (decimal "
                                           f"string): tiles from 1 to {MAX_TILES_PER_LAYER}}} "
                                           f"with at most {MAX_LAYER_TILES_ENTRIES} entries")
+    threads = params.get("threads")
+    if threads is not None and (type(threads) is not int or not 1 <= threads <= MAX_TILES_PER_LAYER):
+        raise StoreError(P.E_BAD_MESSAGE, f"threads must be null or an integer from 1 to "
+                                          f"{MAX_TILES_PER_LAYER}, got {threads!r}")
     return {"tiles_per_layer": tiles, "input_shapes": out or None, "min_column_blocks": blocks,
-            "layer_tiles": {int(k): v for k, v in layer_tiles.items()} or None}
+            "layer_tiles": {int(k): v for k, v in layer_tiles.items()} or None,
+            "threads": threads}
 
 
 #: Per-tile state of one inference, native (state, parents left, worker) and the server's
@@ -439,7 +446,7 @@ class ModelStore:
                     f"inference (coacto-server --memory-limit); compute it on the device"),
                     limit="inference_memory")
             tg = partition_graph(graph, kw["tiles_per_layer"], kw["input_shapes"],
-                                 kw["layer_tiles"], kw["min_column_blocks"])
+                                 kw["layer_tiles"], kw["min_column_blocks"], kw["threads"])
         except StoreError:
             raise
         except CoactoError as e:
