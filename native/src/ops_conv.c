@@ -40,8 +40,7 @@ enum { CONV_IM2COL = 0, CONV_POINTWISE = 1, CONV_FC = 2, CONV_DEPTHWISE = 3, CON
  * matrices (16/9 of the weights), so a small map leaves too little work per read, unless the
  * direct kernel itself runs well below the core's rate. It does with an L1 data cache under
  * 48 KiB: the panel slice and the rows of A of a K block deep enough to amortise the passes over
- * C do not stay in 32 KiB and 8 ways together (a 14 x 14 x 256 3x3 at 86% of the core's rate,
- * Winograd a third faster; on a 48 KiB L1, 94-96% and no faster: docs/PERFORMANCE.md).
+ * C do not stay in 32 KiB and 8 ways together (docs/PERFORMANCE.md, "A second machine kind").
  * COACTO_WINOGRAD=0 in the environment turns it off (the direct paths then compute every
  * convolution). */
 #define WINOGRAD_MIN_CIN 16
