@@ -234,12 +234,12 @@ static void prefetch_c_rows(const gemm_rows *run, size_t i, size_t mr_max, size_
  * L1 too) and every broadcast goes to L2. A stride that is a multiple of the way span (4 KiB for
  * 32 KiB and 8 ways, or 48 KiB and 12) puts all MR rows in one set: a 1x1 convolution of 1024
  * or 2048 input channels, a transformer's 3072-wide feed-forward output. Remembered per thread
- * for the last stride asked (callers ask with the same one for a whole layer). */
+ * for the last stride and kernel asked (callers ask with the same ones for a whole layer). */
 static int a_rows_conflict(const gemm_kernel *kern, size_t lda)
 {
-    static _Thread_local size_t memo_lda = 0;
+    static _Thread_local size_t memo_lda = 0, memo_mr = 0;
     static _Thread_local int memo = 0;
-    if (lda == memo_lda) return memo;
+    if (lda == memo_lda && kern->mr == memo_mr) return memo;
     const cpu_caches *c = cpu_get_caches();
     const size_t line = 64, ways = (size_t)c->l1d_ways;
     const size_t sets = (size_t)c->l1d_bytes / (line * ways);
@@ -254,6 +254,7 @@ static int a_rows_conflict(const gemm_kernel *kern, size_t lda)
         if (same > worst) worst = same;
     }
     memo_lda = lda;
+    memo_mr = kern->mr;
     memo = worst >= ways;
     return memo;
 }
