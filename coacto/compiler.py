@@ -21,8 +21,9 @@ def compile(model, tiles_per_layer: int | None = None, input_shapes: dict | None
     ``min_column_blocks``: fewest column blocks of image layers, for graphs meant for offloading
     (coacto.partition.OFFLOAD_MIN_COLUMN_BLOCKS; clients use it); also part of the parameters.
     ``threads``: the computing threads a local Runtime will run the graph on, when known (with
-    one, a cheap layer is one tile, not four; with more than four, it gets that many); also part
-    of the parameters. Graphs for offloading leave it out (the server computes with its own).
+    one, a cheap layer is one tile, not four; with more than four, that many, up to 16); also
+    part of the parameters. Graphs for offloading leave it out (the server computes with its
+    own).
     """
     from .frontend import import_model  # the onnx package loads here, not on `import coacto`
 

@@ -79,7 +79,8 @@ def _child(runtime: str, model: str, inputs: str, threads: int, runs: int) -> di
         from .runtime import Runtime
 
         base = _rss_bytes()
-        tg = compiler.load(model) if model.endswith(".ctg") else compiler.compile(model)
+        tg = (compiler.load(model) if model.endswith(".ctg")
+              else compiler.compile(model, threads=threads))  # as `coacto bench` times it
         with Runtime(tg, threads=threads) as rt:
             for _ in range(runs):
                 rt.run(feeds)

@@ -161,7 +161,8 @@ def add_compile_parser(sub) -> None:
     c.add_argument("model", help="an .onnx file or a zoo model name")
     c.add_argument("-o", "--output", help="output file (default: MODEL.ctg in this folder)")
     c.add_argument("--threads", type=int, default=None,
-                   help="the thread count whose tuned profile to use (default: all CPUs)")
+                   help="the thread count the graph is for: its tuned profile, and with 1 "
+                        "cheap layers run whole (default: all CPUs; the .ctg records it)")
     c.add_argument("--json", action="store_true", help="print a JSON summary")
     model_args(c)
     tuned_arg(c)

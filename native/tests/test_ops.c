@@ -165,7 +165,7 @@ static void conv_cases(void) {
         {"winograd several blocks", 1, 64, 33, 32, 96, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 1, 0, 0},
         {"winograd 7x7 residual relu", 1, 48, 7, 7, 40, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0},
         {"winograd 14x14 batch 2", 2, 32, 14, 14, 33, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 1, 0, 0},
-        {"winograd 5x9 no bias", 1, 17, 5, 9, 20, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0},
+        {"winograd 7x9 no bias", 1, 17, 7, 9, 20, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0},
     };
     for (int direct = 0; direct < 2; direct++) {
         if (direct) setenv("COACTO_WINOGRAD", "0", 1);

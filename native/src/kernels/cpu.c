@@ -162,7 +162,8 @@ static void init_caches(void)
     if (caches.l1d_bytes <= 0) caches.l1d_bytes = 32L << 10;
     if (caches.l2_bytes <= 0) caches.l2_bytes = 512L << 10;
     long l1 = env_bytes("COACTO_L1D_BYTES"), l2 = env_bytes("COACTO_L2_BYTES");
-    long ways = env_bytes("COACTO_L1D_WAYS");
+    const char *ways_env = getenv("COACTO_L1D_WAYS");
+    long ways = ways_env ? strtol(ways_env, NULL, 10) : 0; /* a count, not a size */
     if (l1 > 0) caches.l1d_bytes = l1;
     if (l2 > 0) caches.l2_bytes = l2;
     if (ways > 0) caches.l1d_ways = ways;

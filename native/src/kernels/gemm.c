@@ -233,7 +233,8 @@ static void prefetch_c_rows(const gemm_rows *run, size_t i, size_t mr_max, size_
  * as many as the cache has ways or more, evict each other at every step (with the panel slice in
  * L1 too) and every broadcast goes to L2. A stride that is a multiple of the way span (4 KiB for
  * 32 KiB and 8 ways, or 48 KiB and 12) puts all MR rows in one set: a 1x1 convolution of 1024
- * or 2048 input channels, a transformer's 3072-wide feed-forward output. Remembered per thread
+ * or 2048 input channels, a transformer's 3072-wide feed-forward output. In practice only the
+ * AVX-512 kernel's 14-row blocks meet it (6 or 4 rows fit 8 ways). Remembered per thread
  * for the last stride and kernel asked (callers ask with the same ones for a whole layer). */
 static int a_rows_conflict(const gemm_kernel *kern, size_t lda)
 {
@@ -264,18 +265,20 @@ static int a_rows_conflict(const gemm_kernel *kern, size_t lda)
 #define A_COPY_MAX_FLOATS ((size_t)1 << 19) /* 2 MiB: more would not stay in L2 anyway */
 #define A_COPY_MAX_RUNS 64
 static pthread_key_t a_copy_key;
+static int a_copy_key_ok;
 static pthread_once_t a_copy_once = PTHREAD_ONCE_INIT;
 static _Thread_local float *a_copy;
 static _Thread_local size_t a_copy_floats;
 
 static void a_copy_free(void *p) { free(p); }
-static void a_copy_key_init(void) { (void)pthread_key_create(&a_copy_key, a_copy_free); }
+static void a_copy_key_init(void) { a_copy_key_ok = pthread_key_create(&a_copy_key, a_copy_free) == 0; }
 
 static float *a_copy_buffer(size_t floats)
 {
     if (floats <= a_copy_floats) return a_copy;
     if (floats > A_COPY_MAX_FLOATS) return NULL;
     pthread_once(&a_copy_once, a_copy_key_init);
+    if (!a_copy_key_ok) return NULL; /* nothing would free it when the thread ends */
     float *p = aligned_alloc(64, (floats * sizeof(float) + 63) / 64 * 64);
     if (!p) return NULL;
     free(a_copy);
