@@ -42,8 +42,8 @@ DEFAULT_MAX_TILES = 16
 #: computing thread (``threads=1``) runs a cheap layer whole instead: split four ways, one
 #: thread ran it slower, not faster (its tiles run as a wavefront through many layers whose
 #: blocks together outgrow L2; docs/PERFORMANCE.md). For more threads the fewest is the larger
-#: of this and the thread count, at most DEFAULT_MAX_TILES (two tiles for two threads ran
-#: slower in app conditions).
+#: of this and the thread count, at most DEFAULT_MAX_TILES (two tiles for two threads were no
+#: faster in app conditions).
 DEFAULT_MIN_TILES = 4
 #: Fewest column blocks of an image layer (CNN layout) in a graph meant for offloading
 #: (``min_column_blocks``, which clients use), where the columns allow (MIN_TILE_COLUMNS each),
