@@ -40,6 +40,26 @@ def partition_graph(graph, tiles_per_layer: int | None = None, input_shapes: dic
     from .partition import partition
 
     plan = partition(graph, tiles_per_layer, layer_tiles, min_column_blocks, threads)
+    params = _params(tiles_per_layer, input_shapes, layer_tiles, min_column_blocks, threads)
+    return TileGraph.build(graph, plan, params)
+
+
+def repartition(tg: TileGraph, tiles_per_layer: int | None = None,
+                layer_tiles: dict | None = None, min_column_blocks: int = 0,
+                threads: int | None = None) -> TileGraph:
+    """``tg``'s model cut into other tiles, as partition_graph would cut it with these
+    parameters (its input shapes kept), on ``tg``'s weights: neither copied nor, in the native
+    runtime, packed twice (TileGraph.retiled). A device's client runs its local inferences on
+    one graph and offloads with another."""
+    from .partition import partition
+
+    plan = partition(tg.graph, tiles_per_layer, layer_tiles, min_column_blocks, threads)
+    shapes = tg.params.get("input_shapes") or {}
+    return tg.retiled(plan, _params(tiles_per_layer, shapes, layer_tiles, min_column_blocks,
+                                    threads))
+
+
+def _params(tiles_per_layer, input_shapes, layer_tiles, min_column_blocks, threads) -> dict:
     params = {
         "tiles_per_layer": tiles_per_layer,
         # plain ints: the parameters are JSON (and part of the graph id), numpy ints are not
@@ -52,7 +72,7 @@ def partition_graph(graph, tiles_per_layer: int | None = None, input_shapes: dic
     if layer_tiles:  # absent otherwise, so untuned graphs keep their ids
         params["layer_tiles"] = {str(int(k)): int(v) for k, v in sorted(layer_tiles.items(),
                                                                         key=lambda kv: int(kv[0]))}
-    return TileGraph.build(graph, plan, params)
+    return params
 
 
 def load(path) -> TileGraph:

@@ -123,9 +123,11 @@ def kernel_summary() -> str:
 # ---------------------------------------------------------------------------- descriptions
 
 class NativeGraph:
-    """A coacto_graph handle (weights packed once), shared by every Runtime of a TileGraph."""
+    """A coacto_graph handle (weights packed once), shared by every Runtime of a TileGraph.
+    ``weights``: the native graph of the same model cut into other tiles, whose packed weights
+    this one runs on (TileGraph.retiled)."""
 
-    def __init__(self, tg: TileGraph):
+    def __init__(self, tg: TileGraph, weights: "NativeGraph | None" = None):
         g, plan = tg.graph, tg.plan
         n = len(g.layers)
         descs = ffi.new("coacto_layer_desc[]", n)
@@ -158,17 +160,22 @@ class NativeGraph:
         desc.tile_bounds = ffi.from_buffer("int32_t[]", keep[1])
         desc.parent_offsets = ffi.from_buffer("int32_t[]", keep[2])
         desc.parents = ffi.from_buffer("int32_t[]", keep[3]) if keep[3].size else ffi.NULL
-        blob = tg.blob if tg.blob else b"\0"
-        desc.blob = ffi.from_buffer("uint8_t[]", blob)
-        desc.blob_size = len(tg.blob)
-        desc.blob_reclaimable = 1 if tg.blob_is_mapped else 0
         out = ffi.new("coacto_graph **")
         err = ffi.new("char[512]")
-        status = lib.coacto_graph_create(desc, out, err, 512)
+        if weights is not None:  # the blob is not read: the layers are weights's, packed
+            desc.blob, desc.blob_size, desc.blob_reclaimable = ffi.NULL, 0, 0
+            status = lib.coacto_graph_create_sharing(desc, weights.handle, out, err, 512)
+        else:
+            blob = tg.blob if tg.blob else b"\0"
+            desc.blob = ffi.from_buffer("uint8_t[]", blob)
+            desc.blob_size = len(tg.blob)
+            desc.blob_reclaimable = 1 if tg.blob_is_mapped else 0
+            status = lib.coacto_graph_create(desc, out, err, 512)
         check(status, "loading the tile graph into the native runtime", ffi.string(err).decode())
         self.handle = out[0]
         # The runtime packed its own copy of the weights: a file-mapped blob's pages can go.
-        tg.release_blob_pages()
+        if weights is None:
+            tg.release_blob_pages()
         self.layer_floats = [int(np.prod(layer.shape)) for layer in g.layers]
         self._work_set = False
         self._finalizer = weakref.finalize(self, lib.coacto_graph_destroy, self.handle)
@@ -208,7 +215,8 @@ class NativeGraph:
 
 def native_graph(tg: TileGraph) -> NativeGraph:
     if tg._native is None:
-        tg._native = NativeGraph(tg)
+        owner = tg._weights_of
+        tg._native = NativeGraph(tg, native_graph(owner) if owner is not None else None)
     return tg._native
 
 

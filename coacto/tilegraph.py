@@ -69,6 +69,8 @@ class TileGraph:
     arrays: list[list[ArraySpec]]  # per layer, in ARRAY_SLOTS order
     _native: object = field(default=None, repr=False, compare=False)
     _mapping: object = field(default=None, repr=False, compare=False)  # mmap behind blob, if any
+    #: the graph (cut into other tiles) whose native graph packs the weights this one runs on
+    _weights_of: object = field(default=None, repr=False, compare=False)
 
     # -------------------------------------------------------------- properties
 
@@ -161,6 +163,20 @@ class TileGraph:
         tg = cls(graph=graph, plan=plan, params=params,
                  graph_id=graph_identity(graph.model_hash, params), blob=blob, arrays=arrays)
         tg._attach_weights()
+        return tg
+
+    def retiled(self, plan: TilePlan, params: dict) -> "TileGraph":
+        """The same model cut into other tiles (``plan``, made by coacto.partition from this
+        graph's ``graph``; ``params`` name it, so it has a graph id of its own). The weight blob is
+        shared, not copied, and the native runtime packs the weights once for both graphs
+        (coacto_graph_create_sharing): a device keeps one graph for offloading and one for local
+        speed at the memory of one."""
+        if len(plan.layer_first_tile) != len(self.plan.layer_first_tile):
+            raise ValueError("the plan is not one of this graph's layers")
+        tg = TileGraph(graph=self.graph, plan=plan, params=params,
+                       graph_id=graph_identity(self.model_hash, params), blob=self.blob,
+                       arrays=self.arrays, _mapping=self._mapping)
+        tg._weights_of = self._weights_of if self._weights_of is not None else self
         return tg
 
     def _attach_weights(self) -> None:

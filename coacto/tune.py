@@ -261,7 +261,7 @@ def _counts(plan) -> list[int]:
 
 class _Candidates:
     """Tile graphs of one imported model under different per-layer counts, sharing one weight
-    blob (only the tiles differ), built once each."""
+    blob and its packed weights (only the tiles differ), built once each."""
 
     def __init__(self, graph, base_tg):
         self.graph = graph
@@ -270,7 +270,6 @@ class _Candidates:
 
     def build(self, counts: list[int]):
         from .partition import partition
-        from .tilegraph import TileGraph, graph_identity
 
         overrides = {li: c for li, c in enumerate(counts)
                      if c != self.default_counts[li] and self.graph.layers[li].op != "INPUT"}
@@ -278,10 +277,7 @@ class _Candidates:
         params = dict(self.base.params)
         if overrides:
             params["layer_tiles"] = {str(k): int(v) for k, v in sorted(overrides.items())}
-        tg = TileGraph(graph=self.graph, plan=plan, params=params,
-                       graph_id=graph_identity(self.graph.model_hash, params), blob=self.base.blob,
-                       arrays=self.base.arrays)
-        return tg, overrides
+        return self.base.retiled(plan, params), overrides
 
 
 def tune(model, threads: int, *, feeds: dict | None = None, budget_s: float = 120.0,

@@ -77,18 +77,22 @@ def main() -> int:
     tg, model_bytes = resolve_model(args.model, tiles_per_layer=args.tiles)
     client = None
     client_link = None
-    device_flops = None
+    calibrated = False
 
     def make_client(bandwidth, rtt_ms=0.0):
         nonlocal client, client_link
         if client is not None:
             client.close()
         client = coacto.Client(args.server, tg, threads=args.threads, bandwidth=bandwidth,
-                               timeout=args.timeout, model_bytes=model_bytes,
-                               device_flops=device_flops, rtt_ms=rtt_ms,
+                               timeout=args.timeout, model_bytes=model_bytes, rtt_ms=rtt_ms,
                                transfer=args.transfer)
         client.connect(timeout=30)
         client_link = (bandwidth, rtt_ms)
+        if calibrated:
+            # A fresh client measures the device itself and goes on learning its rate from
+            # every local run (a rate passed as device_flops would stay fixed: the device in a
+            # CPU quota is 10-20% slower in most runs than in its best).
+            client.calibrate()
 
     for line in sys.stdin:
         line = line.strip()
@@ -99,8 +103,8 @@ def main() -> int:
             if cmd["cmd"] == "calibrate":
                 if client is None:
                     make_client(cmd.get("bandwidth"), cmd.get("rtt_ms", 0.0))
-                device_flops = client.calibrate()
-                reply = {"device_flops": device_flops}
+                calibrated = True
+                reply = {"device_flops": client.calibrate()}
             elif cmd["cmd"] == "learn":
                 # A device that just joined a network: dynamic inferences until its estimates
                 # include a measured goodput from an offloaded one (the engine offloads now and

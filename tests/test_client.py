@@ -410,7 +410,10 @@ def test_every_policy_matches_onnxruntime(server, squeezenet, policy):
             stats = client.last_stats
             runs.append(stats)
             assert stats["policy"] == policy and not stats["fallback"], stats
-            assert stats["latency_s"] > 0 and stats["tiles_total"] == client.graph.n_tiles
+            # alone, the device computes on the graph cut for local speed
+            alone = policy == "local" or stats["server_skipped"]
+            graph = client.local_graph if alone else client.graph
+            assert stats["latency_s"] > 0 and stats["tiles_total"] == graph.n_tiles
         if policy == "local":
             assert stats["tiles_local"] > 0 and stats["tiles_sent"] == 0
             assert client.server_info["connects"] == 0  # never even connected
@@ -448,6 +451,37 @@ def test_dynamic_skips_the_server_when_the_device_is_faster(server, squeezenet):
         assert_close(client.infer(feeds), ref, rel=1e-4)
         s = client.last_stats
         assert not s["server_skipped"] and s["tiles_sent"] > 0, s
+
+
+def test_the_device_computes_alone_on_a_local_graph_with_the_same_weights(server):
+    """What the device computes alone (policy local, dynamic's gate, a fallback) runs on the
+    model cut for local speed at its thread count, not on the offloading graph's 32 column
+    blocks a layer; both graphs run on one copy of the packed weights; the gate prices local
+    with the local graph's measured rate."""
+    model = zoo.build("squeezenet", image_size=96)
+    feeds, ref = _reference(model)
+    with Client(server.address, model, threads=1, bandwidth="2mbit", timeout=10) as client:
+        loc, off = client.local_graph, client.graph
+        assert loc.params.get("threads") == 1 and "min_column_blocks" not in loc.params
+        assert off.params["min_column_blocks"] == 32 and loc.n_tiles < off.n_tiles
+        assert loc._weights_of is off and loc.blob is off.blob
+        assert loc._native is not None and off._native is not None  # both made, packed once
+        client.connect(10)
+        client.calibrate()
+        est = client.estimates
+        assert est["device_flops"] > 0 and est["device_local_flops"] > 0
+        for policy in ("local", "dynamic", "cloud"):
+            assert_close(client.infer(feeds, policy=policy), ref, rel=1e-4)
+            s = client.last_stats
+            # at 2 Mbit/s a 96 x 96 input takes 0.2 s: the gate keeps dynamic here
+            alone = policy != "cloud"
+            assert bool(s["server_skipped"]) == (policy == "dynamic"), s
+            assert s["tiles_total"] == (loc if alone else off).n_tiles, (policy, s)
+            assert s["tiles_local"] == (loc.n_tiles - len(input_tiles(loc)) if alone else 0)
+    # a client without a server computes on its one graph, the local one
+    with Client(None, model, threads=1, policy="local") as client:
+        assert client.local_graph is client.graph
+        assert_close(client.infer(feeds), ref, rel=1e-4)
 
 
 def test_a_device_share_over_zeromq_matches_onnxruntime(server, squeezenet, monkeypatch):

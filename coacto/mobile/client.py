@@ -119,6 +119,18 @@ def resolve_model(model, tiles_per_layer=None, input_shapes=None, model_bytes=No
     return tg, data
 
 
+def local_graph_of(tg: TileGraph, threads: int) -> TileGraph:
+    """The graph a device computes alone on: ``tg``'s model cut as coacto.compile cuts it for
+    ``threads`` local threads (no minimum of column blocks; the tile counts a user gave ``tg``
+    kept), on ``tg``'s packed weights."""
+    from ..compiler import repartition
+
+    layer_tiles = tg.params.get("layer_tiles")
+    return repartition(tg, tiles_per_layer=tg.params.get("tiles_per_layer"),
+                       layer_tiles={int(k): int(v) for k, v in layer_tiles.items()}
+                       if layer_tiles else None, threads=threads)
+
+
 #: Scheduling priority of the device's computing threads, below the communication engine's.
 WORKER_NICE = 10
 
@@ -156,7 +168,11 @@ class Client:
     this round-trip delay to the link (half each way, after the cap; the experiments' stand-in
     for a kernel without `netem`). ``timeout``: seconds
     of silence after which the device stops waiting for the server. ``device_flops``: this device's
-    FLOP/s on the model (default: measured by one local run when split or fl first need it).
+    FLOP/s on the model, fixed (default: measured by local runs when a policy first needs it,
+    or by ``calibrate``, and learnt from every inference the device computes whole).
+    With a server the model is held as two tile graphs on one copy of the packed weights:
+    ``graph`` for offloading and ``local_graph``, cut for local speed on ``threads``, for what
+    the device computes alone (docs/SCHEDULER.md, "Two graphs").
     ``split_layer`` / ``fl_layer`` / ``device_share``: fix the split point or the fused stack
     instead of choosing them from the estimates. ``trace``: a path; every inference then writes a
     merged trace of both sides there (see ``infer_async``). ``transfer``: how tile data travels to
@@ -216,6 +232,14 @@ class Client:
         #: that emulate a slower device throttle these alone (see coacto-client --compute-cgroup)
         self.compute_threads = sorted(_thread_ids() - before)
         self.threads = self._runtime.threads
+        #: What the device computes alone (policy local, dynamic's gate, a fallback before
+        #: the start) runs on a graph cut for local speed on this many threads, not on the
+        #: offloading graph's 32 column blocks a layer: the same packed weights, no more memory
+        #: but its activation buffers (docs/SCHEDULER.md, "Two graphs").
+        self.local_graph = self.graph if address is None else local_graph_of(self.graph,
+                                                                             self.threads)
+        self._local_runtime = self._runtime if self.local_graph is self.graph else \
+            Runtime(self.local_graph, share=self._runtime)
         self._options = {"split_layer": split_layer, "fl_layer": fl_layer,
                          "device_share": device_share}
         self._estimates = Estimates(rate, device_flops)
@@ -227,6 +251,7 @@ class Client:
         self._engine = Engine(
             address=address, tg=self.graph, model_bytes=self.model_bytes,
             runtime=self._runtime._rt, estimates=self._estimates, timeout=self.timeout,
+            local_tg=self.local_graph,
             uplink=self._emulated_link(rate), downlink=self._emulated_link(rate),
             on_finish=_recorder(weakref.ref(self)), name=name, transfer=transfer, curve=curve)
         t0 = now()
@@ -366,21 +391,47 @@ class Client:
         self._engine.submit(job)
         return job.future
 
-    def calibrate(self, repeats: int = 4) -> float:
-        """Measures this device's FLOP/s on the model: the best of local runs on zeros (the first
-        packs the weights and warms up; on a busy or throttled device single runs vary by tens of
-        percent, and a slow estimate would send work away that the device does faster)."""
+    def calibrate(self, repeats: int = 3) -> float:
+        """Measures this device's FLOP/s on the model: the median of ``repeats`` local runs on
+        zeros, on the offloading graph (the planners' rate) and the local graph (the gate's),
+        their runs interleaved so that a slow spell of the device slows both. The median, not
+        the best: the gate compares it with offloaded plans' predictions corrected by their
+        outcomes, and the best of four in a 25% CPU quota (MobileNetV2: 16.0 ms, where its
+        local runs took 19.6) kept work on the device that `split` did 20% faster."""
         with self._calibrate_lock:
             if self._estimates.device_flops is not None:
                 return self._estimates.device_flops
             zeros = {k: np.zeros_like(v) for k, v in self.graph.example_feeds(0).items()}
-            best = float("inf")
+            runtimes = [self._runtime] if self._local_runtime is self._runtime else \
+                [self._runtime, self._local_runtime]
+            times: list[list[float]] = [[] for _ in runtimes]
+            for _ in range(max(1, repeats)):
+                for i, rt in enumerate(runtimes):
+                    t0 = time.perf_counter()
+                    rt.run(zeros)
+                    times[i].append(time.perf_counter() - t0)
+            typical = [float(np.median(t)) for t in times]
+            for i, t in enumerate(typical):
+                self._estimates.on_local_run(self.graph.total_flops, t, local_graph=i > 0)
+            log.info("device rate on this model: %.3g GFLOP/s (%.2f ms per inference; %.2f ms "
+                     "on the local graph)", self.graph.total_flops / typical[0] / 1e9,
+                     typical[0] * 1e3, typical[-1] * 1e3)
+            return self._estimates.device_flops
+            zeros = {k: np.zeros_like(v) for k, v in self.graph.example_feeds(0).items()}
+            # the offloading graph's rate (plans) and the local graph's (the gate's "local"),
+            # their runs interleaved so that a slow spell of the device slows both
+            runtimes = [self._runtime] if self._local_runtime is self._runtime else \
+                [self._runtime, self._local_runtime]
+            best = [float("inf")] * len(runtimes)
             for _ in range(max(2, repeats)):
-                t0 = time.perf_counter()
-                self._runtime.run(zeros)
-                best = min(best, time.perf_counter() - t0)
+                for i, rt in enumerate(runtimes):
+                    t0 = time.perf_counter()
+                    rt.run(zeros)
+                    best[i] = min(best[i], time.perf_counter() - t0)
+            for i, b in enumerate(best):
+                self._estimates.on_local_run(self.graph.total_flops, b, local_graph=i > 0)
+            best = best[0]
             rate = self.graph.total_flops / best
-            self._estimates.on_local_run(self.graph.total_flops, best)
             log.info("device rate on this model: %.3g GFLOP/s (%.2f ms per inference)",
                      rate / 1e9, best * 1e3)
             return self._estimates.device_flops

@@ -310,6 +310,10 @@ class Estimates:
         self.server_load: dict = {}
         self.device_flops = float(device_flops) if device_flops else None
         self._device_fixed = device_flops is not None
+        #: The device's rate on the graph it computes alone on (Engine.local_tg: fewer, larger
+        #: tiles than the offloading graph's, which device_flops is of), or None: the gate's
+        #: "local" takes device_flops then. Given device_flops: not learnt (device_flops is used).
+        self.local_flops: float | None = None
         #: How much later than predicted dynamic's offloaded inferences ended (s, EWMA): what
         #: the cost model leaves out on this device and link (the engine's CPU for the messages,
         #: which a CPU quota makes four times dearer; RESULTs read late) or overstates
@@ -419,8 +423,8 @@ class Estimates:
 
     def planning_key(self) -> tuple:
         """What a plan is made from: the rates, and the version of the rest (see plans_hold)."""
-        return ((self.device_flops or 0.0, self.server_flops, self.bandwidth, self.downlink,
-                 self.alpha), self.rtt.value, self.version)
+        return ((self.device_flops or 0.0, self.local_flops or 0.0, self.server_flops,
+                 self.bandwidth, self.downlink, self.alpha), self.rtt.value, self.version)
 
     def plans_hold(self, key: tuple | None, step: float = GATE_STEP) -> bool:
         """A plan made at ``key`` (planning_key) still stands: nothing but the rates changed,
@@ -431,7 +435,9 @@ class Estimates:
         now_rates, now_rtt, now_version = self.planning_key()
         if version != now_version or abs(now_rtt - rtt) > max(5e-4, step * max(rtt, now_rtt)):
             return False
-        return all(a > 0 and abs(b / a - 1.0) <= step for a, b in zip(rates, now_rates))
+        # a rate not known then (0) holds while it is still not known
+        return all(a > 0 and abs(b / a - 1.0) <= step or a == b == 0.0
+                   for a, b in zip(rates, now_rates))
 
     def stalest_kinds(self) -> tuple[str, ...]:
         """The kinds of offloaded plan, the one whose error was learnt longest ago (or never)
@@ -439,12 +445,16 @@ class Estimates:
         return tuple(sorted(("inputs", "cut", "share"),
                             key=lambda k: self.offload_errors.get(k, (0, 0, -1))[2]))
 
-    def on_local_run(self, flops: float, seconds: float) -> None:
-        """A whole inference ran here: flops / seconds is the device's rate on this model."""
+    def on_local_run(self, flops: float, seconds: float, local_graph: bool = False) -> None:
+        """A whole inference ran here: flops / seconds is the device's rate on this model, on
+        the offloading graph or (``local_graph``) the local one."""
         if self._device_fixed or not (seconds > 0) or not (flops > 0):
             return
         rate = flops / seconds
-        self.device_flops = _ewma(self.device_flops, rate, DEVICE_GAIN)
+        if local_graph:
+            self.local_flops = _ewma(self.local_flops, rate, DEVICE_GAIN)
+        else:
+            self.device_flops = _ewma(self.device_flops, rate, DEVICE_GAIN)
 
     def snapshot(self) -> dict:
         return {
@@ -457,6 +467,7 @@ class Estimates:
             # other devices that began inferences on the server lately (STATS)
             "server_others": self.server_load.get("others"),
             "device_flops": self.device_flops,
+            "device_local_flops": self.local_flops,
             "goodput_samples": self.goodput.samples,
             "offload_error_ms": self.offload_error * 1e3,
             "offload_errors_ms": {k: v[0] * 1e3 for k, v in self.offload_errors.items()},

@@ -31,6 +31,7 @@ class Job:
         self.t_submit = t_submit
         self.t_start: float | None = None
         self.plan = None
+        self.tg = None  # the tile graph it runs on (Engine.tg, or Engine.local_tg when local)
         self.native = None
         # server side
         self.waiting = False            # not started: waits for the server to plan (split / fl)
@@ -148,7 +149,7 @@ def output_tile_count(tg) -> int:
 def job_stats(job: Job, native: dict, t: float, engine) -> dict:
     """The per-inference record: Client.last_stats, `coacto-client --json`."""
     plan = job.plan
-    n_out = output_tile_count(engine.tg)
+    n_out = output_tile_count(job.tg)
     if job.tiles_from_server >= n_out:
         finished_by = "server"
     elif job.tiles_from_server == 0:

@@ -182,6 +182,13 @@ coacto_status coacto_runtime_set_worker_nice(coacto_runtime *rt, int32_t nice);
  * to err (may be NULL). */
 coacto_status coacto_graph_create(const coacto_graph_desc *desc, coacto_graph **out, char *err,
                                   size_t err_size);
+/* The same model cut into other tiles: a graph whose layers are `weights`'s, packed weights
+ * included (not packed or held twice), with its own tiles and edges from `desc`. Every layer
+ * of `desc` must describe the same layer as `weights`'s (op, inputs, dims, parameters, array
+ * sizes: checked, COACTO_ERR_INVALID_GRAPH otherwise); its blob is not read (may be NULL).
+ * The new graph holds a reference on `weights`: either may be destroyed first. */
+coacto_status coacto_graph_create_sharing(const coacto_graph_desc *desc, coacto_graph *weights,
+                                          coacto_graph **out, char *err, size_t err_size);
 void coacto_graph_destroy(coacto_graph *graph);
 int32_t coacto_graph_tile_count(const coacto_graph *graph);
 /* Gives the memory of the graph's activation arena that no running inference holds back to the

@@ -236,7 +236,7 @@ static void graph_free(coacto_graph *g) {
     free(g->regions);
     free(g->free_blocks);
     pthread_mutex_destroy(&g->cache_mu);
-    if (g->layers) {
+    if (g->layers && !g->weights_of) {
         for (int32_t i = 0; i < g->n_layers; i++) op_release(&g->layers[i]);
     }
     free(g->layers);
@@ -263,6 +263,7 @@ static void graph_free(coacto_graph *g) {
     free(g->trace_t0);
     free(g->trace_t1);
     free(g->trace_worker);
+    graph_release(g->weights_of);
     free(g);
 }
 
@@ -376,6 +377,34 @@ static coacto_status load_layers(coacto_graph *g, const coacto_graph_desc *d, ch
             for (int a = 0; a < 4; a++)
                 if (l->arrays[a] && (l->arrays_consumed & (1u << a)))
                     drop_mapped_pages(l->arrays[a], (size_t)l->array_bytes[a]);
+    }
+    return COACTO_OK;
+}
+
+/* The layers of a graph cut into other tiles are those of `w`, which prepared (packed) them:
+ * each described layer must be the same layer, field by field, or the tiles of one would run on
+ * the weights of another. */
+static coacto_status share_layers(coacto_graph *g, const coacto_graph_desc *d,
+                                  const coacto_graph *w, char *err, size_t es) {
+    if (d->n_layers != w->n_layers)
+        return ops_fail(err, es, "the graph has %d layers, the graph whose weights it shares %d",
+                        d->n_layers, w->n_layers);
+    for (int32_t li = 0; li < d->n_layers; li++) {
+        const coacto_layer_desc *ld = &d->layers[li];
+        const layer *l = &w->layers[li];
+        int same = ld->op == l->op && ld->n_inputs == l->n_inputs && ld->n == l->n &&
+                   ld->c == l->c && ld->h == l->h && ld->w == l->w &&
+                   memcmp(ld->iparams, l->iparams, sizeof l->iparams) == 0 &&
+                   memcmp(ld->fparams, l->fparams, sizeof l->fparams) == 0;
+        for (int i = 0; same && i < ld->n_inputs && i < COACTO_MAX_INPUTS; i++)
+            same = ld->inputs[i] == l->inputs[i];
+        for (int a = 0; same && a < 4; a++) same = ld->array_size[a] == l->array_bytes[a];
+        if (!same)
+            return ops_fail(err, es, "layer %d differs from layer %d of the graph whose weights "
+                            "it shares (another model, or other parameters)", li, li);
+        g->layers[li] = *l;
+        g->layer_floats[li] = w->layer_floats[li];
+        g->layer_flags[li] = ld->flags;
     }
     return COACTO_OK;
 }
@@ -682,13 +711,13 @@ static coacto_status derive_aliases(coacto_graph *g) {
     return COACTO_OK;
 }
 
-coacto_status coacto_graph_create(const coacto_graph_desc *d, coacto_graph **out, char *err,
-                                  size_t es) {
+static coacto_status graph_create(const coacto_graph_desc *d, coacto_graph *weights,
+                                  coacto_graph **out, char *err, size_t es) {
     if (err && es) err[0] = 0;
     if (!out) return COACTO_ERR_INVALID_ARGUMENT;
     *out = NULL;
     if (!d || !d->layers || !d->tile_layer || !d->tile_bounds || !d->parent_offsets ||
-        (!d->blob && d->blob_size > 0))
+        (!weights && !d->blob && d->blob_size > 0))
         return ops_fail(err, es, "graph description has NULL arrays");
     if (d->n_layers < 1 || d->n_layers > MAX_LAYERS || d->n_tiles < 1 || d->n_tiles > MAX_TILES ||
         d->blob_size < 0)
@@ -723,8 +752,15 @@ coacto_status coacto_graph_create(const coacto_graph_desc *d, coacto_graph **out
         !g->layer_floats || !g->layer_ns || !g->tile_layer ||
         !g->trace_t0 || !g->trace_t1 || !g->trace_worker || !g->tile_bounds || !g->parent_off)
         st = COACTO_ERR_OUT_OF_MEMORY;
-    if (st == COACTO_OK) st = load_layers(g, d, err, es);
-    if (st == COACTO_OK) st = keep_arrays(g, d->blob_reclaimable);
+    if (st == COACTO_OK && weights) {
+        /* before the first layer is copied: a failure frees g without releasing its layers */
+        atomic_fetch_add(&weights->refs, 1);
+        g->weights_of = weights;
+        st = share_layers(g, d, weights, err, es);
+    } else if (st == COACTO_OK) {
+        st = load_layers(g, d, err, es);
+        if (st == COACTO_OK) st = keep_arrays(g, d->blob_reclaimable);
+    }
     if (st == COACTO_OK) st = load_tiles(g, d, err, es);
     if (st == COACTO_OK) {
         for (int32_t li = 0; li < g->n_layers; li++)
@@ -752,4 +788,19 @@ coacto_status coacto_graph_create(const coacto_graph_desc *d, coacto_graph **out
     }
     *out = g;
     return COACTO_OK;
+}
+
+coacto_status coacto_graph_create(const coacto_graph_desc *d, coacto_graph **out, char *err,
+                                  size_t es) {
+    return graph_create(d, NULL, out, err, es);
+}
+
+coacto_status coacto_graph_create_sharing(const coacto_graph_desc *d, coacto_graph *weights,
+                                          coacto_graph **out, char *err, size_t es) {
+    if (!weights) {
+        if (out) *out = NULL;
+        return ops_fail(err, es, "no graph to share the weights of");
+    }
+    /* one level: a sharing graph's layers are its weights graph's, which it holds */
+    return graph_create(d, weights->weights_of ? weights->weights_of : weights, out, err, es);
 }

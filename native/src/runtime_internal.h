@@ -40,6 +40,9 @@ struct coacto_graph {
     int32_t *sources;
     uint8_t *blob;                 /* the arrays executors read (64-byte aligned copies); arrays
                                       that prepare packed (weights) are not kept twice */
+    struct coacto_graph *weights_of; /* coacto_graph_create_sharing: the graph whose prepared
+                                        layers (packed weights, blob) these layers are; held by
+                                        a reference, never released through this graph */
     /* Per-layer busy time of computed tiles (coacto_graph_set_profiling), nanoseconds. */
     atomic_int profiling;
     _Atomic int64_t *layer_ns;     /* [n_layers] */

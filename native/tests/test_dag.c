@@ -436,6 +436,121 @@ static coacto_graph *big_tile_graph(int side) {
     return g;
 }
 
+/* A 1x1 CONV of SHARE_CIN -> SHARE_COUT channels on a SIDE x SIDE input cut into `ncol` column
+ * and `nrow` row (output channel) blocks; the input is one tile. `w` NULL: no blob (a graph
+ * that shares another's weights). */
+enum { SHARE_CIN = 64, SHARE_COUT = 48, SHARE_SIDE = 20 };
+
+typedef struct conv_case {
+    coacto_layer_desc layers[2];
+    int32_t tile_layer[1 + 16], bounds[4 * (1 + 16)], poff[2 + 16], parents[16];
+    coacto_graph_desc gd;
+} conv_case;
+
+static void conv_case_init(conv_case *c, int ncol, int nrow, float *w) {
+    memset(c, 0, sizeof *c);
+    const int cols = SHARE_SIDE * SHARE_SIDE;
+    c->layers[0].op = COACTO_OP_INPUT;
+    c->layers[0].n = 1, c->layers[0].c = SHARE_CIN, c->layers[0].h = SHARE_SIDE;
+    c->layers[0].w = SHARE_SIDE;
+    coacto_layer_desc *conv = &c->layers[1];
+    conv->op = COACTO_OP_CONV;
+    conv->n_inputs = 1;
+    conv->n = 1, conv->c = SHARE_COUT, conv->h = SHARE_SIDE, conv->w = SHARE_SIDE;
+    int32_t ip[12] = {1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 0};
+    memcpy(conv->iparams, ip, sizeof ip);
+    conv->array_size[0] = (int64_t)SHARE_CIN * SHARE_COUT * 4;
+    conv->flags = COACTO_LAYER_KEEP;
+    int32_t in_bounds[4] = {0, cols, 0, SHARE_CIN};
+    memcpy(c->bounds, in_bounds, sizeof in_bounds);
+    int t = 1;
+    for (int i = 0; i < ncol; i++)
+        for (int j = 0; j < nrow; j++, t++) {
+            c->tile_layer[t] = 1;
+            int32_t b[4] = {cols * i / ncol, cols * (i + 1) / ncol, SHARE_COUT * j / nrow,
+                            SHARE_COUT * (j + 1) / nrow};
+            memcpy(&c->bounds[4 * t], b, sizeof b);
+            c->poff[t + 1] = t;
+            c->parents[t - 1] = 0;
+        }
+    c->gd = (coacto_graph_desc){2, c->layers, t, c->tile_layer, c->bounds, c->poff, c->parents,
+                                (uint8_t *)w, w ? conv->array_size[0] : 0, 0};
+}
+
+static double max_rel_diff(const float *got, const float *expect, size_t n) {
+    double worst = 0;
+    for (size_t i = 0; i < n; i++) {
+        double e = fabs((double)got[i] - expect[i]) / (fabs((double)expect[i]) + 1e-3);
+        if (!(e <= worst)) worst = e; /* a NaN counts */
+    }
+    return worst;
+}
+
+static void run_conv_case(coacto_runtime *rt, coacto_graph *g, const float *in, float *out) {
+    coacto_inference *inf = NULL;
+    CHECK(coacto_inference_create(rt, g, &inf) == COACTO_OK, "sharing: inference_create");
+    if (!inf) return;
+    coacto_inference_set_input(inf, 0, in, (int64_t)SHARE_CIN * SHARE_SIDE * SHARE_SIDE);
+    CHECK(coacto_inference_wait(inf, 30.0) == COACTO_OK, "sharing: wait");
+    coacto_inference_get_output(inf, 1, out, (int64_t)SHARE_COUT * SHARE_SIDE * SHARE_SIDE);
+    coacto_inference_destroy(inf);
+}
+
+/* A graph cut into other tiles on another graph's packed weights computes what the owner
+ * computes, outlives it, and is refused for a layer that differs. */
+static void run_sharing(void) {
+    rng_state = 2718;
+    const size_t n_in = (size_t)SHARE_CIN * SHARE_SIDE * SHARE_SIDE;
+    const size_t n_out = (size_t)SHARE_COUT * SHARE_SIDE * SHARE_SIDE;
+    float *w = malloc(sizeof(float) * SHARE_CIN * SHARE_COUT), *in = malloc(sizeof(float) * n_in);
+    float *expect = calloc(n_out, sizeof(float)), *got = calloc(n_out, sizeof(float));
+    for (int i = 0; i < SHARE_CIN * SHARE_COUT; i++) w[i] = (float)((int)(rnd() % 17) - 8) / 64.0f;
+    for (size_t i = 0; i < n_in; i++) in[i] = (float)((int)(rnd() % 33) - 16) / 16.0f;
+    static conv_case owner, other, bad;
+    conv_case_init(&owner, 1, 1, w);
+    coacto_graph *g = NULL, *s = NULL, *s2 = NULL, *x = NULL;
+    coacto_runtime *rt = NULL;
+    coacto_runtime_create(2, &rt);
+    CHECK(coacto_graph_create(&owner.gd, &g, NULL, 0) == COACTO_OK, "sharing: owner graph");
+    free(w); /* the owner packed it: the sharing graphs never read a blob */
+    if (!g || !rt) goto out;
+    run_conv_case(rt, g, in, expect);
+    conv_case_init(&other, 4, 3, NULL);
+    char err[256];
+    CHECK(coacto_graph_create_sharing(&other.gd, g, &s, err, sizeof err) == COACTO_OK,
+          "sharing: graph of 12 tiles: %s", err);
+    /* of a sharing graph: shares the owner's layers (one level) */
+    CHECK(coacto_graph_create_sharing(&other.gd, s, &s2, NULL, 0) == COACTO_OK, "sharing: of s");
+    coacto_graph_destroy(g); /* s and s2 hold it */
+    g = NULL;
+    run_conv_case(rt, s, in, got);
+    double worst = max_rel_diff(got, expect, n_out);
+    CHECK(worst < 1e-5, "sharing: 12 tiles on shared weights differ from 1 tile by %g", worst);
+    coacto_graph_destroy(s);
+    s = NULL;
+    memset(got, 0, n_out * sizeof(float));
+    run_conv_case(rt, s2, in, got);
+    worst = max_rel_diff(got, expect, n_out);
+    CHECK(worst < 1e-5, "sharing: a graph sharing a sharing graph's weights differs by %g", worst);
+    /* a layer that is not the same: refused, nothing held */
+    conv_case_init(&bad, 2, 1, NULL);
+    bad.layers[1].iparams[10] = 2; /* another group count */
+    CHECK(coacto_graph_create_sharing(&bad.gd, s2, &x, err, sizeof err) == COACTO_ERR_INVALID_GRAPH
+          && x == NULL && strstr(err, "layer 1 differs"), "sharing: a different layer accepted");
+    conv_case_init(&bad, 2, 1, NULL);
+    bad.layers[1].array_size[0] -= 4;
+    CHECK(coacto_graph_create_sharing(&bad.gd, s2, &x, err, sizeof err) == COACTO_ERR_INVALID_GRAPH
+          && x == NULL, "sharing: other weight sizes accepted");
+    CHECK(coacto_graph_create_sharing(&other.gd, NULL, &x, err, sizeof err) != COACTO_OK &&
+          x == NULL, "sharing: no weights graph accepted");
+out:
+    coacto_graph_destroy(s2);
+    coacto_runtime_destroy(rt);
+    free(in);
+    free(expect);
+    free(got);
+}
+
 static double seconds_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -872,6 +987,7 @@ int main(void) {
     run_destroy_at_once();
     run_cancel_long_tile();
     run_invalid();
+    run_sharing();
     for (int s = 0; s < 5; s++) run_offload(s);
     int aliased = 0;
     for (int s = 0; s < cases; s++) run_inplace_case(s, 1 + s % 4, &aliased);
