@@ -386,6 +386,14 @@ def test_the_gate_reuses_its_verdict_while_the_estimates_hold(monkeypatch):
     est.on_offloaded(0.03, 0.05, "inputs")  # an error learnt: recomputed
     Engine._local_is_faster(eng, job)
     assert len(calls) == 3
+    # the local graph's rate, learnt at every local run, is read fresh without the cost model
+    # (this device's rate was given, so it is not learnt: set here as a local run would)
+    eng.local_tg = SimpleNamespace(total_flops=0.05e9)
+    est.local_flops = 0.05e9 / 0.060  # 60 ms: now slower than offloading (50 ms, corrected)
+    assert not Engine._local_is_faster(eng, job)
+    est.local_flops = 0.05e9 / 0.005  # 5 ms
+    assert Engine._local_is_faster(eng, job) and "5.0 ms vs 50.0 ms" in job.skipped
+    assert len(calls) == 3
 
 
 def test_rtt_is_min_filtered():

@@ -465,12 +465,15 @@ class Engine:
                 self.tg, e.device_flops, e.server_flops, e.bandwidth, e.rtt.value, e.alpha,
                 e.downlink, self._wire())
             local = options.pop("local")[0]
-            if e.local_flops:  # it would run on the local graph (_start_local)
-                local = self.local_tg.total_flops / e.local_flops
             offloaded = min((e.offloaded_s(v, k) for k, (v, _w) in options.items()),
                             default=float("inf"))
             self._gate_key, self._gate_verdict = e.planning_key(), (local, offloaded)
         local, offloaded = self._gate_verdict
+        if e.local_flops:
+            # it would run on the local graph (_start_local), at the rate its runs show; read
+            # at every inference (a division), while the offloaded side, which needs the cost
+            # model, waits for its rates to move (plans_hold)
+            local = self.local_tg.total_flops / e.local_flops
         if offloaded < local * (1.0 - OFFLOAD_MIN_GAIN):
             self._gated = 0
             return False

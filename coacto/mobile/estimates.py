@@ -423,8 +423,8 @@ class Estimates:
 
     def planning_key(self) -> tuple:
         """What a plan is made from: the rates, and the version of the rest (see plans_hold)."""
-        return ((self.device_flops or 0.0, self.local_flops or 0.0, self.server_flops,
-                 self.bandwidth, self.downlink, self.alpha), self.rtt.value, self.version)
+        return ((self.device_flops or 0.0, self.server_flops, self.bandwidth, self.downlink,
+                 self.alpha), self.rtt.value, self.version)
 
     def plans_hold(self, key: tuple | None, step: float = GATE_STEP) -> bool:
         """A plan made at ``key`` (planning_key) still stands: nothing but the rates changed,
@@ -435,9 +435,7 @@ class Estimates:
         now_rates, now_rtt, now_version = self.planning_key()
         if version != now_version or abs(now_rtt - rtt) > max(5e-4, step * max(rtt, now_rtt)):
             return False
-        # a rate not known then (0) holds while it is still not known
-        return all(a > 0 and abs(b / a - 1.0) <= step or a == b == 0.0
-                   for a, b in zip(rates, now_rates))
+        return all(a > 0 and abs(b / a - 1.0) <= step for a, b in zip(rates, now_rates))
 
     def stalest_kinds(self) -> tuple[str, ...]:
         """The kinds of offloaded plan, the one whose error was learnt longest ago (or never)

@@ -139,6 +139,7 @@ class SimDevice:
         self.loop = sim.loop
         self.index = index
         self.tg = sim.tg
+        self.local_tg = sim.tg  # one graph: the simulated device's rate is one number
         self.g: SimGraph = sim.g
         # the transfer encoding's bytes per raw byte, per layer (None: raw floats): each tile
         # takes its layer's share on the wire, and the planners price cuts with it
