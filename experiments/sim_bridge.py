@@ -8,8 +8,9 @@ profile --engine`). Nothing here is fitted to the rows it is compared with. From
 its settings file the simulation takes what the real run had: the link's measured goodput and
 RTT (and, under kernel shaping, tbf's burst), the CPU quota and its CFS period, one device core
 and one computing thread (the testbed pins the device to one CPU), the server's threads and
-CPUs, the device's own FLOP-rate estimate (the row's device_gflops: Client.calibrate's best of
-four runs on zeros, which the device driver hands every Client it makes), the device's
+CPUs, the device's own FLOP-rate estimate (the row's device_gflops: Client.calibrate's median
+of three runs on zeros at the session's start; each fresh Client of the device driver measures
+again and learns from its local runs, which the simulated one does not), the device's
 latency in its quota measured beside the session (device_probe_ms; simulate's quota_latency_s)
 and, in rows that
 record it, the server's rate the client was told (server_gflops); without it, what the

@@ -396,6 +396,24 @@ def test_the_gate_reuses_its_verdict_while_the_estimates_hold(monkeypatch):
     assert len(calls) == 3
 
 
+def test_each_graph_has_its_rate_and_local_runs_move_the_planners_rate():
+    from coacto.mobile.estimates import Estimates
+
+    est = Estimates()
+    est.on_local_run(1e9, 0.100)  # offloading graph: 10 GFLOP/s
+    est.on_local_run(1e9, 0.080, local_graph=True)  # local graph: 12.5
+    assert est.device_flops == pytest.approx(10e9) and est.local_flops == pytest.approx(12.5e9)
+    est.graph_ratio = 0.080 / 0.100
+    for _ in range(30):  # the device slows to half while it computes alone
+        est.on_local_run(1e9, 0.160, local_graph=True)
+    assert est.local_flops == pytest.approx(6.25e9, rel=1e-3)
+    assert est.device_flops == pytest.approx(5e9, rel=1e-3)
+    fixed = Estimates(device_flops=7e9)  # given: fixed, and no local rate is learnt
+    fixed.on_local_run(1e9, 0.050, local_graph=True)
+    fixed.on_local_run(1e9, 0.050)
+    assert fixed.device_flops == 7e9 and fixed.local_flops is None
+
+
 def test_rtt_is_min_filtered():
     r = RoundTrip()
     for s in (0.010, 0.050, 0.011, 0.200, 0.012, 0.010):

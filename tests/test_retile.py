@@ -6,7 +6,6 @@ onnxruntime's; the second graph costs no second copy of the weights; it outlives
 that packed them, also one read from a .ctg file; and a plan of another model is refused."""
 from __future__ import annotations
 
-import gc
 import subprocess
 import sys
 from pathlib import Path
@@ -93,14 +92,15 @@ def test_both_graphs_match_onnxruntime_and_the_second_outlives_the_first(case, t
     assert loc.n_tiles < off.n_tiles and loc.blob is off.blob
     first = coacto.Runtime(off, threads=threads)
     second = coacto.Runtime(loc, share=first)
+    # a graph cut from the retiled one shares the same packed weights (the owner's)
+    third = coacto.Runtime(repartition(loc, tiles_per_layer=3), share=second)
     assert_close(first.run(feeds), ref)
     assert_close(second.run(feeds), ref)
     first.close()
-    del first, off
-    gc.collect()  # the packing graph's handle is gone: the native graph is held by loc's
+    # The packing graph's handle is destroyed now (loc's TileGraph would keep it until it
+    # goes): the native graph that holds the packed weights lives on in the sharing graphs.
+    off._native._finalizer()
     assert_close(second.run(feeds), ref)
-    # a graph cut from the retiled one shares the same packed weights
-    third = coacto.Runtime(repartition(loc, tiles_per_layer=3), share=second)
     assert_close(third.run(feeds), ref)
 
 
@@ -144,10 +144,11 @@ def test_a_graph_read_from_a_file_is_retiled(case, tmp_path):
     model, feeds, ref = case
     path = tmp_path / "m.ctg"
     coacto.compile(model, min_column_blocks=OFFLOAD_MIN_COLUMN_BLOCKS).save(path)
-    off = coacto.load(path)  # its blob is a file mapping, dropped once packed
+    off = coacto.load(path)  # its blob is a file mapping, its pages dropped once packed
     with coacto.Runtime(off, threads=1) as rt:
         assert_close(rt.run(feeds), ref)
         with coacto.Runtime(repartition(off, threads=1), share=rt) as rt2:
+            off._native._finalizer()  # the owner's handle first, as above
             assert_close(rt2.run(feeds), ref)
 
 

@@ -63,9 +63,10 @@ def _thread_ids() -> set[int]:
         return set()
 
 
-def _release(engine, runtime) -> None:
+def _release(engine, runtime, local_runtime) -> None:
     engine.close()
     runtime.close()
+    local_runtime.close()
 
 
 def normalize_address(server: str) -> str:
@@ -258,7 +259,8 @@ class Client:
         self._engine.schedule_rates([(t0 + t, r) for t, r in steps[1:]])
         self._engine.start(connect=self.policy != "local")
         # a Client dropped without close() still stops its thread and releases its runtime
-        self._finalizer = weakref.finalize(self, _release, self._engine, self._runtime)
+        self._finalizer = weakref.finalize(self, _release, self._engine, self._runtime,
+                                           self._local_runtime)
 
     def set_bandwidth(self, bandwidth) -> None:
         """Changes this client's emulated link to ``bandwidth`` now (a rate as shaper.parse_rate
@@ -411,29 +413,15 @@ class Client:
                     rt.run(zeros)
                     times[i].append(time.perf_counter() - t0)
             typical = [float(np.median(t)) for t in times]
-            for i, t in enumerate(typical):
-                self._estimates.on_local_run(self.graph.total_flops, t, local_graph=i > 0)
+            self._estimates.on_local_run(self.graph.total_flops, typical[0])
+            if len(typical) > 1:
+                self._estimates.on_local_run(self.local_graph.total_flops, typical[1],
+                                             local_graph=True)
+                # later local-graph runs keep the planners' rate current through this ratio
+                self._estimates.graph_ratio = typical[1] / typical[0]
             log.info("device rate on this model: %.3g GFLOP/s (%.2f ms per inference; %.2f ms "
                      "on the local graph)", self.graph.total_flops / typical[0] / 1e9,
                      typical[0] * 1e3, typical[-1] * 1e3)
-            return self._estimates.device_flops
-            zeros = {k: np.zeros_like(v) for k, v in self.graph.example_feeds(0).items()}
-            # the offloading graph's rate (plans) and the local graph's (the gate's "local"),
-            # their runs interleaved so that a slow spell of the device slows both
-            runtimes = [self._runtime] if self._local_runtime is self._runtime else \
-                [self._runtime, self._local_runtime]
-            best = [float("inf")] * len(runtimes)
-            for _ in range(max(2, repeats)):
-                for i, rt in enumerate(runtimes):
-                    t0 = time.perf_counter()
-                    rt.run(zeros)
-                    best[i] = min(best[i], time.perf_counter() - t0)
-            for i, b in enumerate(best):
-                self._estimates.on_local_run(self.graph.total_flops, b, local_graph=i > 0)
-            best = best[0]
-            rate = self.graph.total_flops / best
-            log.info("device rate on this model: %.3g GFLOP/s (%.2f ms per inference)",
-                     rate / 1e9, best * 1e3)
             return self._estimates.device_flops
 
     # ------------------------------------------------------------------ connection

@@ -102,7 +102,7 @@ class Engine:
         self._transfer_warned = False
         self.tg = tg
         # An inference the device computes alone runs on a graph cut for local speed (fewer,
-        # larger tiles: 14-28% faster than the offloading graph's at one thread), on the same
+        # larger tiles: the offloading graph's took 14-28% longer at one thread), on the same
         # packed weights (TileGraph.retiled); one that may offload runs on `tg`.
         self.local_tg = local_tg if local_tg is not None else tg
         self.rt = runtime

@@ -314,6 +314,10 @@ class Estimates:
         #: tiles than the offloading graph's, which device_flops is of), or None: the gate's
         #: "local" takes device_flops then. Given device_flops: not learnt (device_flops is used).
         self.local_flops: float | None = None
+        #: The offloading graph's rate over the local graph's on this device (Client.calibrate
+        #: measures both): a local-graph run also moves device_flops, by this ratio, so that
+        #: the planners see a device that slows down (heat, a quota) while it computes alone.
+        self.graph_ratio: float | None = None
         #: How much later than predicted dynamic's offloaded inferences ended (s, EWMA): what
         #: the cost model leaves out on this device and link (the engine's CPU for the messages,
         #: which a CPU quota makes four times dearer; RESULTs read late) or overstates
@@ -451,6 +455,9 @@ class Estimates:
         rate = flops / seconds
         if local_graph:
             self.local_flops = _ewma(self.local_flops, rate, DEVICE_GAIN)
+            if self.graph_ratio is not None and self.device_flops is not None:
+                self.device_flops = _ewma(self.device_flops, rate * self.graph_ratio,
+                                          DEVICE_GAIN)
         else:
             self.device_flops = _ewma(self.device_flops, rate, DEVICE_GAIN)
 
