@@ -408,6 +408,11 @@ def test_each_graph_has_its_rate_and_local_runs_move_the_planners_rate():
         est.on_local_run(1e9, 0.160, local_graph=True)
     assert est.local_flops == pytest.approx(6.25e9, rel=1e-3)
     assert est.device_flops == pytest.approx(5e9, rel=1e-3)
+    # the gate's local rate is learnt from what the inference took, the engine's work
+    # included; the planners' from its tiles' span
+    est = Estimates()
+    est.on_local_run(1e9, 0.020, local_graph=True, latency=0.036)
+    assert est.local_flops == pytest.approx(1e9 / 0.036) and est.device_flops is None
     fixed = Estimates(device_flops=7e9)  # given: fixed, and no local rate is learnt
     fixed.on_local_run(1e9, 0.050, local_graph=True)
     fixed.on_local_run(1e9, 0.050)

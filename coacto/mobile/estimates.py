@@ -447,14 +447,18 @@ class Estimates:
         return tuple(sorted(("inputs", "cut", "share"),
                             key=lambda k: self.offload_errors.get(k, (0, 0, -1))[2]))
 
-    def on_local_run(self, flops: float, seconds: float, local_graph: bool = False) -> None:
-        """A whole inference ran here: flops / seconds is the device's rate on this model, on
-        the offloading graph or (``local_graph``) the local one."""
+    def on_local_run(self, flops: float, seconds: float, local_graph: bool = False,
+                     latency: float | None = None) -> None:
+        """A whole inference ran here: flops / seconds (its tiles' span) is the device's rate
+        on this model, on the offloading graph or (``local_graph``) the local one. On the local
+        graph ``latency`` (from the inference's start to its end, the engine's work included),
+        when given, is what the gate's local rate learns instead."""
         if self._device_fixed or not (seconds > 0) or not (flops > 0):
             return
         rate = flops / seconds
         if local_graph:
-            self.local_flops = _ewma(self.local_flops, rate, DEVICE_GAIN)
+            whole = flops / latency if latency is not None and latency > 0 else rate
+            self.local_flops = _ewma(self.local_flops, whole, DEVICE_GAIN)
             if self.graph_ratio is not None and self.device_flops is not None:
                 self.device_flops = _ewma(self.device_flops, rate * self.graph_ratio,
                                           DEVICE_GAIN)
