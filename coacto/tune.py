@@ -269,15 +269,12 @@ class _Candidates:
         self.default_counts = _counts(base_tg.plan)
 
     def build(self, counts: list[int]):
-        from .partition import partition
+        from .compiler import repartition
 
         overrides = {li: c for li, c in enumerate(counts)
                      if c != self.default_counts[li] and self.graph.layers[li].op != "INPUT"}
-        plan = partition(self.graph, None, overrides, 0, self.base.params.get("threads"))
-        params = dict(self.base.params)
-        if overrides:
-            params["layer_tiles"] = {str(k): int(v) for k, v in sorted(overrides.items())}
-        return self.base.retiled(plan, params), overrides
+        return repartition(self.base, layer_tiles=overrides,
+                           threads=self.base.params.get("threads")), overrides
 
 
 def tune(model, threads: int, *, feeds: dict | None = None, budget_s: float = 120.0,

@@ -132,9 +132,9 @@ class Engine:
         self._is_input[input_tiles(tg)] = True
         if address:  # the planners' per-graph tables now, not in the first inference's time
             policies.prepare(tg)
-        self._n_computable = {tg.graph_id: tg.n_tiles - int(self._is_input.sum()),
-                              self.local_tg.graph_id: self.local_tg.n_tiles
-                              - len(input_tiles(self.local_tg))}
+        # tiles of a whole local inference (all but the inputs), per graph
+        self._n_computable = {g.graph_id: g.n_tiles - len(input_tiles(g))
+                              for g in (tg, self.local_tg)}
         self._gated = 0
         self._gate_key, self._gate_verdict = None, (0.0, 0.0)  # _local_is_faster's last
         self._planned = 0  # dynamic inferences planned to offload (KIND_EXPLORE_EVERY)
