@@ -190,6 +190,19 @@ class NativeGraph:
         the bytes given back."""
         return int(lib.coacto_graph_release_buffers(self.handle))
 
+    def arena_bytes(self) -> tuple[int, int]:
+        """(reserved, touched): the activation arena's address space and the part of it ever
+        written."""
+        reserved = ffi.new("int64_t *")
+        touched = ffi.new("int64_t *")
+        check(lib.coacto_graph_arena_bytes(self.handle, reserved, touched), "arena_bytes")
+        return int(reserved[0]), int(touched[0])
+
+    def arena_prefault(self, nbytes: int) -> int:
+        """Makes the first ``nbytes`` of the activation arena resident; the bytes of free pages
+        written."""
+        return int(lib.coacto_graph_arena_prefault(self.handle, int(nbytes)))
+
     def layer_seconds(self) -> np.ndarray:
         """Seconds the computing threads spent in each layer's tiles since profiling was enabled."""
         n = len(self.layer_floats)

@@ -196,6 +196,15 @@ int32_t coacto_graph_tile_count(const coacto_graph *graph);
  * it again. A server calls it when idle, so a burst does not leave the process holding its peak.
  * Safe from any thread. */
 int64_t coacto_graph_release_buffers(coacto_graph *graph);
+/* The activation arena: the bytes of address space its regions reserve, and how many of them
+ * have ever been written (each region's furthest block end handed out or prefaulted, summed).
+ * Safe from any thread. */
+coacto_status coacto_graph_arena_bytes(coacto_graph *graph, int64_t *reserved, int64_t *touched);
+/* Makes the first `bytes` of each arena region resident (mapping the arena if it is not yet), so
+ * that an inference which places its buffers further than earlier ones did does not fault the
+ * pages in while it runs. Only free blocks are written; returns the bytes of their pages that
+ * were touched (resident already or not). Safe from any thread. */
+int64_t coacto_graph_arena_prefault(coacto_graph *graph, int64_t bytes);
 /* Per-layer profile: while enabled, the computing threads add each tile's execution time to its
  * layer's total (two clock reads per tile). Enabling resets the totals. layer_seconds receives
  * n_layers totals (n_layers must be the graph's layer count). */

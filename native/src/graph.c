@@ -137,7 +137,7 @@ static int arena_grow(coacto_graph *g, int64_t bytes) {
         munmap(p, (size_t)want);
         return 0;
     }
-    g->regions[g->n_regions++] = (struct arena_region){p, want};
+    g->regions[g->n_regions++] = (struct arena_region){p, want, 0};
     ARENA_POISON(p, want);
     return 1;
 }
@@ -148,6 +148,8 @@ static char *arena_take(coacto_graph *g, int64_t need) {
         struct arena_block *b = &g->free_blocks[i];
         if (b->bytes < need) continue;
         char *ptr = b->ptr;
+        struct arena_region *r = &g->regions[b->region];
+        if (ptr + need - r->base > r->touched) r->touched = ptr + need - r->base;
         b->ptr += need;
         b->bytes -= need;
         if (b->bytes == 0) arena_remove(g, i);
@@ -228,6 +230,47 @@ int64_t coacto_graph_release_buffers(coacto_graph *g) {
     }
     pthread_mutex_unlock(&g->cache_mu);
     return freed;
+}
+
+coacto_status coacto_graph_arena_bytes(coacto_graph *g, int64_t *reserved, int64_t *touched) {
+    if (!g || !reserved || !touched) return COACTO_ERR_INVALID_ARGUMENT;
+    pthread_mutex_lock(&g->cache_mu);
+    *reserved = *touched = 0;
+    for (int32_t r = 0; r < g->n_regions; r++) {
+        *reserved += g->regions[r].bytes;
+        *touched += g->regions[r].touched;
+    }
+    pthread_mutex_unlock(&g->cache_mu);
+    return COACTO_OK;
+}
+
+int64_t coacto_graph_arena_prefault(coacto_graph *g, int64_t bytes) {
+    if (!g || bytes <= 0) return 0;
+    const int64_t page = page_size();
+    int64_t touched = 0;
+    pthread_mutex_lock(&g->cache_mu);
+    if (g->n_regions == 0 && !arena_grow(g, 0)) {
+        pthread_mutex_unlock(&g->cache_mu);
+        return 0;
+    }
+    /* Only free blocks are written (a byte per page): their contents mean nothing, while the
+     * pages of blocks handed out are resident already and hold live data. */
+    for (int32_t i = 0; i < g->n_free; i++) {
+        const struct arena_block *b = &g->free_blocks[i];
+        struct arena_region *r = &g->regions[b->region];
+        const int64_t limit = bytes < r->bytes ? bytes : r->bytes;
+        const int64_t from = ((b->ptr - r->base) + page - 1) / page * page;
+        int64_t to = b->ptr + b->bytes - r->base;
+        if (to > limit) to = limit;
+        if (to <= from) continue;
+        ARENA_UNPOISON(r->base + from, to - from);
+        for (int64_t at = from; at < to; at += page) ((volatile char *)r->base)[at] = 0;
+        ARENA_POISON(r->base + from, to - from);
+        touched += to - from;
+        if (to > r->touched) r->touched = to;
+    }
+    pthread_mutex_unlock(&g->cache_mu);
+    return touched;
 }
 
 static void graph_free(coacto_graph *g) {

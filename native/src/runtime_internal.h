@@ -64,6 +64,7 @@ struct coacto_graph {
 struct arena_region {
     char *base;
     int64_t bytes;
+    int64_t touched; /* the end of the furthest block ever handed out, from base */
 };
 
 struct arena_block {
