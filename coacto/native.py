@@ -199,8 +199,8 @@ class NativeGraph:
         return int(reserved[0]), int(touched[0])
 
     def arena_prefault(self, nbytes: int) -> int:
-        """Makes the first ``nbytes`` of the activation arena resident; the bytes of free pages
-        written."""
+        """Makes the first ``nbytes`` of the activation arena resident (free blocks only; see
+        coacto_graph_arena_prefault); the bytes of free blocks covered."""
         return int(lib.coacto_graph_arena_prefault(self.handle, int(nbytes)))
 
     def layer_seconds(self) -> np.ndarray:

@@ -138,7 +138,9 @@ class Runtime:
     its next piece of about 128 MFLOP) and the Runtime is ready for the next run.
 
     ``warmup`` (default True): the Runtime runs an inference on example inputs when it is made
-    (with several threads, up to WARMUP_RUNS_MAX while one maps new memory),
+    (with several threads, up to WARMUP_RUNS_MAX while one maps new memory, and then
+    ARENA_SLACK times the activation memory it reached is made resident: memory a later run's
+    buffers may reach, held from the start),
     so that the first ``run`` is at the steady speed rather than paying for what a first
     inference touches first (activation buffers and scratch mapped and faulted in, the weights of
     a loaded ``.ctg`` read from its file, the threads' stacks): as onnxruntime prepares a session

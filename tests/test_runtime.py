@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import onnx
@@ -385,7 +386,7 @@ def test_released_buffers_are_mapped_again_and_the_results_do_not_change():
 
 def test_arena_prefault_makes_free_pages_resident_while_inferences_run():
     """coacto_graph_arena_prefault writes only free blocks: inferences running beside it compute
-    the same outputs, and once the arena is resident a cold run faults in almost nothing."""
+    the same outputs, and once the whole arena is resident a run faults in almost nothing."""
     model = zoo_model("squeezenet", image_size=224)
     tg = coacto.compile(model, tiles_per_layer=3)
     feeds = tg.example_feeds()
@@ -399,29 +400,35 @@ def test_arena_prefault_makes_free_pages_resident_while_inferences_run():
         assert faulted > 1000, faulted  # the 1536 pages were mapped now
         ref = rt.run(feeds)
 
-        outs, errors, stop = [], [], threading.Event()
+        outs, errors = [[], []], []
+        prefaulting = threading.Event()
+        prefaulting.set()
 
-        def infer():
-            try:
-                while not stop.is_set():
-                    outs.append(rt.run(feeds))
+        def infer(mine):
+            try:  # at least three runs each, and on until the prefaults are over
+                while prefaulting.is_set() or len(mine) < 3:
+                    mine.append(rt.run(feeds))
             except Exception as e:  # noqa: BLE001 -- reported below
                 errors.append(e)
 
-        workers = [threading.Thread(target=infer) for _ in range(2)]
+        workers = [threading.Thread(target=infer, args=(mine,)) for mine in outs]
         for w in workers:
             w.start()
+        while min(len(o) for o in outs) < 1 and not errors:  # both inferring
+            time.sleep(0.001)
         for step in range(1, 40):  # up to the whole arena, over live and free blocks alike
             rt._native.arena_prefault(reserved * step // 39)
-        stop.set()
+        prefaulting.clear()
         for w in workers:
             w.join()
         assert not errors, errors
-        assert outs
-        for out in outs:
+        for out in outs[0] + outs[1]:
             for name in ref:
                 np.testing.assert_array_equal(out[name], ref[name])
-        assert rt._native.arena_bytes()[1] == reserved
+        assert rt._native.arena_bytes()[1] >= reserved  # (a second region if the two outgrew one)
+        f0 = _minor_faults()
+        rt.run(feeds)
+        assert _minor_faults() - f0 < 50
 
 
 def test_warmup_at_two_threads_leaves_later_runs_nothing_to_map():

@@ -200,10 +200,12 @@ int64_t coacto_graph_release_buffers(coacto_graph *graph);
  * have ever been written (each region's furthest block end handed out or prefaulted, summed).
  * Safe from any thread. */
 coacto_status coacto_graph_arena_bytes(coacto_graph *graph, int64_t *reserved, int64_t *touched);
-/* Makes the first `bytes` of each arena region resident (mapping the arena if it is not yet), so
- * that an inference which places its buffers further than earlier ones did does not fault the
- * pages in while it runs. Only free blocks are written; returns the bytes of their pages that
- * were touched (resident already or not). Safe from any thread. */
+/* Makes the first `bytes` of the activation arena resident (its regions counted in the order
+ * they were mapped; the arena is mapped first if it is not yet), so that an inference which
+ * places its buffers further than earlier ones did does not fault the pages in while it runs.
+ * Only free blocks are written, a byte per page; returns how many bytes of free blocks it
+ * covered. It holds the arena's lock while it writes: buffers of inferences running on the
+ * graph wait for it. Safe from any thread. */
 int64_t coacto_graph_arena_prefault(coacto_graph *graph, int64_t bytes);
 /* Per-layer profile: while enabled, the computing threads add each tile's execution time to its
  * layer's total (two clock reads per tile). Enabling resets the totals. layer_seconds receives

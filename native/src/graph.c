@@ -247,18 +247,21 @@ coacto_status coacto_graph_arena_bytes(coacto_graph *g, int64_t *reserved, int64
 int64_t coacto_graph_arena_prefault(coacto_graph *g, int64_t bytes) {
     if (!g || bytes <= 0) return 0;
     const int64_t page = page_size();
-    int64_t touched = 0;
+    int64_t covered = 0;
     pthread_mutex_lock(&g->cache_mu);
     if (g->n_regions == 0 && !arena_grow(g, 0)) {
         pthread_mutex_unlock(&g->cache_mu);
         return 0;
     }
-    /* Only free blocks are written (a byte per page): their contents mean nothing, while the
-     * pages of blocks handed out are resident already and hold live data. */
+    /* Only free blocks are written (a byte per page): their contents mean nothing, while blocks
+     * handed out hold live data (or will, once their tile writes them). */
     for (int32_t i = 0; i < g->n_free; i++) {
         const struct arena_block *b = &g->free_blocks[i];
         struct arena_region *r = &g->regions[b->region];
-        const int64_t limit = bytes < r->bytes ? bytes : r->bytes;
+        /* `bytes` counts the regions in the order they were mapped */
+        int64_t limit = bytes;
+        for (int32_t k = 0; k < b->region; k++) limit -= g->regions[k].bytes;
+        if (limit > r->bytes) limit = r->bytes;
         const int64_t from = ((b->ptr - r->base) + page - 1) / page * page;
         int64_t to = b->ptr + b->bytes - r->base;
         if (to > limit) to = limit;
@@ -266,11 +269,11 @@ int64_t coacto_graph_arena_prefault(coacto_graph *g, int64_t bytes) {
         ARENA_UNPOISON(r->base + from, to - from);
         for (int64_t at = from; at < to; at += page) ((volatile char *)r->base)[at] = 0;
         ARENA_POISON(r->base + from, to - from);
-        touched += to - from;
+        covered += to - from;
         if (to > r->touched) r->touched = to;
     }
     pthread_mutex_unlock(&g->cache_mu);
-    return touched;
+    return covered;
 }
 
 static void graph_free(coacto_graph *g) {

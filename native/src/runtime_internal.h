@@ -64,7 +64,8 @@ struct coacto_graph {
 struct arena_region {
     char *base;
     int64_t bytes;
-    int64_t touched; /* the end of the furthest block ever handed out, from base */
+    int64_t touched; /* the end of the furthest block ever handed out or prefaulted, from base
+                        (not lowered when release_buffers gives pages back) */
 };
 
 struct arena_block {
