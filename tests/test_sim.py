@@ -128,6 +128,58 @@ def test_cloud_latency_is_serialisation_rtt_and_server_compute(cores, compute):
     assert min(row[3] for row in server_rows) == pytest.approx(up / 1e6 + 1e-3)
 
 
+def test_the_devices_own_work_runs_at_its_local_graphs_speed():
+    """A real client computes what it does alone on a graph cut for its threads (Engine.local_tg):
+    local_speedup divides those inferences' tile times, whether given or read from the device's
+    profile for this graph and thread count; offloaded plans keep the offloading graph's."""
+    tg = chain()
+    assert sim(tg, "local", device_threads=1, local_speedup=1.25).p50 == \
+        pytest.approx(4e-3, rel=1e-12)
+    measured = dict(DEVICE, local_speedup={"hand": {"graph_id": tg.graph_id,
+                                                    "threads": {"1": 2.0}}})
+    r = sim(tg, "local", device=measured, device_threads=1)
+    assert r.settings["local_speedup"] == 2.0 and r.p50 == pytest.approx(2.5e-3, rel=1e-12)
+    r = sim(tg, "local", device=measured, device_threads=2)  # not measured at 2 threads
+    assert r.settings["local_speedup"] == 1.0 and r.p50 == pytest.approx(3e-3, rel=1e-12)
+    cloud = sim(tg, "cloud", device_threads=1)
+    assert sim(tg, "cloud", device_threads=1, local_speedup=2.0).p50 == cloud.p50
+    # dynamic's gate compares offloading with the local graph's time: at 16 Mbit/s offloading
+    # (about 3.5 ms) beats 5 ms on the device, not 2.5
+    for speedup, offloaded in ((1.0, True), (2.0, False)):
+        r = sim(tg, "dynamic", device_threads=1, server_cores=1, inferences=40, warmup=20,
+                rtt_ms=1.0, bandwidth_mbps=16.0, local_speedup=speedup)
+        late = r.inferences[20:]
+        assert sum(i.offloaded for i in late) > 0.8 * len(late) if offloaded else \
+            sum(i.offloaded for i in late) <= 3, (speedup, [i.offloaded for i in late])
+    with pytest.raises(SimError, match="local_speedup"):
+        sim(tg, "local", local_speedup=0)
+
+
+def test_profile_measures_the_local_graphs_speedup_into_an_existing_profile(tmp_path):
+    """`coacto profile --only local` times each model's offloading graph and the graph a client
+    cuts for its threads, alternating, and adds their ratio to the profile, where the simulator
+    finds it by the offloading graph's id."""
+    from coacto import zoo
+    from coacto.partition import OFFLOAD_MIN_COLUMN_BLOCKS
+    from coacto.sim.measure import run_profile
+
+    path = tmp_path / "here.json"
+    path.write_text(json.dumps(DEVICE))
+    prof, written = run_profile("here", threads=[1], models=["mobilenetv3_block"], runs=1,
+                                output=path, only=["local"], quota_models=["mobilenetv3_block"])
+    entry = prof["local_speedup"]["mobilenetv3_block"]
+    gid = coacto.compile(zoo.build("mobilenetv3_block"),
+                         min_column_blocks=OFFLOAD_MIN_COLUMN_BLOCKS).graph_id
+    assert entry["graph_id"] == gid and set(entry["threads"]) == {"1"}
+    assert 0.3 < entry["threads"]["1"] < 3.0  # a ratio of two latencies of the same model
+    assert load_profile(str(written)).local_speedup(gid, 1) == entry["threads"]["1"]
+    assert load_profile(str(written)).local_speedup(gid, 2) is None
+    kept = load_profile(str(written))  # the rest of the profile is kept
+    assert kept.gflops.keys() == {1, 2} and (kept.gflops[1] == 1.0).all()
+    with pytest.raises(coacto.CoactoError, match="engine, quota and/or local"):
+        run_profile("here", output=path, only=["nonsense"])
+
+
 def test_bandwidth_step_mid_transfer_gives_the_hand_computed_finish():
     tg = chain(in_bytes=50_000)
     step = 0.004  # 100 Mbit/s (12.5e6 B/s) until 4 ms, then 5 Mbit/s (625e3 B/s)
@@ -140,19 +192,21 @@ def test_bandwidth_step_mid_transfer_gives_the_hand_computed_finish():
 
 
 def test_a_link_that_gets_faster_is_seen_while_dynamic_stays_local():
-    """At 0.8 Mbit/s the 2 kB input costs more than the 5 ms the device takes; at 8 Mbit/s
-    offloading wins (2 ms up, 1 ms RTT, 0.5 ms there, 0.4 ms back). The input is too small to
-    measure the link, so the engine's probe train, sent again while the gate keeps inferences
-    local, is what sees the rise, and its first sample after a pause replaces the estimate."""
+    """At 0.8 Mbit/s the 2 kB input costs more than the 5 ms the device takes; at 16 Mbit/s
+    offloading wins clearly (1 ms up, 1 ms RTT, 0.5 ms there, 0.2 ms back; at 8 Mbit/s it took
+    4.6 ms, within the gate's 5% of the device's 5.0 once the gate reads the device's measured
+    latency). The input is too small to measure the link, so the engine's probe train, sent
+    again while the gate keeps inferences local, is what sees the rise, and its first sample
+    after a pause replaces the estimate."""
     from coacto.mobile.engine import REPROBE_S
 
     r = sim(chain(), "dynamic", device_threads=1, server_cores=1, inferences=1200, rtt_ms=1.0,
-            trace=[(0, 0.8), (1.0, 8.0)])
+            trace=[(0, 0.8), (1.0, 16.0)])
     early = [i for i in r.inferences if i.t_submit < 1.0]
     late = [i for i in r.inferences if i.t_submit > 1.0 + REPROBE_S + 0.3]
     assert sum(i.offloaded for i in early) <= len(early) // 8 + 1  # only the gate's explorations
     assert len(late) > 100 and sum(i.offloaded for i in late) > 0.8 * len(late)
-    assert late[-1].estimates["bandwidth_est_mbps"] == pytest.approx(8.0, rel=0.1)
+    assert late[-1].estimates["bandwidth_est_mbps"] == pytest.approx(16.0, rel=0.1)
 
 
 def test_trace_transfer_end_and_validation():

@@ -277,6 +277,7 @@ def add_profile_parser(sub) -> None:
                "  coacto profile --name pi-wifi --server tcp://192.168.1.5:5555\n"
                "  coacto profile --name my-laptop --only engine   # add the engine costs\n"
                "  coacto profile --name here --only quota --quota 0.25 --period-ms 4\n"
+               "  coacto profile --name here --only local --models resnet50,mobilenetv2\n"
                "  coacto profile --name quick --models squeezenet,mobilenetv3_block --json")
     pr.add_argument("--name", required=True, help="profile name: the file is profiles/NAME.json")
     pr.add_argument("--threads", default=None,
@@ -297,8 +298,10 @@ def add_profile_parser(sub) -> None:
                          "cgroup, as the experiments' testbed; needs root), e.g. 0.25")
     pr.add_argument("--period-ms", type=float, default=None,
                     help="the quota's CFS period in ms (the testbed's: 4 at a 0.25 quota)")
-    pr.add_argument("--only", default=None, metavar="engine,quota",
-                    help="measure only these sections and add them to the existing profile")
+    pr.add_argument("--only", default=None, metavar="engine,quota,local",
+                    help="measure only these sections and add them to the existing profile "
+                         "(local: how much faster each model runs on the graph a client cuts "
+                         "for its own work than on the offloading graph; --models picks them)")
     pr.add_argument("--engine-model", default="resnet50",
                     help="zoo model the engine costs are measured with (default resnet50)")
     pr.add_argument("-o", "--output", default=None, help="write here instead of profiles/NAME.json")

@@ -40,10 +40,13 @@ class TileState:
     and a trace of every tile computed here (start, end, worker)."""
 
     def __init__(self, cores: "Cores", g: SimGraph, local=None, on_local_complete=None,
-                 on_done=None, on_output=None, tag=None):
+                 on_done=None, on_output=None, tag=None, scale: float = 1.0):
         self.cores = cores
         self.g = g
         self.tag = tag
+        # this inference's tiles take `scale` times their table's durations: a device's local
+        # work runs on its local graph (coacto.sim.device, local_speedup)
+        self.scale = float(scale)
         self.parents_left = list(g.n_parents)
         self.state = [NOT_READY] * g.n
         self.local = None if local is None else [bool(v) for v in local]
@@ -234,9 +237,10 @@ class Cores:
         inf.state[tile] = RUNNING
         if self.cpu is not None:
             inf.t0[tile], inf.worker[tile] = now, w
-            self.cpu.start_tile(self.durations.get(busy)[tile], self._finish_cpu, w, inf, tile)
+            self.cpu.start_tile(self.durations.get(busy)[tile] * inf.scale, self._finish_cpu, w,
+                                inf, tile)
             return
-        end = now + self.durations.get(busy)[tile]
+        end = now + self.durations.get(busy)[tile] * inf.scale
         inf.t0[tile], inf.t1[tile], inf.worker[tile] = now, end, w
         self.busy_s += end - now
         self.loop.at(end, self._finish, w, inf, tile)

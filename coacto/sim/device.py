@@ -65,8 +65,10 @@ class DeviceNative:
         self.job = job
         g = device.g
         decides = self._on_local_complete if plan.send is not None else None
+        # work the device does alone runs on its local graph (SimDevice, local_speedup)
+        scale = 1.0 / device.local_speedup if job.local_graph else 1.0
         self.ts = TileState(device.cores, g, local=plan.local, on_local_complete=decides,
-                            on_done=self._on_done, tag=job.id)
+                            on_done=self._on_done, tag=job.id, scale=scale)
         self.send = None if plan.send is None else np.asarray(plan.send).tolist()
         self.params = rule.OffloadParams()
         self.queue = [collections.deque() for _ in range(POOL_DEPTH_BUCKETS)]
@@ -134,12 +136,18 @@ class SimDevice:
                  downlink_trace, rtt: float, bandwidth0: float, device_flops: float,
                  server_flops: float, timeout: float, heartbeat_s: float, cpu=None,
                  costs=None, device_flops_fixed: bool = False, probe: bool = False,
-                 burst_bytes: float = 0.0, wire=None):
+                 burst_bytes: float = 0.0, wire=None, local_speedup: float = 1.0):
         self.sim = sim
         self.loop = sim.loop
         self.index = index
         self.tg = sim.tg
-        self.local_tg = sim.tg  # one graph: the simulated device's rate is one number
+        # A real client computes what it does alone on a second graph cut for its threads
+        # (Engine.local_tg): here the same tiles, each local_speedup times faster (the
+        # offloading graph's time over the local graph's, as `coacto profile` measures it)
+        self.local_tg = sim.tg
+        self.local_speedup = float(local_speedup)
+        if not self.local_speedup > 0:
+            raise ValueError(f"local_speedup must be positive, got {local_speedup!r}")
         self.g: SimGraph = sim.g
         # the transfer encoding's bytes per raw byte, per layer (None: raw floats): each tile
         # takes its layer's share on the wire, and the planners price cuts with it
@@ -160,6 +168,11 @@ class SimDevice:
         self.est.server_flops = float(server_flops)
         self.est.server_flops_known = True
         self.est.on_local_run(self.tg.total_flops, self.tg.total_flops / device_flops)
+        if not device_flops_fixed:  # Client.calibrate: each graph's rate, and their ratio
+            self.est.on_local_run(self.tg.total_flops,
+                                  self.tg.total_flops / (device_flops * self.local_speedup),
+                                  local_graph=True)
+            self.est.graph_ratio = 1.0 / self.local_speedup
         # Client(device_flops=F) keeps F (the experiments' device driver passes its calibration)
         self.est._device_fixed = bool(device_flops_fixed)
         self._probe = probe  # the session's goodput probe after the handshake
@@ -220,13 +233,16 @@ class SimDevice:
         t = self.loop.now
         self._ids += 1
         job = Job(self._ids, None, self.policy, self.options, t)
+        job.local_graph = False  # set by _admit for the work the device does alone
         self.jobs[job.id] = job
         self._engine(0.0 if self.costs is None else self.costs.start(self.policy),
                      self._admit, job)
 
     def _admit(self, job: Job) -> None:
-        """Engine._admit: the plan from the estimates now, then the native inference."""
+        """Engine._admit: the plan from the estimates now, then the native inference; what the
+        device does alone (Engine._start_local) runs on its local graph."""
         replay = job.options.get("frontier")
+        job.local_graph = True
         if job.policy == "local":
             plan = policies.plan_local(self.tg)
         elif job.policy == "dynamic" and replay == "device":
@@ -237,6 +253,7 @@ class SimDevice:
         elif job.policy == "dynamic" and replay is None and Engine._local_is_faster(self, job):
             plan = policies.plan_local(self.tg)
         else:
+            job.local_graph = False
             plan = Engine._plan(self, job)
         self._start_native(job, plan, self.loop.now)
 
@@ -312,8 +329,10 @@ class SimDevice:
             self.outbox.append(Msg(P.CANCEL, _CONTROL_BYTES[P.CANCEL], job))
         native.ts.cancel()
         ts = native.ts
-        if ts.computed == self.g.n_computable:
-            self.est.on_local_run(self.tg.total_flops, ts.t_end - ts.t_start)
+        if ts.computed == self.g.n_computable:  # as Engine._finish learns the device's rate
+            self.est.on_local_run(self.tg.total_flops, ts.t_end - ts.t_start,
+                                  local_graph=job.local_graph,
+                                  latency=t - job.t_start if job.t_start is not None else None)
         Engine._learn_outcome(self, job, t)
         self.records.append(self._record(job, t))
         self.wake(t)

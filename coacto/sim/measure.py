@@ -86,6 +86,31 @@ def measure_threads(models, threads: int, runs: int, progress) -> dict:
     return {"seconds": secs, "flops": flops, "models": rows, "layers": per_layer}
 
 
+def measure_local_speedup(graphs, counts, runs: int, progress) -> dict:
+    """Per model, the offloading graph's latency over the local graph's at each thread count
+    (medians of ``runs`` x ROUNDS runs, the two graphs alternating): what a client gains on the
+    work it does alone, which it computes on a graph cut for its threads (Engine.local_tg,
+    coacto.compiler.repartition), while the simulator times the offloading graph's tiles."""
+    from ..compiler import repartition
+    from ..runtime import Runtime
+
+    out = {}
+    for name, tg, feeds in graphs:
+        entry = out[name] = {"graph_id": tg.graph_id, "threads": {}}
+        for t in counts:
+            progress(f"  {name}: offloading and local graph at {t} thread(s) ...")
+            local_tg = repartition(tg, threads=t)
+            times: list[list[float]] = [[], []]
+            with Runtime(tg, threads=t) as rt, Runtime(local_tg, share=rt) as local_rt:
+                for _ in range(runs * ROUNDS):
+                    for i, r in enumerate((rt, local_rt)):
+                        t0 = time.perf_counter()
+                        r.run(feeds)
+                        times[i].append(time.perf_counter() - t0)
+            entry["threads"][str(t)] = statistics.median(times[0]) / statistics.median(times[1])
+    return out
+
+
 def measure_link(address: str, model: str, inferences: int, progress) -> dict:
     """Goodput and RTT a Client measures against ``address`` over cloud inferences of ``model``."""
     from .. import zoo
@@ -118,14 +143,16 @@ def run_profile(name: str, threads=None, models=DEFAULT_MODELS, runs: int = 5,
     """Measures this machine, writes the profile (profiles/NAME.json or ``output``) and returns
     (profile, path). ``engine``: also the communication engines' CPU costs
     (coacto.sim.enginecost); ``quota`` / ``period_ms``: also the slowdown inside that CPU quota
-    (coacto.sim.quota); ``only``: just those sections ("engine", "quota"), merged into the
-    existing profile."""
+    (coacto.sim.quota); ``only``: just those sections ("engine", "quota", "local": the local
+    graphs' speedup, coacto.sim.measure.measure_local_speedup), merged into the existing
+    profile."""
     if not name or any(c in name for c in "/\\") or name.startswith("."):
         raise CoactoError(f"profile name {name!r}: use letters, digits and dashes (the file is "
                           f"profiles/NAME.json)")
-    unknown = set(only) - {"engine", "quota"}
+    unknown = set(only) - {"engine", "quota", "local"}
     if unknown:
-        raise CoactoError(f"--only takes engine and/or quota, not {', '.join(sorted(unknown))}")
+        raise CoactoError(f"--only takes engine, quota and/or local, not "
+                          f"{', '.join(sorted(unknown))}")
     if ("quota" in only or quota is not None) and not (quota and period_ms):
         raise CoactoError("a quota measurement needs --quota (cores, e.g. 0.25) and --period-ms")
     path = Path(output) if output else PROFILE_DIR / f"{name}.json"
@@ -139,7 +166,7 @@ def run_profile(name: str, threads=None, models=DEFAULT_MODELS, runs: int = 5,
             raise CoactoError(f"{path}: not a readable profile ({e})") from None
     else:
         prof = _measure(name, threads, models, runs, server, link_inferences, progress)
-    if only:
+    if set(only) & {"engine", "quota"}:  # the local speedup alone leaves the rest as it was
         prof["server_calibration"] = measure_calibration(progress)
     if engine or "engine" in only:
         prof["engine"] = _engine(engine_model, engine_inferences, progress)
@@ -149,29 +176,23 @@ def run_profile(name: str, threads=None, models=DEFAULT_MODELS, runs: int = 5,
         qm = list(quota_models or [m for m in prof.get("layers") or models])
         prof.setdefault("quota", {})[key(quota, period_ms)] = measure_quota(
             quota, period_ms, qm, progress=progress)
+    if "local" in only:
+        from ..runtime import default_threads
+
+        counts = sorted(set(threads or range(1, default_threads() + 1)))
+        names = list(quota_models or prof.get("layers") or models)
+        prof["local_speedup"] = measure_local_speedup(_offload_graphs(names, progress), counts,
+                                                      runs, progress)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(prof, indent=1) + "\n")
     return prof, path
 
 
-def _engine(model: str, inferences: int, progress) -> dict:
-    from .enginecost import measure_engine
-
-    return measure_engine(model, inferences, progress=progress)
-
-
-def _measure(name, threads, models, runs, server, link_inferences, progress) -> dict:
+def _offload_graphs(models, progress) -> list:
+    """(name, tile graph cut for offloading, example inputs) of each zoo model."""
     from .. import compiler, zoo
     from ..partition import OFFLOAD_MIN_COLUMN_BLOCKS
-    from ..native import check_isa, gemm_kernel_name
-    from ..machine import cache_sizes, cpu_model
-    from ..runtime import default_threads
 
-    counts = sorted(set(threads or range(1, default_threads() + 1)))
-    if not counts or counts[0] < 1:
-        raise CoactoError("thread counts must be positive integers")
-    if runs < 1:
-        raise CoactoError("runs must be at least 1")
     unknown = [m for m in models if m not in zoo.MODELS]
     if unknown:
         raise CoactoError(f"not zoo models: {', '.join(unknown)} (zoo: {', '.join(zoo.MODELS)})")
@@ -181,6 +202,26 @@ def _measure(name, threads, models, runs, server, link_inferences, progress) -> 
         onnx_model = zoo.build(m)
         tg = compiler.compile(onnx_model, min_column_blocks=OFFLOAD_MIN_COLUMN_BLOCKS)
         graphs.append((m, tg, zoo.input_feeds(onnx_model)))
+    return graphs
+
+
+def _engine(model: str, inferences: int, progress) -> dict:
+    from .enginecost import measure_engine
+
+    return measure_engine(model, inferences, progress=progress)
+
+
+def _measure(name, threads, models, runs, server, link_inferences, progress) -> dict:
+    from ..native import check_isa, gemm_kernel_name
+    from ..machine import cache_sizes, cpu_model
+    from ..runtime import default_threads
+
+    counts = sorted(set(threads or range(1, default_threads() + 1)))
+    if not counts or counts[0] < 1:
+        raise CoactoError("thread counts must be positive integers")
+    if runs < 1:
+        raise CoactoError("runs must be at least 1")
+    graphs = _offload_graphs(models, progress)
     gflops, notes, rows, overhead_us = {}, [], [], None
     layer_tables: dict = {}
     for t in counts:
@@ -225,6 +266,7 @@ def _measure(name, threads, models, runs, server, link_inferences, progress) -> 
                              "caches": cache_sizes(), "isa_cap": check_isa()},
                         gemm_kernel=gemm_kernel_name(), runs=runs, models=rows,
                         notes=notes, layers=layer_tables,
+                        local_speedup=measure_local_speedup(graphs, counts, runs, progress),
                         server_calibration=measure_calibration(progress))
     return prof
 

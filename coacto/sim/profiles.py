@@ -157,6 +157,19 @@ class MachineProfile:
         _, model = self._quota(quota, period_ms, graph_id)
         return float(model["full_ms"]) / 1e3 if model and model.get("full_ms") else None
 
+    def local_speedup(self, graph_id: str, threads: int) -> float | None:
+        """The offloading graph ``graph_id``'s latency over the local graph's (the one a client
+        cuts for ``threads`` computing threads) on this machine, when `coacto profile` measured
+        it (its ``local_speedup`` section); else None."""
+        for entry in (self.raw.get("local_speedup") or {}).values():
+            if isinstance(entry, dict) and entry.get("graph_id") == graph_id:
+                try:
+                    value = float((entry.get("threads") or {})[str(int(threads))])
+                except (KeyError, TypeError, ValueError):
+                    return None
+                return value if value > 0 else None
+        return None
+
     def layer_seconds(self, graph_id: str, n_layers: int) -> dict[int, np.ndarray] | None:
         """Busy seconds per layer (summed over threads) per measured thread count of the tile
         graph ``graph_id``, when `coacto profile` measured that graph; else None."""

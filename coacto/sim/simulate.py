@@ -263,7 +263,7 @@ def simulate(model_or_tg, policy: str = "dynamic", *, device="raspberry-pi-4",
              initial_goodput_mbps: float | None = None, probe: bool = False,
              calibrate_runs: int = 4, burst_bytes: float = 0.0,
              quota_slowdown: float | None = None, transfer: str = "lossless",
-             wire=None) -> SimResult:
+             wire=None, local_speedup: float | None = None) -> SimResult:
     """Simulates ``inferences`` back-to-back inferences on each of ``devices`` devices running
     ``policy`` against one server (see docs/SIMULATOR.md).
 
@@ -309,6 +309,10 @@ def simulate(model_or_tg, policy: str = "dynamic", *, device="raspberry-pi-4",
     ``transfer``: the clients' tile encoding (coacto.Client's ``transfer``); each tile takes its
     layer's share of bytes on the wire, ``wire`` (per layer; default: measured by one local
     inference of the graph's example inputs, coacto.inference.wire_ratios).
+    ``local_speedup``: how much faster the device computes what it does alone (policy local,
+    dynamic's gate), on the graph a real client cuts for its threads, than the offloading graph
+    the simulation times (its tiles' durations divided by this); default: what `coacto profile`
+    measured for this graph and thread count on the device's machine, else 1.
     """
     t_wall = time.perf_counter()
     if transfer not in P.TRANSFER_MODES:
@@ -397,6 +401,10 @@ def simulate(model_or_tg, policy: str = "dynamic", *, device="raspberry-pi-4",
             tile_scale = slowdown * full_s / plain
     dev_dur = Durations(g, dev_prof, quota=None if dev_cpu_model else quota, scale=tile_scale)
     srv_dur = Durations(g, srv_prof)
+    if local_speedup is None:
+        local_speedup = dev_prof.local_speedup(tg.graph_id, k) or 1.0
+    if not (isinstance(local_speedup, (int, float)) and local_speedup > 0):
+        raise SimError(f"local_speedup must be a positive number, got {local_speedup!r}")
     dev_solo = solo_latency(g, k, dev_dur, make_dev_cpu)
     srv_solo = solo_latency(g, n, srv_dur, make_srv_cpu)
     fixed = device_flops is not None
@@ -428,7 +436,7 @@ def simulate(model_or_tg, policy: str = "dynamic", *, device="raspberry-pi-4",
                         device_flops=est_device, server_flops=est_server, timeout=timeout,
                         heartbeat_s=hb, cpu=make_dev_cpu(loop), costs=dev_costs,
                         device_flops_fixed=fixed, probe=probe, burst_bytes=burst_bytes,
-                        wire=wire)
+                        wire=wire, local_speedup=local_speedup)
         sim.devices.append(dev)
         t0 = float(rng.uniform(0.0, start_jitter_s)) if start_jitter_s > 0 else 0.0
         dev.start(sequence, t0)
@@ -483,7 +491,7 @@ def simulate(model_or_tg, policy: str = "dynamic", *, device="raspberry-pi-4",
         "device_engine_busy_s": sum(dv.cpu.engine_busy_s for dv in sim.devices if dv.cpu),
         "server_io_busy_s": sim.server.cpu.engine_busy_s if sim.server.cpu else 0.0,
         "initial_goodput_mbps": initial_goodput_mbps, "probe": probe, "burst_bytes": burst_bytes,
-        "transfer": transfer,
+        "transfer": transfer, "local_speedup": local_speedup,
     }
     return SimResult(results, settings, measured, wall_s=time.perf_counter() - t_wall,
                      events=loop.events)
