@@ -489,6 +489,9 @@ def test_a_recorded_frontier_replays_the_same_plan():
         # replayed under other estimates (a link 20x faster): the same plan, tile for tile
         again = P.plan_dynamic(tg, dev, srv, 20 * bw, 1e-3, frontier=name)
         assert P.frontier(again) == name and again.info["kind"] == kind
+        # priced under the new estimates though no longer the best of its kind (the engine
+        # times its insurance from it; NaN once left a replayed cut's device work parked)
+        assert np.isfinite(again.info["predicted_s"]) and again.info["predicted_s"] > 0
         assert np.array_equal(np.asarray(again.send), np.asarray(chosen.send))
         assert (again.local is None) == (chosen.local is None)
         if chosen.local is not None:
@@ -496,10 +499,19 @@ def test_a_recorded_frontier_replays_the_same_plan():
     out, _ = exchange(tg, feeds, P.make_plan("dynamic", tg, device_flops=dev, server_flops=srv,
                                              bandwidth=bw, frontier=P.frontier(chosen)))
     assert_close(out, ref, rel=1e-4)
-    # a cut dynamic would not choose is still that cut
+    # a cut dynamic would not choose is still that cut, priced by the cost model
     cut = tm.valid_cuts(tg)[1]
+    assert cut != opts["cut"][1]
     plan = P.plan_dynamic(tg, dev, srv, bw, 1e-3, frontier=f"cut {tg.graph.layers[cut].name}")
-    assert plan.split_layer == cut and np.isnan(plan.info["predicted_s"]) == (cut != opts["cut"][1])
+    cuts, costs = P.split_cost_array(tg, dev, srv, bw, 1e-3)
+    assert plan.split_layer == cut
+    assert plan.info["predicted_s"] == pytest.approx(costs[list(cuts).index(cut)], rel=1e-12)
+    table, shares = P.share_costs(tg, dev, srv, bw, 1e-3)
+    other = int(np.argmax(shares))  # the worst share
+    layer, blocks = int(table.layer[other]), int(table.blocks[other])
+    plan = P.plan_dynamic(tg, dev, srv, bw, 1e-3, frontier=f"share {tg.graph.layers[layer].name} "
+                          f"{blocks}/{int(table.n_blocks[other])}")
+    assert plan.info["predicted_s"] == pytest.approx(shares[other], rel=1e-12)
     for bad in ("device", "cut no-such-layer", "share no-such-layer 1/2", "inputs now", "", 3):
         with pytest.raises(P.PolicyError):
             P.plan_dynamic(tg, dev, srv, bw, 1e-3, frontier=bad)

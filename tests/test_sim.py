@@ -331,6 +331,29 @@ def test_every_policy_completes(squeezenet_tg, policy, bandwidth):
     assert math.isfinite(r.p50) and r.p95 >= r.p50 and r.throughput > 0
 
 
+def test_a_replayed_cut_that_is_not_the_best_runs_at_once(squeezenet_tg):
+    """sim_vs_real replays the plan each real inference ran (plan_dynamic's frontier). A cut the
+    cost model would not choose now had no prediction (NaN), the engine's insurance timer was
+    set to it, and the event loop's order broke: such inferences took 0.3-6 s where their
+    neighbours took 40-70 ms. Priced now, it runs as any cut does; an event at NaN raises."""
+    from coacto.mobile import policies as P
+    from coacto import partition as tm
+
+    tg = squeezenet_tg
+    kw = dict(device="raspberry-pi-4", server="threadripper-3990x", server_cores=8,
+              bandwidth_mbps=50.0)
+    best = P.dynamic_options(tg, 1e10, 1e11, 50e6 / 8, 1e-3).get("cut", (0, None))[1]
+    cut = next(c for c in tm.valid_cuts(tg)[1:] if c != best)
+    frontier = f"cut {tg.graph.layers[cut].name}"
+    split = simulate(tg, "split", split_layer=cut, inferences=2, **kw).p50  # the same cut
+    r = simulate(tg, [("dynamic", 6, {"frontier": frontier})], **kw)
+    assert all(i.frontier == frontier for i in r.inferences)
+    assert max(i.latency_s for i in r.inferences) < 1.5 * split, \
+        (split, [i.latency_s for i in r.inferences])
+    with pytest.raises(ValueError, match="NaN"):
+        EventLoop().at(float("nan"), print)
+
+
 def test_local_latency_is_work_over_rate_plus_overhead(squeezenet_tg):
     rates = {"conv": 3.0, "gemm": 2.0, "depthwise": 0.5, "elementwise": 0.25, "other": 0.4}
     dev = dict(DEVICE, gflops={"1": rates}, tile_overhead_us=7.0)

@@ -324,12 +324,14 @@ class Engine:
         """A device share or a streamed cut: what the device does not compute is insurance,
         which starts when the server is late by half the plan's predicted time (or the link
         stalls, or the server is lost)."""
-        if self.est.server_shared():
+        predicted = job.plan.info.get("predicted_s")
+        if self.est.server_shared() or not (predicted is not None and math.isfinite(predicted)):
+            # (no prediction to time the insurance by: a forced plan the cost model lacks)
             self._keeps_work(job)
             return
         job.local_parked = True
         job.resume_on_release = False
-        job.resume_at = job.t_start + INSURANCE_MARGIN * job.plan.info["predicted_s"]
+        job.resume_at = job.t_start + INSURANCE_MARGIN * predicted
 
     def _keeps_work(self, job: Job) -> None:
         """A server shared with other devices (Estimates.server_shared) serves this inference

@@ -160,12 +160,12 @@ def plan_dynamic(tg: TileGraph, device_flops: float | None = None, server_flops:
         predicted, where = options[kind]
     else:
         kind, where = forced
-        predicted = options[kind][0] if kind in options and where in (None, options[kind][1]) \
-            else float("nan")
         if where is None:  # the inputs plan's own cut
             if kind not in options:
                 return Plan("dynamic", None, send, uses_server=True, info={"kind": "inputs"})
             where = options[kind][1]
+        predicted = _forced_cost(tg, kind, where, options, device_flops, server_flops,
+                                 bandwidth, rtt, alpha, downlink, wire)
     info: dict = {"predicted_s": predicted, "kind": kind}
     if kind == "share":
         return plan_share(tg, where[0], where[1], info)
@@ -184,6 +184,27 @@ def plan_dynamic(tg: TileGraph, device_flops: float | None = None, server_flops:
         return Plan("dynamic", tg.plan.mask(inputs), send, uses_server=True, info=info)
     # a graph with no cut at all (an output before the last input): CoActo's rule
     return Plan("dynamic", None, send, uses_server=True, info=info)
+
+
+def _forced_cost(tg, kind, where, options, device_flops, server_flops, bandwidth, rtt, alpha,
+                 downlink, wire) -> float:
+    """The cost model's prediction for a plan forced by name (plan_dynamic's ``frontier``),
+    which need not be the best of its kind: the engine times its insurance from it
+    (_park_rest), and a missing one (NaN) once left a replayed cut's device work parked on a
+    timer set to NaN. NaN only where the model has no such plan."""
+    if kind in options and options[kind][1] == where:
+        return float(options[kind][0])
+    if kind == "cut":
+        cuts, costs = split_cost_array(tg, device_flops, server_flops, bandwidth, rtt, alpha,
+                                       downlink, wire)
+        hit = np.flatnonzero(cuts == where)
+        return float(costs[hit[0]]) if len(hit) else float("nan")
+    if kind == "share":
+        table, shares = share_costs(tg, device_flops, server_flops, bandwidth, rtt, alpha,
+                                    downlink, wire)
+        hit = np.flatnonzero((table.layer == where[0]) & (table.blocks == where[1]))
+        return float(shares[hit[0]]) if len(hit) else float("nan")
+    return float("nan")
 
 
 # ------------------------------------------------------------------------------ device shares

@@ -16,6 +16,8 @@ class EventLoop:
         self.events = 0
 
     def at(self, t: float, fn, *args) -> None:
+        if t != t:  # NaN: unordered, it would break the heap's order for every later event
+            raise ValueError(f"an event at time NaN ({getattr(fn, '__name__', fn)})")
         heapq.heappush(self._heap, (t, next(self._seq), fn, args))
 
     def run(self, until: float = float("inf"), stop=None) -> None:
