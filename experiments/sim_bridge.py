@@ -55,7 +55,7 @@ def profile_fits(profile: str = PROFILE) -> tuple[bool, str]:
             "caches": cache_sizes()}
     there = {"model": cpu.get("model"), "cores": cpu.get("cores"),
              "kernel": prof.raw.get("gemm_kernel"), "caches": cpu.get("caches")}
-    missing = [k for k in ("layers", "engine", "quota", "server_calibration")
+    missing = [k for k in ("layers", "engine", "quota", "server_calibration", "local_speedup")
                if not prof.raw.get(k)]
     if missing:
         return False, f"profile {profile} lacks {', '.join(missing)}"

@@ -174,6 +174,9 @@ def test_profile_measures_the_local_graphs_speedup_into_an_existing_profile(tmp_
     assert 0.3 < entry["threads"]["1"] < 3.0  # a ratio of two latencies of the same model
     assert load_profile(str(written)).local_speedup(gid, 1) == entry["threads"]["1"]
     assert load_profile(str(written)).local_speedup(gid, 2) is None
+    again, _ = run_profile("here", threads=[2], models=["mobilenetv3_block"], runs=1,
+                           output=path, only=["local"], quota_models=["mobilenetv3_block"])
+    assert set(again["local_speedup"]["mobilenetv3_block"]["threads"]) == {"1", "2"}  # merged
     kept = load_profile(str(written))  # the rest of the profile is kept
     assert kept.gflops.keys() == {1, 2} and (kept.gflops[1] == 1.0).all()
     with pytest.raises(coacto.CoactoError, match="engine, quota and/or local"):
@@ -193,9 +196,9 @@ def test_bandwidth_step_mid_transfer_gives_the_hand_computed_finish():
 
 def test_a_link_that_gets_faster_is_seen_while_dynamic_stays_local():
     """At 0.8 Mbit/s the 2 kB input costs more than the 5 ms the device takes; at 16 Mbit/s
-    offloading wins clearly (1 ms up, 1 ms RTT, 0.5 ms there, 0.2 ms back; at 8 Mbit/s it took
-    4.6 ms, within the gate's 5% of the device's 5.0 once the gate reads the device's measured
-    latency). The input is too small to measure the link, so the engine's probe train, sent
+    offloading wins clearly (1 ms up, 1 ms RTT, 0.5 ms there, 0.2 ms back; at 8 Mbit/s it was
+    predicted at 4.8 ms after its outcomes' correction (it took 4.6), within the gate's 5% of the
+    device's 5.0, once the gate read the device's measured latency instead of a 6.3 ms estimate). The input is too small to measure the link, so the engine's probe train, sent
     again while the gate keeps inferences local, is what sees the rise, and its first sample
     after a pause replaces the estimate."""
     from coacto.mobile.engine import REPROBE_S
@@ -348,6 +351,7 @@ def test_a_replayed_cut_that_is_not_the_best_runs_at_once(squeezenet_tg):
     split = simulate(tg, "split", split_layer=cut, inferences=2, **kw).p50  # the same cut
     r = simulate(tg, [("dynamic", 6, {"frontier": frontier})], **kw)
     assert all(i.frontier == frontier for i in r.inferences)
+    assert all(math.isfinite(i.predicted_s) for i in r.inferences)
     assert max(i.latency_s for i in r.inferences) < 1.5 * split, \
         (split, [i.latency_s for i in r.inferences])
     with pytest.raises(ValueError, match="NaN"):

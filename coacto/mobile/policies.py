@@ -194,6 +194,8 @@ def _forced_cost(tg, kind, where, options, device_flops, server_flops, bandwidth
     timer set to NaN. NaN only where the model has no such plan."""
     if kind in options and options[kind][1] == where:
         return float(options[kind][0])
+    if not (device_flops and device_flops > 0):  # nothing to price it with yet
+        return float("nan")
     if kind == "cut":
         cuts, costs = split_cost_array(tg, device_flops, server_flops, bandwidth, rtt, alpha,
                                        downlink, wire)

@@ -180,9 +180,17 @@ def run_profile(name: str, threads=None, models=DEFAULT_MODELS, runs: int = 5,
         from ..runtime import default_threads
 
         counts = sorted(set(threads or range(1, default_threads() + 1)))
+        if not counts or counts[0] < 1 or runs < 1:
+            raise CoactoError("thread counts and runs must be positive integers")
         names = list(quota_models or prof.get("layers") or models)
-        prof["local_speedup"] = measure_local_speedup(_offload_graphs(names, progress), counts,
-                                                      runs, progress)
+        table = prof.setdefault("local_speedup", {})  # the models and counts measured now
+        for model, entry in measure_local_speedup(_offload_graphs(names, progress), counts,
+                                                  runs, progress).items():
+            old = table.get(model)
+            if isinstance(old, dict) and old.get("graph_id") == entry["graph_id"]:
+                old.setdefault("threads", {}).update(entry["threads"])
+            else:
+                table[model] = entry
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(prof, indent=1) + "\n")
     return prof, path
