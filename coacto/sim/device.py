@@ -233,7 +233,6 @@ class SimDevice:
         t = self.loop.now
         self._ids += 1
         job = Job(self._ids, None, self.policy, self.options, t)
-        job.local_graph = False  # set by _admit for the work the device does alone
         self.jobs[job.id] = job
         self._engine(0.0 if self.costs is None else self.costs.start(self.policy),
                      self._admit, job)

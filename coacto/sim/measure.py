@@ -177,11 +177,7 @@ def run_profile(name: str, threads=None, models=DEFAULT_MODELS, runs: int = 5,
         prof.setdefault("quota", {})[key(quota, period_ms)] = measure_quota(
             quota, period_ms, qm, progress=progress)
     if "local" in only:
-        from ..runtime import default_threads
-
-        counts = sorted(set(threads or range(1, default_threads() + 1)))
-        if not counts or counts[0] < 1 or runs < 1:
-            raise CoactoError("thread counts and runs must be positive integers")
+        counts = _thread_counts(threads, runs)
         names = list(quota_models or prof.get("layers") or models)
         table = prof.setdefault("local_speedup", {})  # the models and counts measured now
         for model, entry in measure_local_speedup(_offload_graphs(names, progress), counts,
@@ -194,6 +190,19 @@ def run_profile(name: str, threads=None, models=DEFAULT_MODELS, runs: int = 5,
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(prof, indent=1) + "\n")
     return prof, path
+
+
+def _thread_counts(threads, runs: int) -> list[int]:
+    """The thread counts to measure (default: 1 to this process's CPUs), sorted; checks them
+    and ``runs``."""
+    from ..runtime import default_threads
+
+    counts = sorted(set(threads or range(1, default_threads() + 1)))
+    if not counts or counts[0] < 1:
+        raise CoactoError("thread counts must be positive integers")
+    if runs < 1:
+        raise CoactoError("runs must be at least 1")
+    return counts
 
 
 def _offload_graphs(models, progress) -> list:
@@ -224,11 +233,7 @@ def _measure(name, threads, models, runs, server, link_inferences, progress) -> 
     from ..machine import cache_sizes, cpu_model
     from ..runtime import default_threads
 
-    counts = sorted(set(threads or range(1, default_threads() + 1)))
-    if not counts or counts[0] < 1:
-        raise CoactoError("thread counts must be positive integers")
-    if runs < 1:
-        raise CoactoError("runs must be at least 1")
+    counts = _thread_counts(threads, runs)
     graphs = _offload_graphs(models, progress)
     gflops, notes, rows, overhead_us = {}, [], [], None
     layer_tables: dict = {}
