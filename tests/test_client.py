@@ -351,6 +351,38 @@ def test_one_offloaded_inference_in_eight_may_explore_a_kind_not_yet_run():
     assert Engine._unseen(eng, split) == () and eng._planned == 2 * EVERY
 
 
+def test_a_kind_not_run_for_a_while_is_run_again_unless_the_server_is_shared():
+    """One sample taken in bad conditions kept a kind shut out for good: the simulated Pi 4 ran
+    MobileNetV2's inputs plan once at 67 ms (its goodput estimate still low), then streamed a
+    cut at 65-70 ms ever after, where a share took 61 once it was measured again."""
+    from types import SimpleNamespace
+
+    from coacto.mobile.engine import KIND_EXPLORE_EVERY as EVERY
+    from coacto.mobile.engine import KIND_STALE_AFTER, Engine
+    from coacto.mobile.estimates import Estimates
+
+    e = Estimates(bandwidth=1e6)
+    e.on_offloaded(0.050, 0.067, "inputs")
+    e.on_offloaded(0.040, 0.045, "share")
+    for _ in range(KIND_STALE_AFTER - 2):
+        e.on_offloaded(0.040, 0.050, "cut")
+    assert e.stale_kinds(KIND_STALE_AFTER) == ()  # inputs learnt KIND_STALE_AFTER - 1 ago
+    e.on_offloaded(0.040, 0.050, "cut")
+    assert e.stale_kinds(KIND_STALE_AFTER) == ("inputs",)
+    e.on_offloaded(0.040, 0.050, "cut")
+    assert e.stale_kinds(KIND_STALE_AFTER) == ("inputs", "share")
+    eng = SimpleNamespace(est=e, _planned=0)
+    dyn = SimpleNamespace(policy="dynamic")
+    got = [Engine._unseen(eng, dyn) for _ in range(EVERY)]
+    assert got[:-1] == [()] * (EVERY - 1) and got[-1] == ("inputs", "share")
+    e.alpha = 1.5  # another device's work on the server: no exploring into its bursts
+    assert [Engine._unseen(eng, dyn) for _ in range(EVERY)][-1] == ()
+    # and one run again is fresh: chosen on its merits until it goes stale again
+    e.alpha = 1.0
+    e.on_offloaded(0.050, 0.049, "inputs")
+    assert e.stale_kinds(KIND_STALE_AFTER) == ("share",)
+
+
 def test_the_gate_reuses_its_verdict_while_the_estimates_hold(monkeypatch):
     """The gate's cost model, per inference, cost 150-290 us of the engine's CPU (four times
     that in a 25% quota): it is recomputed only when a rate moves by GATE_STEP or the wire

@@ -74,8 +74,10 @@ STALL_S = 0.005
 #: Exploration): a p95 is a device's slowest 5%, and at one in 20 the explorations were exactly
 #: that (four devices on a one-thread server, the small models' p95 1.1-1.2x their local one).
 EXPLORE_EVERY = 50
-#: One offloaded dynamic inference in this many may run a kind of plan not yet run (_unseen).
+#: One offloaded dynamic inference in this many may run a kind of plan not yet run, or one not
+#: run for KIND_STALE_AFTER offloaded inferences (_unseen).
 KIND_EXPLORE_EVERY = 8
+KIND_STALE_AFTER = 16
 #: ... and while it keeps them there the link is probed again (the session's probe train, when
 #: the link is idle) once its goodput was last measured this long ago: a link that got faster is
 #: seen by the next inference, not the eighth.
@@ -529,7 +531,12 @@ class Engine:
         if job.policy != "dynamic":
             return ()
         self._planned += 1
-        return self.est.unseen_kinds() if self._planned % KIND_EXPLORE_EVERY == 0 else ()
+        if self._planned % KIND_EXPLORE_EVERY:
+            return ()
+        e = self.est
+        # a shared server: an exploration runs into the others' bursts (docs/SCHEDULER.md)
+        stale = () if e.server_shared() else e.stale_kinds(KIND_STALE_AFTER)
+        return e.unseen_kinds() + stale
 
     def _transfer_now(self) -> str:
         """The encoding this device's tiles take: the one asked for, unless the server (when

@@ -420,6 +420,15 @@ class Estimates:
         err = self.offload_error if kind is None else (self._error(kind) or 0.0)
         return predicted_s + max(err, -0.5 * predicted_s)
 
+    def stale_kinds(self, age: int) -> tuple[str, ...]:
+        """The kinds of offloaded plan whose error, learnt on a link like today's, was last
+        learnt ``age`` or more offloaded outcomes ago: one sample that ran in bad conditions
+        (a probe train ahead of its inputs, a burst on the server) would otherwise keep a kind
+        shut out for as long as the kind chosen instead keeps being chosen."""
+        return tuple(k for k in ("inputs", "cut", "share")
+                     if self._error(k) is not None
+                     and self.offload_outcomes - self.offload_errors[k][2] >= age)
+
     def unseen_kinds(self) -> tuple[str, ...]:
         """The kinds of offloaded plan with no error learnt on a link like today's
         (policies.dynamic_options)."""
