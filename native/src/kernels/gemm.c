@@ -202,6 +202,21 @@ static size_t even_block_k(const gemm_kernel *kern, size_t len)
     return ((len + blocks - 1) / blocks + 15) / 16 * 16;
 }
 
+/* The K block of a product of `m` rows over a reduction of `len`: the whole reduction when the
+ * rows of A (m x len floats) fit in a quarter of L2, else even_block_k. With few rows and deep
+ * K blocks of even_block_k, each K block after the first read C back and wrote it again, and a
+ * wide tile's C had left L2 by then: a 64 x 3136 tile of GPT-2's language-model head holds
+ * 800 KB of C, which went out and back four times. In one block C is written once; the panel
+ * slice (K x NR, beyond L1) is read from L2 by each of the few row blocks, and their rows of A
+ * come from L2 once per panel. (Measured: docs/PERFORMANCE.md, Zen 4 section.) A product of
+ * fewer rows than the kernel's block (a classifier's one row) reads each panel once anyway. */
+static size_t block_k_rows(const gemm_kernel *kern, size_t m, size_t len)
+{
+    const size_t l2 = (size_t)cpu_get_caches()->l2_bytes;
+    if (m >= kern->mr && m * len * sizeof(float) <= l2 / 4) return len;
+    return even_block_k(kern, len);
+}
+
 /* Rows of the next row block with `left` rows to go: MR, except that a last block of fewer
  * than MR / 2 rows shares the last MR + r rows evenly with the block before it. Few rows keep
  * too few multiply-add chains in flight to hide the FMA latency (a 1-row block of the 14 x 32
@@ -371,7 +386,7 @@ void gemm_run_k(const gemm_kernel *kern, size_t m, size_t j0, size_t j1, size_t 
                 const gemm_epilogue *ep)
 {
     const size_t mr_max = kern->mr, nr_max = kern->nr;
-    const size_t kc_max = even_block_k(kern, k1 - k0);
+    const size_t kc_max = block_k_rows(kern, m, k1 - k0);
     const size_t mc_max = gemm_block_m(kern);
     assert(j0 % nr_max == 0);
     assert(k0 <= k1 && k1 <= k && (k0 < k1 || k == 0));
@@ -427,7 +442,9 @@ void gemm_run_k_rows(const gemm_kernel *kern, const gemm_rows *runs, size_t n_ru
                      size_t j1, size_t k, size_t k0, size_t k1, size_t lda, const float *packed,
                      size_t ldc, const gemm_epilogue *ep)
 {
-    const size_t kc_max = even_block_k(kern, k1 - k0);
+    size_t rows = 0;
+    for (size_t s = 0; s < n_runs; s++) rows += runs[s].m;
+    const size_t kc_max = block_k_rows(kern, rows, k1 - k0);
     assert(j0 % kern->nr == 0);
     assert(k0 <= k1 && k1 <= k && (k0 < k1 || k == 0));
     if (n_runs == 0 || j1 <= j0) return;
