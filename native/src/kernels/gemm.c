@@ -209,11 +209,13 @@ static size_t even_block_k(const gemm_kernel *kern, size_t len)
  * 800 KB of C, which went out and back four times. In one block C is written once; the panel
  * slice (K x NR, beyond L1) is read from L2 by each of the few row blocks, and their rows of A
  * come from L2 once per panel. (Measured: docs/PERFORMANCE.md, Zen 4 section.) A product of
- * fewer rows than the kernel's block (a classifier's one row) reads each panel once anyway. */
+ * fewer rows than the kernel's block (a classifier's one row) reads each panel once anyway.
+ * Only for the AVX-512 kernel, where it was measured faster: the AVX2 kernel on the same core
+ * ran as fast either way, and the NEON one, whose cores have less L2 bandwidth, is unmeasured. */
 static size_t block_k_rows(const gemm_kernel *kern, size_t m, size_t len)
 {
     const size_t l2 = (size_t)cpu_get_caches()->l2_bytes;
-    if (m >= kern->mr && m * len * sizeof(float) <= l2 / 4) return len;
+    if (kern->rank >= 2 && m >= kern->mr && m * len * sizeof(float) <= l2 / 4) return len;
     return even_block_k(kern, len);
 }
 
