@@ -352,9 +352,9 @@ def test_one_offloaded_inference_in_eight_may_explore_a_kind_not_yet_run():
 
 
 def test_a_kind_not_run_for_a_while_is_run_again_unless_the_server_is_shared():
-    """One sample taken in bad conditions kept a kind shut out for good: the simulated Pi 4 ran
-    MobileNetV2's inputs plan once at 67 ms (its goodput estimate still low), then streamed a
-    cut at 65-70 ms ever after, where a share took 61 once it was measured again."""
+    """One sample taken in bad conditions kept a kind shut out for good: the simulated Pi 4 at
+    100 Mbit/s ran MobileNetV2's share once, 24 ms over its prediction, then streamed a cut at
+    65-70 ms ever after, where the share took 61 once it was measured again."""
     from types import SimpleNamespace
 
     from coacto.mobile.engine import KIND_EXPLORE_EVERY as EVERY
@@ -377,7 +377,7 @@ def test_a_kind_not_run_for_a_while_is_run_again_unless_the_server_is_shared():
     assert got[:-1] == [()] * (EVERY - 1) and got[-1] == ("inputs", "share")
     e.alpha = 1.5  # another device's work on the server: no exploring into its bursts
     assert [Engine._unseen(eng, dyn) for _ in range(EVERY)][-1] == ()
-    # and one run again is fresh: chosen on its merits until it goes stale again
+    # a kind run again is not stale (its error moves by one sample of the moving average)
     e.alpha = 1.0
     e.on_offloaded(0.050, 0.049, "inputs")
     assert e.stale_kinds(KIND_STALE_AFTER) == ("share",)

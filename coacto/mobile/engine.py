@@ -525,9 +525,11 @@ class Engine:
 
     def _unseen(self, job: Job) -> tuple[str, ...]:
         """The kinds of plan a dynamic inference may explore: one offloaded inference in
-        KIND_EXPLORE_EVERY may run a kind never run on a link like today's, no more. A short session
-        (an app's few inferences, an experiment's fresh client) runs the kind predicted best;
-        a long one learns every kind's error within a few dozen."""
+        KIND_EXPLORE_EVERY may run a kind never run on a link like today's, or, unless the
+        server is shared, one whose error was last learnt KIND_STALE_AFTER offloaded inferences
+        ago or more; no more often. A short session (an app's few inferences, an experiment's
+        fresh client) runs the kind predicted best; a long one learns every kind's error within a
+        few dozen, and learns it again now and then."""
         if job.policy != "dynamic":
             return ()
         self._planned += 1
