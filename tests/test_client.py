@@ -383,6 +383,33 @@ def test_a_kind_not_run_for_a_while_is_run_again_unless_the_server_is_shared():
     assert e.stale_kinds(KIND_STALE_AFTER) == ("share",)
 
 
+def test_a_shared_server_must_be_much_faster_than_the_device(monkeypatch):
+    """With other devices' work on the server an offload must win by SHARED_OFFLOAD_MIN_GAIN,
+    not OFFLOAD_MIN_GAIN: their bursts delay it beyond what alpha foresees."""
+    from types import SimpleNamespace
+
+    from coacto.mobile.engine import OFFLOAD_MIN_GAIN, SHARED_OFFLOAD_MIN_GAIN, Engine
+    from coacto.mobile.estimates import Estimates
+
+    local_s = 0.040
+    offload_s = local_s * (1 - (OFFLOAD_MIN_GAIN + SHARED_OFFLOAD_MIN_GAIN) / 2)  # in between
+    monkeypatch.setattr(policies, "dynamic_options",
+                        lambda *a, **k: {"local": (local_s, None), "inputs": (offload_s, 0)})
+    est = Estimates(bandwidth=1e6, device_flops=5e9)
+    eng = SimpleNamespace(est=est, tg=None, _wire=lambda: None, _gated=0, _gate_key=None,
+                          _gate_verdict=None, _probe_if_stale=lambda: None)
+    job = SimpleNamespace(skipped=None, explores=False)
+    assert not Engine._local_is_faster(eng, job)  # alone on the server: offloads
+    est.server_load = {"others": 1}  # another device began an inference there lately
+    assert est.server_shared()
+    assert Engine._local_is_faster(eng, job) and "offloaded at best" in job.skipped
+    est.server_load = {"others": 0}
+    est.alpha = 1.5  # or its work computed there in the last second
+    assert Engine._local_is_faster(eng, job)
+    est.alpha = 1.0
+    assert not Engine._local_is_faster(eng, job)
+
+
 def test_the_gate_reuses_its_verdict_while_the_estimates_hold(monkeypatch):
     """The gate's cost model, per inference, cost 150-290 us of the engine's CPU (four times
     that in a 25% quota): it is recomputed only when a rate moves by GATE_STEP or the wire

@@ -86,6 +86,13 @@ REPROBE_S = estimates.GOODPUT_STALE_S
 #: errors of a few percent, and offloading costs what they leave out (the device's CPU for the
 #: link, a fallback when the server goes away). A tie stays on the device.
 OFFLOAD_MIN_GAIN = 0.05
+#: ... or this much while the server computes for other devices too (Estimates.server_shared):
+#: their bursts delay this inference in ways alpha's moving average does not foresee, and the
+#: device then keeps its work (_keeps_work), so an offload costs its CPU the sends on top of
+#: computing everything. Four devices on a one-thread server, the fourth (ResNet-50) offloading
+#: every inference: the small models' occasional offloads took up to 1.5-2.5x their local time
+#: and were their p95 (docs/SCHEDULER.md, Many devices).
+SHARED_OFFLOAD_MIN_GAIN = 0.3
 #: Longest poll (the loop also wakes on every event).
 MAX_POLL_S = 0.5
 #: A traced inference waits at most this long (and at most the client's timeout) after it
@@ -478,7 +485,8 @@ class Engine:
             # at every inference (a division), while the offloaded side, which needs the cost
             # model, waits for its rates to move (plans_hold)
             local = self.local_tg.total_flops / e.local_flops
-        if offloaded < local * (1.0 - OFFLOAD_MIN_GAIN):
+        gain = SHARED_OFFLOAD_MIN_GAIN if e.server_shared() else OFFLOAD_MIN_GAIN
+        if offloaded < local * (1.0 - gain):
             self._gated = 0
             return False
         self._gated += 1
