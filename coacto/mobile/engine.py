@@ -90,8 +90,8 @@ OFFLOAD_MIN_GAIN = 0.05
 #: their bursts delay this inference in ways alpha's moving average does not foresee, and the
 #: device then keeps its work (_keeps_work), so an offload costs its CPU the sends on top of
 #: computing everything. Four devices on a one-thread server, the fourth (ResNet-50) offloading
-#: every inference: the small models' occasional offloads took up to 1.5-2.5x their local time
-#: and were their p95 (docs/SCHEDULER.md, Many devices).
+#: every inference: the small models' occasional offloads took up to 1.7-2.5x their median
+#: and were among their slowest (docs/SCHEDULER.md, Many devices).
 SHARED_OFFLOAD_MIN_GAIN = 0.3
 #: Longest poll (the loop also wakes on every event).
 MAX_POLL_S = 0.5
