@@ -726,8 +726,12 @@ class Engine:
         native.cancel()
         native_stats = native.stats()
         if job.trace is not None:  # read before the native inference goes
-            job.trace.device = native.tile_trace()
+            # the decisions first: a tile still in flight stores its times before it decides,
+            # so a decision read here finds its tile in the trace read after it (read the other
+            # way round, a decision made in between had no tile, and no thread, to show on: a
+            # test failed so once in a loaded CI run)
             job.trace.decisions = native.decisions()
+            job.trace.device = native.tile_trace()
         if native.transfer != "raw" and job.measures_wire:
             self.est.on_wire(*native.wire_bytes())
         for frames in self.link.drop_job(job, now()):  # batches not sent yet: withdrawn
