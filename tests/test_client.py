@@ -159,6 +159,79 @@ def test_goodput_uses_the_servers_stamps_when_acks_are_read_late():
     assert g.value == pytest.approx(rate, rel=0.05)
 
 
+def test_batches_handed_over_after_the_link_carried_the_last_do_not_measure_the_link():
+    """A device that streams its tiles as it computes them hands a 19 kB batch every 6 ms to a
+    100 Mbit/s link (1.5 ms each) with a 10 ms RTT: the batches before each are still
+    unacknowledged, but the link idled in between. Their spacing is the device's pace: it read
+    this link as 25 Mbit/s. Batches handed over while the link still carried the one before
+    measure it as ever."""
+    rate, rtt, n = 12.5e6, 0.010, 19_000
+    g = Goodput(initial=rate)
+    for i in range(12):
+        g.sent(("paced", i), n, i * 0.006)
+    for i in range(12):
+        at_server = i * 0.006 + rtt / 2 + n / rate
+        g.acked(("paced", i), at_server + rtt / 2, rtt, t_server=100.0 + at_server,
+                t_arrived=at_server)  # the clock offset known: 100 s
+    assert g.value == pytest.approx(rate, rel=0.01), g.value * 8e-6
+    # the same batches without a clock offset: no way to tell, the spacing counts (as before)
+    blind = Goodput(initial=rate)
+    for i in range(12):
+        blind.sent(i, n, i * 0.006)
+    for i in range(12):
+        at_server = i * 0.006 + rtt / 2 + n / rate
+        blind.acked(i, at_server + rtt / 2, rtt, t_server=100.0 + at_server)
+    assert blind.value < 0.5 * rate
+    # handed over together, the link sets the pace: a sample of the rate
+    slow = 2.5e6  # the link slowed to 20 Mbit/s meanwhile
+    t0 = 1.0
+    for i in range(12):
+        g.sent(("queued", i), n, t0)
+    for i in range(12):
+        at_server = t0 + rtt / 2 + (i + 1) * n / slow
+        g.acked(("queued", i), at_server + rtt / 2, rtt, t_server=100.0 + at_server,
+                t_arrived=at_server)
+    assert g.value == pytest.approx(slow, rel=0.1), g.value * 8e-6
+
+
+def test_device_paced_batches_lift_a_low_estimate_towards_the_link():
+    """An engine that needs 3 ms a batch (a Raspberry Pi's) sends 75 kB batches to a 200 Mbit/s
+    link believed to be 100: the link carries each in 3 ms and idles until the next. Each
+    spacing bounds the goodput from below, and the estimate climbs, at most 1.5x a batch."""
+    from coacto.mobile.estimates import BURST_BYTES
+
+    rate, rtt, n = 25e6, 0.010, 75_000
+    g = Goodput(initial=12.5e6)
+    for i in range(8):
+        g.sent(i, n, i * 0.0031)
+    values = []
+    for i in range(8):
+        at_server = i * 0.0031 + rtt / 2 + n / rate
+        g.acked(i, at_server + rtt / 2, rtt, t_server=at_server, t_arrived=at_server)
+        values.append(g.value)
+    assert values[1] <= 1.5 * 12.5e6 + 1
+    assert g.value == pytest.approx((n - BURST_BYTES) / 0.0031, rel=0.01)  # 152 Mbit/s
+    assert g.value < rate
+
+
+def test_a_batch_carries_at_least_twice_the_engines_time_per_batch():
+    from coacto.mobile.engine import (BATCH_CPU_FACTOR, BATCH_SECONDS, MAX_BATCH_BYTES,
+                                      MIN_BATCH_BYTES, batch_bytes)
+    from coacto.mobile.estimates import BatchCpu
+
+    b = 12.5e6  # 100 Mbit/s
+    assert batch_bytes(b, 0.0) == int(b * BATCH_SECONDS)  # a fast engine: 4 ms of the link
+    assert batch_bytes(b, 0.003) == int(b * BATCH_CPU_FACTOR * 0.003)  # 3 ms a batch: 6 ms
+    assert batch_bytes(1e5, 0.003) == MIN_BATCH_BYTES and batch_bytes(1e9, 0.0) == MAX_BATCH_BYTES
+    cpu = BatchCpu()
+    cpu.sent(0.0018)
+    cpu.acked(0.0012)
+    assert cpu.value == pytest.approx(0.003)
+    for _ in range(30):
+        cpu.sent(0.0004)
+    assert cpu.value == pytest.approx(0.0016, rel=0.01)
+
+
 def test_an_isolated_transfer_bounds_the_goodput_only_beyond_a_burst():
     from coacto.mobile.estimates import BURST_BYTES
 
@@ -514,6 +587,8 @@ def test_every_policy_matches_onnxruntime(server, squeezenet, policy):
             assert stats["split_layer"] is not None
         if policy == "cloud":
             assert runs[0]["tiles_sent"] > 0 and stats["rtt_est_ms"] > 0
+            # the engine timed its own CPU for the batches it sent (it sizes them by it)
+            assert 0 < stats["engine_ms_per_batch"] < 100, stats
         if policy == "dynamic":  # each run offloads, says why it went alone, or won the race
             computable = client.graph.n_tiles - sum(  # every tile but the inputs
                 len(range(client.graph.plan.layer_first_tile[li], client.graph.plan.layer_first_tile[li + 1]))
@@ -523,7 +598,7 @@ def test_every_policy_matches_onnxruntime(server, squeezenet, policy):
     for key in ("latency_s", "policy", "tiles_total", "tiles_local", "tiles_sent",
                 "tiles_from_server", "bytes_sent", "bytes_received", "fallback",
                 "bandwidth_est_mbps", "rtt_est_ms", "server_flops", "alpha", "split_layer",
-                "reconnects"):
+                "reconnects", "engine_ms_per_batch"):
         assert key in stats, key
 
 

@@ -883,6 +883,26 @@ def test_a_share_plan_runs_and_its_insurance_starts_when_the_server_is_late(sque
         assert inf.predicted_s < 0.2 * inf.latency_s
 
 
+def test_an_engine_as_slow_as_the_link_sizes_its_batches_to_measure_the_link():
+    """The simulated Raspberry Pi's engine (this machine's costs times five: about 3 ms of CPU
+    per batch sent and acknowledged) on a 200 Mbit/s link, where one of SqueezeNet's 37 kB
+    input tiles crosses in 1.5 ms: batches of one tile read the engine's pace as the link's
+    (127 Mbit/s), and dynamic ran the model on the device (36 ms) where streaming a cut took
+    32. Batches carrying twice the engine's time let the estimate reach the link."""
+    from coacto.sim import resolve_graph
+
+    squeezenet_tg = resolve_graph("squeezenet")  # 224 x 224, as the experiments run it
+    kw = dict(device="raspberry-pi-4", server="threadripper-3990x", server_cores=64,
+              bandwidth_mbps=200.0, rtt_ms=10.0, device_costs="epyc-avx512-2core",
+              device_costs_scale=5.0, inferences=9, warmup=1)
+    r = simulate(squeezenet_tg, "dynamic", **kw)
+    est = r.inferences[-1].estimates
+    assert est["bandwidth_est_mbps"] >= 170, est
+    assert 2.0 <= est["engine_ms_per_batch"] <= 4.0, est
+    best = min(simulate(squeezenet_tg, p, **kw).p50 for p in ("local", "cloud", "split"))
+    assert r.p50 <= 1.0 * best, (r.p50, best)
+
+
 def test_a_burst_larger_than_the_probes_is_probed_past(squeezenet_tg):
     """A 200 Mbit/s token-bucket link with the testbed's 100 kB burst, the client starting from
     10 Mbit/s: its first train (3 x 24 kB) crosses whole in the burst; the larger train that
