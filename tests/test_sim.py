@@ -883,12 +883,13 @@ def test_a_share_plan_runs_and_its_insurance_starts_when_the_server_is_late(sque
         assert inf.predicted_s < 0.2 * inf.latency_s
 
 
-def test_an_engine_as_slow_as_the_link_sizes_its_batches_to_measure_the_link():
-    """The simulated Raspberry Pi's engine (this machine's costs times five: about 3 ms of CPU
-    per batch sent and acknowledged) on a 200 Mbit/s link, where one of SqueezeNet's 37 kB
-    input tiles crosses in 1.5 ms: batches of one tile read the engine's pace as the link's
-    (127 Mbit/s), and dynamic ran the model on the device (36 ms) where streaming a cut took
-    32. Batches carrying twice the engine's time let the estimate reach the link."""
+def test_batches_the_device_paced_do_not_measure_the_link():
+    """The simulated Raspberry Pi's engine (this machine's costs times five: about 1.8 ms of CPU
+    to send a batch) on a 200 Mbit/s link, where one of SqueezeNet's 37 kB input tiles crosses
+    in 1.5 ms: the link idles between the engine's batches, and their spacing, counted as the
+    link's, read it as 127 Mbit/s; dynamic then ran the model on the device (36 ms) where
+    streaming a cut took 32. Batches handed over after the link carried the one before only
+    bound the goodput from below."""
     from coacto.sim import resolve_graph
 
     squeezenet_tg = resolve_graph("squeezenet")  # 224 x 224, as the experiments run it
@@ -898,7 +899,6 @@ def test_an_engine_as_slow_as_the_link_sizes_its_batches_to_measure_the_link():
     r = simulate(squeezenet_tg, "dynamic", **kw)
     est = r.inferences[-1].estimates
     assert est["bandwidth_est_mbps"] >= 170, est
-    assert 2.0 <= est["engine_ms_per_batch"] <= 4.0, est
     best = min(simulate(squeezenet_tg, p, **kw).p50 for p in ("local", "cloud", "split"))
     assert r.p50 <= 1.0 * best, (r.p50, best)
 

@@ -29,7 +29,6 @@ import os
 import queue
 import socket
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -56,10 +55,8 @@ INSURANCE_MARGIN = 1.5
 CLOSE_LINGER_MS = 100
 MAX_BATCH_BYTES = 256 << 10
 MIN_BATCH_BYTES = 16 << 10
-#: A batch carries about this much link time (bounded by the two sizes above), and at least
-#: BATCH_CPU_FACTOR times the engine's own CPU per batch (batch_bytes).
+#: A batch carries about this much link time (bounded by the two sizes above).
 BATCH_SECONDS = 0.004
-BATCH_CPU_FACTOR = 2.0
 #: The send window (bytes handed to the link, not yet acknowledged) covers at least this much
 #: link time, and twice the RTT: enough to keep the link busy while the engine is descheduled.
 WINDOW_S = 0.05
@@ -101,20 +98,6 @@ MAX_POLL_S = 0.5
 #: A traced inference waits at most this long (and at most the client's timeout) after it
 #: finished for the server's side of its trace (the TRACE reply to DONE or CANCEL).
 TRACE_WAIT_S = 2.0
-
-
-def batch_bytes(bandwidth: float, batch_cpu: float) -> int:
-    """Bytes of the next TILES batch at ``bandwidth`` (bytes/s, the goodput estimate) for an
-    engine that spends ``batch_cpu`` seconds of its CPU per batch (Estimates.batch_cpu).
-
-    A batch that the link carries faster than the engine can send the next one leaves the link
-    idle in between, and its ACKs then measure the engine's pace, not the link's: the estimate
-    stays low and keeps the batches small. A simulated Raspberry Pi 4 (the engine's costs five
-    times this machine's, about 3 ms a batch) read a 200 Mbit/s link as 97-121 Mbit/s and sent
-    MobileNetV2's input as sixteen 37 kB batches. Sized at twice the engine's time, a batch
-    lets the engine push twice the rate it measured, so the estimate climbs to the link's."""
-    seconds = max(BATCH_SECONDS, BATCH_CPU_FACTOR * batch_cpu)
-    return int(min(MAX_BATCH_BYTES, max(MIN_BATCH_BYTES, bandwidth * seconds)))
 
 
 class Engine:
@@ -162,7 +145,6 @@ class Engine:
         self._n_computable = {g.graph_id: g.n_tiles - len(input_tiles(g))
                               for g in (tg, self.local_tg)}
         self._gated = 0
-        self._batches_taken = 0  # TILES batches taken from jobs, ever
         self._gate_key, self._gate_verdict = None, (0.0, 0.0)  # _local_is_faster's last
         self._planned = 0  # dynamic inferences planned to offload (KIND_EXPLORE_EVERY)
         self._last_probe: float | None = None
@@ -262,13 +244,7 @@ class Engine:
                 self._rates(now())
                 self._timers(now())
                 link.deliver(now(), self._handle)
-                # the CPU the batches take to send (Estimates.batch_cpu); the rare control
-                # message sent in the same pass is counted with them
-                cpu0, taken0 = time.thread_time(), self._batches_taken
                 link.pump(now(), self._next_batch, self._on_sent)
-                if self._batches_taken > taken0:
-                    self.est.batch_cpu.sent((time.thread_time() - cpu0) /
-                                            (self._batches_taken - taken0))
                 t = now()
                 wait = min([t + MAX_POLL_S, *link.wakeups(), *session.wakeups(),
                             *self._job_wakeups(t),
@@ -386,7 +362,7 @@ class Engine:
             return False
         b = self.est.bandwidth
         expected = min(job.bytes_handed, b * max(0.0, t - job.t_first_batch - self.est.rtt.value))
-        batch = batch_bytes(b, self.est.batch_cpu.value)
+        batch = min(MAX_BATCH_BYTES, max(MIN_BATCH_BYTES, b * BATCH_SECONDS))
         return expected - job.bytes_acked > 2 * batch + b * STALL_S
 
     def _resume_local(self, job: Job) -> None:
@@ -835,7 +811,9 @@ class Engine:
                 self.est.goodput.forget(key)
                 return False
             if t_booked is not None:
-                self.est.goodput.booked(key, t_booked)
+                self.est.goodput.booked(key, t_booked, self.link.up.delay)
+            else:  # on its way to the socket now, after its packing
+                self.est.goodput.handed(key, now())
             if job.trace is not None:
                 job.trace.released(key[1], now())
             job.tiles_sent += len(frames[1])  # the int32 ids
@@ -853,47 +831,39 @@ class Engine:
         if not self.session.ready:
             return None
         b = self.est.bandwidth
-        size = batch_bytes(b, self.est.batch_cpu.value)
-        window = max(2 * size, b * max(2 * self.est.rtt.value, WINDOW_S))
+        batch_bytes = int(min(MAX_BATCH_BYTES, max(MIN_BATCH_BYTES, b * BATCH_SECONDS)))
+        window = max(2 * batch_bytes, b * max(2 * self.est.rtt.value, WINDOW_S))
         if self.est.goodput.inflight_bytes >= window:
             return None
         epoch = self.link.epoch
         for job in self._jobs.values():
             if job.attached and job.sending and job.epoch == epoch:
-                frames = job.take_batch(size, self._is_input, self.est.goodput)
+                frames = job.take_batch(batch_bytes, self._is_input, self.est.goodput)
                 if frames is not None:
-                    self._batches_taken += 1
                     return P.TILES, frames, job
         return None
 
     # ------------------------------------------------------------------ receiving
 
     def _handle(self, frames) -> None:
-        cpu0 = time.thread_time()
-        if self._dispatch(frames) == P.ACK:  # a batch's CPU (Estimates.batch_cpu)
-            self.est.batch_cpu.acked(time.thread_time() - cpu0)
-
-    def _dispatch(self, frames) -> str | None:
-        """Handles one message from the server; returns its kind (None: malformed)."""
         try:
             header, rest = P.unpack(frames)
         except P.ProtocolError as e:
             log.warning("dropping a malformed message from the server: %s", e)
-            return None
+            return
         kind = header["t"]
         try:
             if self.session.handle(kind, header, rest):
                 if kind == P.STATS:
                     self._refresh_params()
-                return kind
+                return
             handler = getattr(self, "_on_" + kind, None)
             if handler is None:
                 log.debug("ignoring a %r message (devices do not take it)", kind)
-                return kind
+                return
             handler(header, rest, sum(len(f) for f in frames))
         except Exception:
             log.exception("handling a %r message from the server failed", kind)
-        return kind
 
     def _job_of(self, header: dict, nbytes: int) -> Job | None:
         job = self._jobs.get(header.get("inf"))

@@ -3,11 +3,15 @@ time, the server's speed and contention, the device's own speed.
 
 Goodput comes from acknowledgements. Each TILES batch is acknowledged once the server has taken it
 in; the ACK echoes the time the batch was handed to the link and carries the server's clock. While
-the sender is backlogged (a batch was handed over while earlier ones were still unacknowledged) the
-link never idles between them, so the time between the server taking in successive batches is the
-time the link took for the later one: bytes acknowledged over the spacing of the server's ACK
+the sender is backlogged (a batch was handed over while the link still carried the one before it)
+the link never idles between them, so the time between the server taking in successive batches is
+the time the link took for the later one: bytes acknowledged over the spacing of the server's ACK
 timestamps is the goodput, whatever the pipelining depth and the RTT, and untouched by how late the
-device gets around to reading the ACKs (a busy or CPU-capped device reads them in bunches).
+device gets around to reading the ACKs (a busy or CPU-capped device reads them in bunches). When
+the link had carried the one before is known from the server's stamp and the clock offset (or the
+client's own shaper); without them, a batch handed over while earlier ones were unacknowledged
+counts as backlogged. A batch the device paced (handed over after the link had carried the one
+before) only bounds the goodput from below.
 Samples are pooled over windows of at least ``WINDOW_S`` and the windows are smoothed with an EWMA.
 An isolated batch still bounds the goodput from below (it took at most its round trip, less what
 a burst carried at once), which lifts a too-low initial guess quickly; the probe train the
@@ -130,10 +134,11 @@ class Goodput:
         if item is not None:
             self._pending[key] = (item[0], t, item[2])
 
-    def booked(self, key, t_release: float) -> None:
-        """The client's own shaper scheduled the batch's last byte to cross at ``t_release``."""
+    def booked(self, key, t_release: float, delay: float = 0.0) -> None:
+        """The client's own shaper scheduled the batch's last byte to cross at ``t_release``,
+        which includes ``delay`` (the round-trip delay it adds) after the crossing."""
         if key in self._pending:
-            self._booked[key] = t_release
+            self._booked[key] = (t_release, t_release - delay)
 
     def forget(self, key) -> None:
         """A batch that will never be acknowledged (its inference or connection is gone)."""
@@ -165,11 +170,11 @@ class Goodput:
         if item is None:
             return None
         n, t_sent, backlogged = item
-        t_booked = self._booked.pop(key, None)
+        t_booked, t_crossed = self._booked.pop(key, (None, None))
         self.inflight_bytes -= n
         rtt_sample = None
-        paced_bound = None
-        spacing = None  # from the batch acknowledged before it to this one
+        paced = False
+        spacing = 0.0  # from the batch acknowledged before it to this one
         if backlogged and self._last_ack is not None:
             if t_server is not None and self._last_server is not None:
                 spacing = t_server - self._last_server
@@ -179,46 +184,54 @@ class Goodput:
                 # with the client's own shaper, a device too busy to send on time releases
                 # batches in bunches; the link they emulate still carried them this far apart
                 spacing = max(spacing, t_booked - self._last_booked)
-            if self._last_done is not None and t_sent >= self._last_done:
-                # Batches still unacknowledged need not be on the link: with a 10 ms RTT a
-                # 100 Mbit/s link carries 125 kB before the first ACK is back. This one was
-                # handed over after the link had carried the one before: the spacing is the
-                # device's pace (a share's tiles streamed as they are computed, an engine
-                # slower than the link), at least the link's time. A simulated Raspberry Pi's
-                # share of MobileNetV2 read a 100 Mbit/s link as 46 so.
-                backlogged = False
-                if spacing >= WINDOW_MIN_S:  # the link carried it in that time at most
-                    paced_bound = (n - self.burst) / spacing
-        # when the link had carried this batch, on our clock: the shaper's release, else the
-        # server's stamp less the way there (unknown without a clock offset)
-        self._last_done = t_booked if t_booked is not None else \
-            (t_arrived - rtt / 2 if t_arrived is not None else None)
-        if backlogged and self._last_ack is not None:
+            # Batches still unacknowledged need not be on the link: with a 10 ms RTT a 100
+            # Mbit/s link carries 125 kB before the first ACK is back. Handed over after the
+            # link had carried the one before, this one found it idle, and the spacing is the
+            # device's pace (a share's or a cut's tiles streamed as they are computed, an
+            # engine slower than the link), not the link's: a simulated Raspberry Pi's share of
+            # MobileNetV2 read a 100 Mbit/s link as 46 so.
+            paced = self._last_done is not None and t_sent >= self._last_done
+        if backlogged and not paced and self._last_ack is not None:
             self._win_bytes += n
             self._win_time += max(0.0, spacing)
         else:
             elapsed = t - t_sent
+            measured = self._window_rate
             if elapsed > 0:
                 # It took at most `elapsed`: a lower bound on the goodput (what a burst let
                 # through at once left out) -- unless the link was measured far slower, when
                 # it shows a burst larger than believed.
                 bound = (n - self.burst) / elapsed
-                measured = self._window_rate
                 if measured is not None and bound > BURST_EVIDENCE * measured:
                     self.burst = min(float(BURST_MAX_BYTES), max(self.burst, n - measured * elapsed))
                 elif bound > self.value:
                     self.value = bound
                 if n <= 4096:
                     rtt_sample = max(0.0, elapsed - n / self.value)
-                elif elapsed > 3 * rtt and n > self.burst and self.inflight_bytes == 0:
+                elif elapsed > 3 * rtt and n > self.burst and self.inflight_bytes == 0 \
+                        and not paced:
                     # the transfer dominates the round trip: a real sample, of what the burst
                     # did not carry (unless batches queued behind it measure the rate better:
-                    # this one's round trip holds the device's delay in reading its ACK)
+                    # this one's round trip holds the device's delay in reading its ACK; a
+                    # paced batch's, the wait for the batch before it)
                     self._win_bytes += n - self.burst
                     self._win_time += elapsed - rtt
-            if paced_bound is not None and self.value < paced_bound:
-                # at most 1.5x a step: a burst the link let through shortens the spacing too
-                self.value = min(paced_bound, BURST_EVIDENCE * self.value)
+            if paced and spacing >= WINDOW_MIN_S:
+                # the link carried it within the spacing: a lower bound, which lifts a low
+                # estimate by at most 1.5x a batch (a burst shortens the spacing too), and none
+                # that a burst larger than believed would explain
+                bound = (n - self.burst) / spacing
+                if bound > self.value and (measured is None or bound <= BURST_EVIDENCE * measured):
+                    self.value = min(bound, BURST_EVIDENCE * self.value)
+        # when the link had carried this batch, on our clock: the shaper's crossing, else the
+        # server's stamp less the way there (a clock offset that puts it outside the batch's
+        # round trip is stale: a server restarted or replaced)
+        if t_crossed is not None:
+            self._last_done = t_crossed
+        elif t_arrived is not None and t_sent - rtt <= t_arrived <= t + rtt:
+            self._last_done = t_arrived - rtt / 2
+        else:
+            self._last_done = None
         self._last_ack = t
         self._last_server = t_server
         self._last_booked = t_booked
@@ -321,34 +334,12 @@ class ClockOffset:
             best = min(self._recent)
             self.value, self.uncertainty = best[1], best[0] / 2
 
+    def reset(self) -> None:
+        self.value = self.uncertainty = None
+        self._recent.clear()
+
     def to_local(self, t_server: float) -> float | None:
         return None if self.value is None else t_server - self.value
-
-
-#: Weight of a new sample in the engine's CPU per batch (BatchCpu).
-BATCH_CPU_GAIN = 0.2
-
-
-class BatchCpu:
-    """The communication engine's own CPU time per TILES batch: handing it to the link (taking
-    its tiles out of the runtime, packing, the socket) and reading its ACK, moving averages of
-    each. The engine sizes batches by it (engine.batch_bytes): where it takes as long to send a
-    batch as the link takes to carry one, the engine sets the pace, and the ACKs measure that
-    pace as the goodput."""
-
-    def __init__(self):
-        self.send_s = 0.0
-        self.ack_s = 0.0
-
-    def sent(self, seconds: float) -> None:
-        self.send_s = _ewma(self.send_s or None, seconds, BATCH_CPU_GAIN)
-
-    def acked(self, seconds: float) -> None:
-        self.ack_s = _ewma(self.ack_s or None, seconds, BATCH_CPU_GAIN)
-
-    @property
-    def value(self) -> float:
-        return self.send_s + self.ack_s
 
 
 class Estimates:
@@ -359,7 +350,6 @@ class Estimates:
         self.down = Downlink()
         self.rtt = RoundTrip()
         self.clock = ClockOffset()
-        self.batch_cpu = BatchCpu()
         self.server_flops = DEFAULT_SERVER_FLOPS
         self.server_flops_known = False
         self.alpha = 1.0
@@ -546,6 +536,4 @@ class Estimates:
             "offload_error_ms": self.offload_error * 1e3,
             "offload_errors_ms": {k: v[0] * 1e3 for k, v in self.offload_errors.items()},
             "rtt_samples": self.rtt.samples,
-            # the engine's CPU per TILES batch (sending it, reading its ACK)
-            "engine_ms_per_batch": self.batch_cpu.value * 1e3,
         }

@@ -170,6 +170,7 @@ class Session:
         self.server_down = True
         self.link.close()
         self.est.goodput.reset()
+        self.est.clock.reset()  # the server that answers next may run another clock
         self._retry_in(self._backoff if retry is None else retry)
         self._backoff = min(self._backoff * 2, BACKOFF_MAX_S)
         self.on_lost(reason)

@@ -33,7 +33,7 @@ import numpy as np
 from .. import protocol as P
 from ..inference import SEND_ALWAYS, SEND_DECIDE, SEND_NEVER
 from ..mobile import policies
-from ..mobile.engine import WINDOW_S, Engine, batch_bytes
+from ..mobile.engine import BATCH_SECONDS, MAX_BATCH_BYTES, MIN_BATCH_BYTES, WINDOW_S, Engine
 from ..mobile.estimates import Estimates
 from ..mobile.jobs import COALESCE_S, MAX_BATCH_TILES, Job
 from ..mobile.session import TrainStamps
@@ -385,10 +385,7 @@ class SimDevice:
             msg = self.outbox.popleft() if self.outbox else self._next_batch(t)
             if msg is not None:
                 self._sending = True
-                cost = self.costs.send(msg.nbytes)
-                if msg.kind == P.TILES:  # what the engine measures of its batches' CPU
-                    self.est.batch_cpu.sent(cost)
-                self.cpu.run(cost, self._hand_over, msg)
+                self.cpu.run(self.costs.send(msg.nbytes), self._hand_over, msg)
             return
         while True:
             msg = self.outbox.popleft() if self.outbox else self._next_batch(t)
@@ -400,7 +397,7 @@ class SimDevice:
         self._sending = False
         job = msg.job
         if not (job is not None and job.done and msg.kind in (P.BEGIN, P.TILES)):
-            if msg.kind == P.TILES:  # taken _next_batch's cost ago
+            if msg.kind == P.TILES:  # packed: to the socket now (Engine._on_sent)
                 self.est.goodput.handed((job.id, msg.data["batch"]), self.loop.now)
             self.link.send(msg, self.loop.now)
         elif msg.kind == P.TILES:  # its inference finished while the engine packed it
@@ -410,13 +407,13 @@ class SimDevice:
     def _next_batch(self, t: float) -> Msg | None:
         """Engine._next_batch: the oldest inference's next batch while the window allows."""
         b = self.est.bandwidth
-        size = batch_bytes(b, self.est.batch_cpu.value)
-        window = max(2 * size, b * max(2 * self.est.rtt.value, WINDOW_S))
+        batch_bytes = int(min(MAX_BATCH_BYTES, max(MIN_BATCH_BYTES, b * BATCH_SECONDS)))
+        window = max(2 * batch_bytes, b * max(2 * self.est.rtt.value, WINDOW_S))
         if self.est.goodput.inflight_bytes >= window:
             return None
         for job in self.jobs.values():
             if job.attached and job.sending:
-                msg = self._take_batch(job, size, t)
+                msg = self._take_batch(job, batch_bytes, t)
                 if msg is not None:
                     return msg
         return None
@@ -530,10 +527,7 @@ class SimDevice:
         if self.costs is None:
             self._handle(msg)
         else:
-            cost = self.costs.recv(msg.kind, msg.nbytes)
-            if msg.kind == P.ACK:
-                self.est.batch_cpu.acked(cost)
-            self.cpu.run(cost, self._handle, msg)
+            self.cpu.run(self.costs.recv(msg.kind, msg.nbytes), self._handle, msg)
 
     def _handle(self, msg: Msg) -> None:
         t = self.loop.now
