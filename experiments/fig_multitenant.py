@@ -10,8 +10,17 @@ link; the veth between the namespaces is left unshaped). The server: one thread 
 All devices start together and each runs `--repeat` inferences back to back; throughput is all
 inferences over the wall time from the first start to the last finish.
 
+The devices and the server share one chip here (its L3 cache, its memory): a device whose
+inferences the server computes slows the others' own work. A device's `local` p95 from rounds
+where every device computes alone is therefore not what it would see beside devices that
+offload. `--control` adds, per round, one sub-round per device in which that device runs
+`local` while the others run `dynamic` (policy `local-among-dynamic` in the CSV, that
+device's row only): its `dynamic` p95 over that p95 is the effect of its own policy, the
+server's load held as under `dynamic`.
+
     python experiments/fig_multitenant.py --out results/
     python experiments/fig_multitenant.py --quick --devices 1,2,4
+    python experiments/fig_multitenant.py --devices 4 --policies local,dynamic --control
 """
 from __future__ import annotations
 
@@ -28,14 +37,19 @@ import harness as H  # noqa: E402
 TENANT_MODELS = ("mobilenetv2", "resnet18", "squeezenet", "resnet50", "bert", "mobilenetv3_block",
                  "inception_block", "densenet_block")
 POLICIES = ("local", "cloud", "split", "fl", "dynamic")
+#: --control's rows: one device computing alone while the others run dynamic
+CONTROL = "local-among-dynamic"
 
 
-def run_round(devs, policy: str, repeat: int, bw: str) -> tuple[list[dict], float]:
+def run_round(devs, policy, repeat: int, bw: str) -> tuple[list[dict], float]:
+    """Every device runs ``repeat`` inferences at once, each with ``policy`` (one for all, or a
+    list with one per device)."""
+    policies = [policy] * len(devs) if isinstance(policy, str) else list(policy)
     results: list = [None] * len(devs)
 
     def one(i):
         try:
-            results[i] = devs[i].run(policy, repeat=repeat, warmup=0, bandwidth=bw)
+            results[i] = devs[i].run(policies[i], repeat=repeat, warmup=0, bandwidth=bw)
         except Exception as e:  # reported below with the device's number
             results[i] = e
 
@@ -48,8 +62,30 @@ def run_round(devs, policy: str, repeat: int, bw: str) -> tuple[list[dict], floa
     wall = time.monotonic() - t0
     for i, r in enumerate(results):
         if isinstance(r, Exception):
-            raise H.ExperimentError(f"device {i} ({devs[i].case.name}) {policy}: {r}")
+            raise H.ExperimentError(f"device {i} ({devs[i].case.name}) {policies[i]}: {r}")
     return results, wall
+
+
+def device_row(n: int, i: int, dev, policy: str, rnd: int, r: dict, throughput: float,
+               args) -> dict:
+    return {"devices": n, "device": i, "model": dev.case.name, "policy": policy, "round": rnd,
+            "nominal_mbps": args.bandwidth, "device_quota": args.quota,
+            "quota_share_of_core": n * args.quota, **H.summarize(r["latencies_s"]),
+            "latencies_ms": " ".join(f"{x * 1e3:.1f}" for x in r["latencies_s"]),
+            "throughput_inf_s": throughput,
+            "fallbacks": sum(bool(s["fallback"]) for s in r["stats"]),
+            # per inference, what ran: the plan (dynamic's frontier, else the policy) and who
+            # finished it
+            "plans": " ".join(
+                f"{s.get('frontier', s['policy'])}:{s['finished_by']}"
+                f"{':kept' if s.get('kept_work') else ''}"
+                f"{':explored' if s.get('explored') else ''}".replace(" ", "_")
+                for s in r["stats"]),
+            # per inference, the device process's CPU time
+            "cpu_ms": " ".join(
+                "{:.1f}".format(s["device_process"]["user_ms"] + s["device_process"]["sys_ms"])
+                for s in r["stats"]),
+            "max_rel_error": r["max_rel_error"]}
 
 
 def main(argv=None) -> int:
@@ -59,6 +95,11 @@ def main(argv=None) -> int:
                     help="device counts (default: 1,2,4,8; --quick: 1,2,4)")
     ap.add_argument("--bandwidth", type=float, default=100, help="each device's Mbit/s (default: %(default)s)")
     ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--control", action="store_true",
+                    help=f"per round and device, a sub-round with that device on local and the "
+                         f"others on dynamic (rows '{CONTROL}'): a device's dynamic p95 over "
+                         f"that one is the effect of its own policy, the server as busy as "
+                         f"under dynamic")
     args = ap.parse_args(argv)
     H.resolve_common(args)
     args.policies = args.policies.split(",")
@@ -68,7 +109,9 @@ def main(argv=None) -> int:
         raise SystemExit(f"{max(counts)} devices need {max(counts)} distinct models; --models "
                          f"gives {len(args.models)}")
     bw = f"{args.bandwidth:g}mbit"
-    progress = H.Progress(sum(counts) * len(args.policies) * args.rounds, "multitenant")
+    steps = sum(counts) * len(args.policies) + \
+        (sum(n * n for n in counts if n > 1) if args.control else 0)
+    progress = H.Progress(steps * args.rounds, "multitenant")
     rows: list[dict] = []
     with H.testbed(args) as tb, H.Workdir(args.image_size) as wd:
         tb.set_link(None)
@@ -88,37 +131,25 @@ def main(argv=None) -> int:
                     for rnd in range(args.rounds):
                         for policy in H.rotation(args.policies, rnd):
                             results, wall = run_round(devs, policy, args.repeat, bw)
-                            lat_all = [x for r in results for x in r["latencies_s"]]
-                            for i, r in enumerate(results):
-                                rows.append({"devices": n, "device": i, "model": devs[i].case.name,
-                                             "policy": policy, "round": rnd, "nominal_mbps": args.bandwidth,
-                                             "device_quota": args.quota, "quota_share_of_core": n * args.quota,
-                                             **H.summarize(r["latencies_s"]),
-                                             "latencies_ms": " ".join(
-                                                 f"{x * 1e3:.1f}" for x in r["latencies_s"]),
-                                             "throughput_inf_s": len(lat_all) / wall,
-                                             "fallbacks": sum(bool(s["fallback"]) for s in r["stats"]),
-                                             # per inference, what ran: the plan (dynamic's
-                                             # frontier, else the policy) and who finished it
-                                             "plans": " ".join(
-                                                 f"{s.get('frontier', s['policy'])}:"
-                                                 f"{s['finished_by']}"
-                                                 f"{':kept' if s.get('kept_work') else ''}"
-                                                 .replace(" ", "_")
-                                                 for s in r["stats"]),
-                                             # per inference, the device process's CPU time
-                                             "cpu_ms": " ".join(
-                                                 "{:.1f}".format(s["device_process"]["user_ms"]
-                                                                 + s["device_process"]["sys_ms"])
-                                                 for s in r["stats"]),
-                                             "max_rel_error": r["max_rel_error"]})
+                            thr = sum(len(r["latencies_s"]) for r in results) / wall
+                            rows += [device_row(n, i, devs[i], policy, rnd, r, thr, args)
+                                     for i, r in enumerate(results)]
                             progress.step(n, f"{n} devices {policy}")
+                        for i in range(n if args.control and n > 1 else 0):
+                            mixed = ["dynamic"] * n
+                            mixed[i] = "local"
+                            results, wall = run_round(devs, mixed, args.repeat, bw)
+                            thr = sum(len(r["latencies_s"]) for r in results) / wall
+                            rows.append(device_row(n, i, devs[i], CONTROL, rnd, results[i], thr,
+                                                   args))
+                            progress.step(n, f"{n} devices, device {i} {CONTROL}")
                 finally:
                     for d in devs:
                         d.__exit__()
     progress.close()
     settings = {"quota_per_device": args.quota, "bandwidth_mbps_per_device": args.bandwidth,
-                "repeat": args.repeat, "rounds": args.rounds, "server_threads": 1,
+                "repeat": args.repeat, "rounds": args.rounds, "control": args.control,
+                "server_threads": 1,
                 "device_threads": 1, "models": args.models[:max(counts)], "testbed": described}
     H.write_table(args.out, "multitenant", rows, settings)
     png = plot(args.out, rows, {k: v for k, v in settings.items() if k != "testbed"})
@@ -135,13 +166,17 @@ def main(argv=None) -> int:
         # no worse than its own local p95
         for n, dev, model, ratio in dynamic_over_local_p95(rows):
             print(f"{n} devices, device {dev} ({model}): dynamic p95 / local p95 = {ratio:.2f}")
+    if args.control and "dynamic" in args.policies:
+        for n, dev, model, ratio in dynamic_over_local_p95(rows, CONTROL):
+            print(f"{n} devices, device {dev} ({model}): dynamic p95 / p95 alone while the "
+                  f"others run dynamic = {ratio:.2f}")
     print(f"wrote {args.out / 'multitenant.csv'}, {png}")
     return 0
 
 
-def dynamic_over_local_p95(rows: list[dict]) -> list[tuple]:
-    """(devices, device, model, dynamic p95 / local p95) per device, each p95 over every round's
-    latencies pooled."""
+def dynamic_over_local_p95(rows: list[dict], local: str = "local") -> list[tuple]:
+    """(devices, device, model, dynamic p95 / ``local`` p95) per device, each p95 over every
+    round's latencies pooled (``local``: the rows of that policy, CONTROL's for instance)."""
     pooled: dict = {}
     for r in rows:
         key = (r["devices"], r["device"], r["model"])
@@ -149,9 +184,9 @@ def dynamic_over_local_p95(rows: list[dict]) -> list[tuple]:
         pooled.setdefault(key, {}).setdefault(r["policy"], []).extend(xs)
     out = []
     for key, by in sorted(pooled.items()):
-        if by.get("local") and by.get("dynamic"):
-            p95 = {p: H.summarize([x / 1e3 for x in by[p]])["p95_ms"] for p in ("local", "dynamic")}
-            out.append((*key, p95["dynamic"] / p95["local"]))
+        if by.get(local) and by.get("dynamic"):
+            p95 = {p: H.summarize([x / 1e3 for x in by[p]])["p95_ms"] for p in (local, "dynamic")}
+            out.append((*key, p95["dynamic"] / p95[local]))
     return out
 
 

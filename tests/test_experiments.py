@@ -87,6 +87,10 @@ def test_multitenant_compares_each_devices_pooled_p95():
     got = fig_multitenant.dynamic_over_local_p95(rows)
     # device 0: 21 latencies each, p95 the 20th of 21: local 29, dynamic 24
     assert got == [(4, 0, "m0", pytest.approx(24 / 29)), (4, 1, "m1", pytest.approx(1.2))]
+    # --control: device 1 alone while the others ran dynamic
+    rows.append(row(1, fig_multitenant.CONTROL, 0, [15, 15]))
+    got = fig_multitenant.dynamic_over_local_p95(rows, fig_multitenant.CONTROL)
+    assert got == [(4, 1, "m1", pytest.approx(0.8))]
 
 
 def test_fig_sim_refuses_an_unknown_figure(capsys, tmp_path):

@@ -192,6 +192,7 @@ def job_stats(job: Job, native: dict, t: float, engine) -> dict:
         stats["predicted_s"] = float(plan.info["predicted_s"]) if "predicted_s" in plan.info \
             else None
         stats["kept_work"] = job.kept_work  # the server was shared: nothing parked
+        stats["explored"] = job.explores  # offloaded although the gate predicted local faster
     if job.server_report:
         stats["server"] = job.server_report
     return stats
