@@ -927,30 +927,6 @@ def test_the_sessions_probe_train_measures_the_link_before_any_inference(server,
     assert client._engine.session._trains == 1  # 24 kB probes 10 ms apart: one train
 
 
-def test_the_goodput_estimate_knows_the_clients_own_shapers_burst(squeezenet):
-    """The emulated link lets 2 ms of its rate through at once: a probe within that burst read a
-    100 Mbit/s link as 220-235 Mbit/s. The estimate's burst is the shaper's, and follows a rate
-    change (it never shrinks: a burst once seen stays possible)."""
-    from coacto.mobile.estimates import BURST_BYTES
-
-    model, _feeds, _ref = squeezenet
-    with Client("tcp://127.0.0.1:9", model, threads=1, tiles_per_layer=TILES,
-                bandwidth="100mbit", timeout=5) as client:
-        g = client._estimates.goodput
-        assert g.burst == pytest.approx(100e6 / 8 * 0.002)  # 25 kB
-        client.set_bandwidth("400mbit")
-        deadline = time.monotonic() + 5
-        while g.burst < 100e6 / 8 * 0.002 * 4 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert g.burst == pytest.approx(400e6 / 8 * 0.002)
-        client.set_bandwidth("5mbit")
-        time.sleep(0.2)
-        assert g.burst == pytest.approx(400e6 / 8 * 0.002)
-    with Client("tcp://127.0.0.1:9", model, threads=1, tiles_per_layer=TILES, rtt_ms=20,
-                timeout=5) as client:  # an added delay alone: no cap, no burst to speak of
-        assert client._estimates.goodput.burst == BURST_BYTES
-
-
 def test_a_probe_train_that_crossed_in_one_burst_is_followed_by_larger_probes(server, squeezenet):
     """Unshaped loopback: three 24 kB probes cross within microseconds of each other (what a
     link's burst does), so a train of larger ones follows, once: at 256 kB they are as large

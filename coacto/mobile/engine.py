@@ -43,7 +43,6 @@ from ..partition import input_tiles, output_bytes, wire_bytes
 from . import estimates, policies
 from .jobs import COALESCE_S, Job, job_stats
 from .link import Link
-from .shaper import UNCAPPED
 from .session import Session
 from .trace import merged_trace, write_trace
 
@@ -133,7 +132,6 @@ class Engine:
         self._reports = ReportQueue(runtime)
         self._poller = zmq.Poller()
         self.link = Link(self._ctx, self._poller, self.timeout, uplink, downlink, curve)
-        self._know_shaper_burst()
         self.session = Session(self.link, address, tg, model_bytes, estimates, self.timeout, name,
                                on_ready=self._server_ready, on_lost=self._server_lost)
         self._jobs: dict[int, Job] = {}
@@ -200,17 +198,6 @@ class Engine:
     def _set_rate(self, rate: float, t: float) -> None:
         log.info("the emulated link changes to %.3g Mbit/s", rate * 8 / 1e6)
         self.link.set_rate(rate, t)
-        self._know_shaper_burst()
-
-    def _know_shaper_burst(self) -> None:
-        """The client's own shaper lets its burst (2 ms of its rate) through at once: the goodput
-        estimate must not take a transfer within it for the rate (a 24 kB probe through a 25 kB
-        burst read a 100 Mbit/s link as 220-235 Mbit/s, and the errors dynamic had learnt at
-        that figure did not apply at the true one)."""
-        up = self.link.up
-        if up is not None and up.rate < UNCAPPED:
-            g = self.est.goodput
-            g.burst = max(g.burst, min(float(estimates.BURST_MAX_BYTES), up.burst))
 
     def wait_ready(self, timeout: float | None) -> bool:
         with self._ready_cv:
