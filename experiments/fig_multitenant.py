@@ -103,6 +103,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     H.resolve_common(args)
     args.policies = args.policies.split(",")
+    if args.control and "dynamic" not in args.policies:
+        ap.error("--control compares each device's dynamic runs with its runs alone among "
+                 "dynamic devices: add dynamic to --policies")
     counts = [int(x) for x in args.devices.split(",")] if args.devices else \
         ([1, 2, 4] if args.quick else [1, 2, 4, 8])
     if max(counts) > len(args.models):

@@ -888,8 +888,9 @@ def test_batches_the_device_paced_do_not_measure_the_link():
     to send a batch) on a 200 Mbit/s link, where one of SqueezeNet's 37 kB input tiles crosses
     in 1.5 ms: the link idles between the engine's batches, and their spacing, counted as the
     link's, read it as 127 Mbit/s; dynamic then ran the model on the device (36 ms) where
-    streaming a cut took 32. Batches handed over after the link carried the one before only
-    bound the goodput from below."""
+    streaming a cut took 32-33. Batches handed over well after the link carried the one before
+    only bound the goodput from below (those a little after, by under PACED_SHARE of their
+    spacing, still count, low by that share: the estimate stays under the link's 200)."""
     from coacto.sim import resolve_graph
 
     squeezenet_tg = resolve_graph("squeezenet")  # 224 x 224, as the experiments run it
@@ -898,7 +899,7 @@ def test_batches_the_device_paced_do_not_measure_the_link():
               device_costs_scale=5.0, inferences=9, warmup=1)
     r = simulate(squeezenet_tg, "dynamic", **kw)
     est = r.inferences[-1].estimates
-    assert est["bandwidth_est_mbps"] >= 170, est
+    assert 150 <= est["bandwidth_est_mbps"] <= 205, est
     best = min(simulate(squeezenet_tg, p, **kw).p50 for p in ("local", "cloud", "split"))
     assert r.p50 <= 1.0 * best, (r.p50, best)
 

@@ -43,6 +43,7 @@ from ..partition import input_tiles, output_bytes, wire_bytes
 from . import estimates, policies
 from .jobs import COALESCE_S, Job, job_stats
 from .link import Link
+from .shaper import UNCAPPED
 from .session import Session
 from .trace import merged_trace, write_trace
 
@@ -811,7 +812,8 @@ class Engine:
                 self.est.goodput.forget(key)
                 return False
             if t_booked is not None:
-                self.est.goodput.booked(key, t_booked, self.link.up.delay)
+                up = self.link.up  # uncapped, it only adds a delay: its crossings say nothing
+                self.est.goodput.booked(key, t_booked, up.delay if up.rate < UNCAPPED else None)
             else:  # on its way to the socket now, after its packing
                 self.est.goodput.handed(key, now())
             if job.trace is not None:
@@ -887,7 +889,7 @@ class Engine:
         stamped = isinstance(t_server, (int, float))
         sample = self.est.goodput.acked((inf, batch), t, self.est.rtt.value,
                                         t_server if stamped else None,
-                                        self.est.clock.to_local(t_server) if stamped else None)
+                                        self.est.clock.latest_local(t_server) if stamped else None)
         if sample is not None:
             self.est.rtt.sample(sample)
         traced = job if job is not None else self._traced(h)

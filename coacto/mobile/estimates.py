@@ -92,6 +92,9 @@ BURST_BYTES = 16 * 1024
 BURST_EVIDENCE = 1.5
 #: The largest burst believed (a transfer this large is a measurement whatever its speed).
 BURST_MAX_BYTES = 1 << 20
+#: A batch handed over more than this share of its spacing after the link had carried the one
+#: before it was paced by the device: no sample, a lower bound (Goodput.acked).
+PACED_SHARE = 0.25
 
 
 def _ewma(old: float | None, sample: float, gain: float) -> float:
@@ -134,11 +137,12 @@ class Goodput:
         if item is not None:
             self._pending[key] = (item[0], t, item[2])
 
-    def booked(self, key, t_release: float, delay: float = 0.0) -> None:
+    def booked(self, key, t_release: float, delay: float | None = 0.0) -> None:
         """The client's own shaper scheduled the batch's last byte to cross at ``t_release``,
-        which includes ``delay`` (the round-trip delay it adds) after the crossing."""
+        which includes ``delay`` (the one-way delay it adds) after the crossing; None: the
+        crossing tells nothing of the real link (a shaper that only adds a delay)."""
         if key in self._pending:
-            self._booked[key] = (t_release, t_release - delay)
+            self._booked[key] = (t_release, None if delay is None else t_release - delay)
 
     def forget(self, key) -> None:
         """A batch that will never be acknowledged (its inference or connection is gone)."""
@@ -189,8 +193,11 @@ class Goodput:
             # link had carried the one before, this one found it idle, and the spacing is the
             # device's pace (a share's or a cut's tiles streamed as they are computed, an
             # engine slower than the link), not the link's: a simulated Raspberry Pi's share of
-            # MobileNetV2 read a 100 Mbit/s link as 46 so.
-            paced = self._last_done is not None and t_sent >= self._last_done
+            # MobileNetV2 read a 100 Mbit/s link as 46 so. An idle gap of a small share of the
+            # spacing still counts (the sample is low by at most that share): a probe behind
+            # one that crossed in a burst is handed over a little after that one crossed
+            paced = self._last_done is not None and \
+                t_sent - self._last_done > PACED_SHARE * spacing
         if backlogged and not paced and self._last_ack is not None:
             self._win_bytes += n
             self._win_time += max(0.0, spacing)
@@ -340,6 +347,11 @@ class ClockOffset:
 
     def to_local(self, t_server: float) -> float | None:
         return None if self.value is None else t_server - self.value
+
+    def latest_local(self, t_server: float) -> float | None:
+        """The latest our clock can have read at ``t_server``: to_local plus the uncertainty
+        (a batch is taken as paced by the device only when it surely was)."""
+        return None if self.value is None else t_server - self.value + (self.uncertainty or 0.0)
 
 
 class Estimates:

@@ -285,7 +285,7 @@ class Session:
             t_server = h.get("t_server")
             stamped = isinstance(t_server, (int, float))
             self.est.goodput.acked(key, now(), self.est.rtt.value, t_server if stamped else None,
-                                   self.est.clock.to_local(t_server) if stamped else None)
+                                   self.est.clock.latest_local(t_server) if stamped else None)
             if stamped and self._train_stamps.answered(key[2], t_server):
                 self._send_probe(after_burst=True)
         elif isinstance(t_send, (int, float)):
