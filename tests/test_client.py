@@ -133,6 +133,33 @@ def test_bandwidth_schedules_and_rate_changes():
     link.sock = None
 
 
+def test_a_message_the_socket_refuses_once_is_announced_once():
+    """At the socket's high-water mark the pump keeps the message and tries again later; the
+    engine's on_sent (which counts its tiles and bytes and marks its trace) ran on every try."""
+    class Sock:
+        def __init__(self):
+            self.refuse, self.sent = 1, []
+
+        def send_multipart(self, frames, flags=0, copy=True):
+            if self.refuse:
+                self.refuse -= 1
+                raise zmq.Again()
+            self.sent.append(frames)
+
+    from coacto.mobile.link import Link
+
+    link = Link(zmq.Context.instance(), zmq.Poller(), 5.0)
+    link.sock = Sock()
+    items = [(P.TILES, [b"a"], None), (P.TILES, [b"b"], None)]
+    announced = []
+    on_sent = lambda kind, frames, *a: announced.append(frames[0]) or True  # noqa: E731
+    link.pump(0.0, lambda: items.pop(0) if items else None, on_sent)
+    assert announced == [b"a"] and link.sock.sent == [] and len(link.held) == 2
+    link.pump(0.01, lambda: None, on_sent)  # past the back-off: both go, "a" not announced again
+    assert announced == [b"a", b"b"] and link.sock.sent == [[b"a"], [b"b"]] and not link.held
+    link.sock = None
+
+
 def test_goodput_from_backlogged_acks_ignores_pipelining():
     rate, rtt = 2e6, 0.050  # 16 Mbit/s, 50 ms: 8 batches of 25 kB in flight at once
     g = Goodput(initial=1e5)

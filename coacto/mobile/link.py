@@ -64,6 +64,9 @@ class Link:
         self.held: collections.deque = collections.deque()
         self.backlog_bytes = 0  # TILES bytes among them
         self._blocked_until = 0.0
+        # the held message that on_sent passed but the socket refused (high-water mark): the
+        # retry sends it without announcing it again
+        self._passed = None
         self.idle = None  # makes (kind, frames, job), or a list of them, when nothing else waits
         # (the goodput probe train)
         self.inbox: collections.deque = collections.deque()  # (release time, frames)
@@ -100,6 +103,7 @@ class Link:
         self.outbox.clear()
         self.inbox.clear()
         self.held.clear()
+        self._passed = None
         self.backlog_bytes = 0
         self.idle = None
         self.awaiting_since = None
@@ -172,14 +176,19 @@ class Link:
             if kind == P.TILES:
                 self.backlog_bytes += nbytes
         while self.held and self.held[0][0] <= t and self._blocked_until <= t:
-            t_booked, frames, kind, nbytes, job, _ = self.held[0]
-            if on_sent(kind, frames, nbytes, job, t_booked if self.up is not None else None):
+            head = self.held[0]
+            t_booked, frames, kind, nbytes, job, _ = head
+            # on_sent counts the message (its tiles, bytes, trace): once, however many tries
+            if head is self._passed or \
+                    on_sent(kind, frames, nbytes, job, t_booked if self.up is not None else None):
                 try:
                     self.sock.send_multipart(frames, zmq.DONTWAIT, copy=False)
                 except zmq.Again:  # high-water mark: the poll timeout brings us back
+                    self._passed = head
                     self._blocked_until = t + 0.005
                     return
                 self._arm(kind, t)
+            self._passed = None
             self.held.popleft()
             if kind == P.TILES:
                 self.backlog_bytes -= nbytes
