@@ -886,10 +886,7 @@ class Engine:
         t = now()
         inf = h.get("inf")
         t_server = h.get("t_server")
-        stamped = isinstance(t_server, (int, float))
-        sample = self.est.goodput.acked((inf, batch), t, self.est.rtt.value,
-                                        t_server if stamped else None,
-                                        self.est.clock.latest_local(t_server) if stamped else None)
+        sample = self.est.on_ack((inf, batch), t, t_server)
         if sample is not None:
             self.est.rtt.sample(sample)
         traced = job if job is not None else self._traced(h)

@@ -417,6 +417,15 @@ class Estimates:
     def bandwidth(self) -> float:
         return self.goodput.value
 
+    def on_ack(self, key, t: float, t_server) -> float | None:
+        """A batch's (or probe's) acknowledgement arrived at ``t``, stamped ``t_server`` by the
+        server (anything but a number: unstamped): Goodput.acked with the stamp put on our
+        clock at the latest its offset allows."""
+        if not isinstance(t_server, (int, float)):
+            return self.goodput.acked(key, t, self.rtt.value)
+        return self.goodput.acked(key, t, self.rtt.value, t_server,
+                                  self.clock.latest_local(t_server))
+
     @property
     def downlink(self) -> float:
         """Server-to-device goodput: measured from RESULTs, else the uplink's estimate."""

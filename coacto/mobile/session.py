@@ -284,8 +284,7 @@ class Session:
         if key is not None:
             t_server = h.get("t_server")
             stamped = isinstance(t_server, (int, float))
-            self.est.goodput.acked(key, now(), self.est.rtt.value, t_server if stamped else None,
-                                   self.est.clock.latest_local(t_server) if stamped else None)
+            self.est.on_ack(key, now(), t_server)
             if stamped and self._train_stamps.answered(key[2], t_server):
                 self._send_probe(after_burst=True)
         elif isinstance(t_send, (int, float)):
