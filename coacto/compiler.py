@@ -23,13 +23,23 @@ def compile(model, tiles_per_layer: int | None = None, input_shapes: dict | None
     ``threads``: the computing threads a local Runtime will run the graph on, when known (with
     one, a cheap layer is one tile, not four; with more than four, that many, up to 16); also
     part of the parameters. Graphs for offloading leave it out (the server computes with its
-    own).
+    own). With ``threads`` a 1x1 convolution that only feeds a depthwise one also becomes its
+    prologue (coacto.frontend.fuse.fuse_pointwise_prologues): fewer layers than the ONNX file's
+    Conv nodes, a graph only a local Runtime runs (a Client refuses it).
     """
-    from .frontend import import_model  # the onnx package loads here, not on `import coacto`
-
-    graph = import_model(model, input_shapes=input_shapes)
+    graph = import_graph(model, input_shapes, local=threads is not None)
     return partition_graph(graph, tiles_per_layer, input_shapes, layer_tiles, min_column_blocks,
                            threads)
+
+
+def import_graph(model, input_shapes: dict | None = None, local: bool = False):
+    """The operator graph compile partitions: imported, and for a ``local`` Runtime with the
+    pointwise prologues fused (`coacto tune` imports the same graph compile would)."""
+    from .frontend import import_model  # the onnx package loads here, not on `import coacto`
+    from .frontend.fuse import fuse_pointwise_prologues
+
+    graph = import_model(model, input_shapes=input_shapes)
+    return fuse_pointwise_prologues(graph) if local else graph
 
 
 def partition_graph(graph, tiles_per_layer: int | None = None, input_shapes: dict | None = None,
@@ -40,8 +50,14 @@ def partition_graph(graph, tiles_per_layer: int | None = None, input_shapes: dic
     from .partition import partition
 
     plan = partition(graph, tiles_per_layer, layer_tiles, min_column_blocks, threads)
-    params = _params(tiles_per_layer, input_shapes, layer_tiles, min_column_blocks, threads)
+    params = _params(tiles_per_layer, input_shapes, layer_tiles, min_column_blocks, threads,
+                     has_prologues(graph))
     return TileGraph.build(graph, plan, params)
+
+
+def has_prologues(graph) -> bool:
+    """Whether an operator graph has layers with a pointwise prologue (a local graph)."""
+    return any(layer.op == "CONV" and layer.attrs.get("pre") for layer in graph.layers)
 
 
 def repartition(tg: TileGraph, tiles_per_layer: int | None = None,
@@ -56,10 +72,11 @@ def repartition(tg: TileGraph, tiles_per_layer: int | None = None,
     plan = partition(tg.graph, tiles_per_layer, layer_tiles, min_column_blocks, threads)
     shapes = tg.params.get("input_shapes") or {}
     return tg.retiled(plan, _params(tiles_per_layer, shapes, layer_tiles, min_column_blocks,
-                                    threads))
+                                    threads, has_prologues(tg.graph)))
 
 
-def _params(tiles_per_layer, input_shapes, layer_tiles, min_column_blocks, threads) -> dict:
+def _params(tiles_per_layer, input_shapes, layer_tiles, min_column_blocks, threads,
+            prologues: bool = False) -> dict:
     params = {
         "tiles_per_layer": tiles_per_layer,
         # plain ints: the parameters are JSON (and part of the graph id), numpy ints are not
@@ -69,6 +86,8 @@ def _params(tiles_per_layer, input_shapes, layer_tiles, min_column_blocks, threa
         params["min_column_blocks"] = int(min_column_blocks)
     if threads is not None:  # absent otherwise, so graphs compiled without it keep their ids
         params["threads"] = int(threads)
+    if prologues:  # the layers differ from the server's: the id must too
+        params["prologues"] = 1
     if layer_tiles:  # absent otherwise, so untuned graphs keep their ids
         params["layer_tiles"] = {str(int(k)): int(v) for k, v in sorted(layer_tiles.items(),
                                                                         key=lambda kv: int(kv[0]))}

@@ -244,7 +244,9 @@ class OpContract:
 #: Every op, by name (see OpContract).
 OPS = {c.name: c for c in (
     OpContract("INPUT", OP_INPUT, (0, 0)),
-    OpContract("CONV", OP_CONV, (1, 2), ("w", "b"), _WINDOW + ("group", ("act", 0)), _ACT_F),
+    OpContract("CONV", OP_CONV, (1, 2), ("w", "b", "pre_w", "pre_b"),
+               _WINDOW + ("group", ("act", 0), ("pre", 0), ("pre_act", 0)),
+               _ACT_F + (("pre_alpha", 0.0), ("pre_beta", 0.0))),
     OpContract("POOL", OP_POOL, (1, 1), (), _WINDOW + ("kind", ("count_include_pad", 0))),
     OpContract("GLOBAL_POOL", OP_GLOBAL_POOL, (1, 1), (), ("kind",)),
     OpContract("BINARY", OP_BINARY, (1, 2), ("k",),

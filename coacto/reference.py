@@ -159,6 +159,12 @@ def _windows(x, layer, pad_value, extra=(0, 0)):
 def _conv(layer, xs):
     a = layer.attrs
     x = xs[0]
+    if a.get("pre"):  # a pointwise prologue (coacto.frontend.fuse.fuse_pointwise_prologues)
+        pre_w = layer.weights["pre_w"].astype(np.float64)  # (cin, c)
+        x = np.einsum("nchw,cd->ndhw", x, pre_w)
+        if "pre_b" in layer.weights:
+            x = x + layer.weights["pre_b"].astype(np.float64).reshape(1, -1, 1, 1)
+        x = activation(x, a["pre_act"], a.get("pre_alpha", 0.0), a.get("pre_beta", 0.0))
     w = layer.weights["w"].astype(np.float64)
     g, kh, kw, cin_g, cout_g = w.shape
     n, _, ho, wo = layer.shape

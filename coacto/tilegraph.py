@@ -361,7 +361,8 @@ _REQUIRED_ATTRS = {
 }
 #: Attributes the runtime reads as floats (coacto_layer_desc.fparams); every other one is one of
 #: its int32 parameters.
-_FLOAT_ATTRS = frozenset({"alpha", "beta", "bias", "eps", "scale", "fill"})
+_FLOAT_ATTRS = frozenset({"alpha", "beta", "bias", "eps", "scale", "fill", "pre_alpha",
+                          "pre_beta"})
 #: ONNX element types inputs and outputs may declare besides float32 (coacto.ir).
 _IO_DTYPES = (*ir.INTEGER_NUMPY_TYPES, *ir.FLOAT_NUMPY_TYPES)
 #: The native runtime's limits (native/src/graph.c): a file beyond them is refused here, before

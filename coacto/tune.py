@@ -284,8 +284,7 @@ def tune(model, threads: int, *, feeds: dict | None = None, budget_s: float = 12
     threads on this machine; see the module's docstring. ``budget_s`` bounds the search (the final
     measurement comes on top); ``rounds`` x ``runs`` runs per configuration and candidate.
     Writes the profile when ``save`` (returned in ``.path``)."""
-    from .compiler import partition_graph
-    from .frontend import import_model
+    from .compiler import import_graph, partition_graph
     from .partition import PARTITIONER_VERSION
 
     say = progress or (lambda msg: None)
@@ -295,7 +294,7 @@ def tune(model, threads: int, *, feeds: dict | None = None, budget_s: float = 12
         raise CoactoError("tuning needs at least 3 rounds of at least 1 run per configuration")
     if save:
         check_profile_dir()
-    graph = import_model(model)
+    graph = import_graph(model, local=True)  # the layers coacto.compile(threads=...) makes
     default_tg = partition_graph(graph, threads=threads)
     if feeds is None:
         rng = np.random.default_rng(0)

@@ -548,3 +548,59 @@ def _drop_regrouping_copies(layers, cons, outs):
             cons[p].add(j)
         cons[p].discard(g)
         cons[g] = set()
+
+
+#: Limits of the native runtime's prologue (native/src/ops_conv.c CONV_PRE_MAX_KH,
+#: CONV_PRE_MAX_RING_FLOATS): kernel rows, and the ring of that many rows of its input.
+PROLOGUE_MAX_KH = 16
+PROLOGUE_MAX_RING_FLOATS = 4 << 20
+#: Smallest expanded map (one batch item) worth a prologue. A smaller one stays in L2 between the
+#: two layers anyway, while every tile boundary of the depthwise layer makes the prologue compute
+#: kh - sh rows twice: MobileNetV2's 28 x 28 x 192 and smaller maps fused made its 2-thread run
+#: slower than with the 112 x 112 and 56 x 56 ones alone (docs/PERFORMANCE.md).
+PROLOGUE_MIN_MAP_BYTES = 1 << 20
+
+
+def fuse_pointwise_prologues(graph: ir.Graph) -> ir.Graph:
+    """For graphs a local Runtime runs (coacto.compile with ``threads``): a 1x1 convolution
+    (stride 1, no padding, one group, no residual) whose only consumer is a depthwise
+    convolution (dilation 1, a vertical stride no larger than its kernel) becomes that layer's
+    prologue where its output map (one batch item) has PROLOGUE_MIN_MAP_BYTES or more (attrs ``pre``, ``pre_act``, ``pre_alpha``, ``pre_beta``; weights ``pre_w`` as
+    (cin, c), ``pre_b``). The runtime then computes the 1x1 convolution's rows as the depthwise
+    window reaches them and keeps only a few, where the two layers wrote and read back a map of
+    the expanded width: MobileNet-style inverted residuals. Graphs for offloading stay unfused:
+    the server and the device must cut the same layers. Returns ``graph`` changed in place."""
+    layers = graph.layers
+    cons = graph.consumers()
+    outs = set(graph.outputs.values())
+    alive = [True] * len(layers)
+    fused = 0
+    for j, dw in enumerate(layers):
+        if dw.op != "CONV" or dw.layout != ir.LAYOUT_CHANNELS or dw.attrs.get("pre"):
+            continue
+        p = dw.inputs[0]
+        pw = layers[p]
+        a, c = dw.attrs, dw.shape[1]
+        if not (a["group"] == c == pw.shape[1] and a.get("dh", 1) == 1 and a.get("dw", 1) == 1
+                and a["sh"] <= a["kh"] <= PROLOGUE_MAX_KH
+                and a["kh"] * pw.shape[3] * c <= PROLOGUE_MAX_RING_FLOATS):
+            continue
+        if 4 * pw.shape[1] * pw.shape[2] * pw.shape[3] < PROLOGUE_MIN_MAP_BYTES:
+            continue
+        if not (_pointwise(pw) and pw.layout == ir.LAYOUT_CHANNELS and len(pw.inputs) == 1
+                and cons[p] == [j] and p not in outs and len(pw.shape) == 4):
+            continue
+        cin = layers[pw.inputs[0]].shape[1]
+        a.update(pre=1, pre_act=pw.attrs.get("act", ir.ACT_NONE),
+                 pre_alpha=float(pw.attrs.get("alpha", 0.0)),
+                 pre_beta=float(pw.attrs.get("beta", 0.0)))
+        dw.weights["pre_w"] = np.ascontiguousarray(pw.weights["w"].reshape(cin, c))
+        if "b" in pw.weights:
+            dw.weights["pre_b"] = pw.weights["b"]
+        dw.inputs = [pw.inputs[0]] + dw.inputs[1:]
+        alive[p] = False
+        fused += 1
+    if fused:
+        graph.layers, graph.inputs, graph.outputs = prune_layers(layers, graph.inputs,
+                                                                 graph.outputs, alive)
+    return graph

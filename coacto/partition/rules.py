@@ -24,7 +24,7 @@ from .sequence import block_of, embed_parent_pairs, matmul_parent_pairs
 #: Bumped whenever partitioning changes the tiles it derives for the same parameters (the rules
 #: and constants of this module and coacto.partition.sequence): stored graphs and tuned tile
 #: counts made by another version are rebuilt, not trusted.
-PARTITIONER_VERSION = 6
+PARTITIONER_VERSION = 7
 
 # The measurements behind these values are in docs/PERFORMANCE.md, "History of the partitioner's
 # constants".
@@ -110,6 +110,9 @@ def layer_flops(graph: ir.Graph, li: int) -> float:
     a = layer.attrs
     if layer.op == "CONV":
         cin = graph.layers[layer.inputs[0]].shape[1]
+        if a.get("pre"):  # a depthwise layer, after a 1x1 convolution of its input to c channels
+            hin, win = graph.layers[layer.inputs[0]].shape[2:4]
+            return 2.0 * out * a["kh"] * a["kw"] + 2.0 * n * c * hin * win * cin
         return 2.0 * out * a["kh"] * a["kw"] * (cin // a["group"])
     if layer.op == "POOL":
         return out * a["kh"] * a["kw"]
@@ -324,6 +327,8 @@ def row_reads(graph: ir.Graph, li: int, k: int, r0: int, r1: int) -> tuple[int, 
     src = graph.layers[layer.inputs[k]]
     cin = src.rows
     op = layer.op
+    if op == "CONV" and k == 0 and layer.attrs.get("pre"):
+        return 0, cin  # the prologue reads every channel
     if op == "CONV" and k == 0:
         g = layer.attrs["group"]
         cout_g, cin_g = layer.rows // g, cin // g

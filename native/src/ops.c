@@ -93,7 +93,7 @@ typedef struct op_contract {
 
 static const op_contract OPS[COACTO_OP_COUNT] = {
     [COACTO_OP_INPUT] = {"INPUT", 0, 0, 0, 0, 0, NULL, NULL},
-    [COACTO_OP_CONV] = {"CONV", 1, 2, 2, 12, 2, conv_prepare, conv_execute},
+    [COACTO_OP_CONV] = {"CONV", 1, 2, 4, 14, 4, conv_prepare, conv_execute},
     [COACTO_OP_POOL] = {"POOL", 1, 1, 0, 12, 0, pool_prepare, pool_execute_},
     [COACTO_OP_GLOBAL_POOL] = {"GLOBAL_POOL", 1, 1, 0, 1, 0, global_pool_prepare,
                                global_pool_execute_},
@@ -130,6 +130,7 @@ coacto_status op_prepare(layer *l, char *err, size_t err_size) {
     l->scratch_fixed = 0;
     l->variant = 0;
     l->block_cols = 0;
+    l->pre = NULL;
     l->arrays_consumed = 0;
     if (err && err_size) err[0] = '\0';
 
@@ -155,6 +156,12 @@ coacto_status op_prepare(layer *l, char *err, size_t err_size) {
 void op_release(layer *l) {
     free(l->packed);
     l->packed = NULL;
+    if (l->pre) {
+        free((void *)l->pre->arrays[1]); /* the prologue's bias, copied by conv_prepare */
+        op_release(l->pre);
+        free(l->pre);
+        l->pre = NULL;
+    }
 }
 
 void op_execute(const layer *l, const float *const *in, float *out, int32_t col0, int32_t col1,

@@ -3,9 +3,12 @@
  * Parameter encoding of coacto_layer_desc per op (semantics: coacto/ir.py; how many of each an
  * op reads: the table in ops.c, mirrored by coacto/ir.py OPS):
  *   CONV        inputs [x] or [x, residual]
- *               iparams: 0 kh, 1 kw, 2 sh, 3 sw, 4 pt, 5 pl, 6 pb, 7 pr, 8 dh, 9 dw, 10 group, 11 act
- *               fparams: 0 alpha, 1 beta (activation)
- *               arrays:  0 weights float[group][kh][kw][cin_g][cout_g], 1 bias float[c] or absent
+ *               iparams: 0 kh, 1 kw, 2 sh, 3 sw, 4 pt, 5 pl, 6 pb, 7 pr, 8 dh, 9 dw, 10 group, 11 act,
+ *                        12 pre (1: a depthwise convolution that reads a 1x1 convolution of x,
+ *                        computed row by row as the window needs it; 0: none), 13 pre's act
+ *               fparams: 0 alpha, 1 beta (activation), 2 alpha, 3 beta (pre's activation)
+ *               arrays:  0 weights float[group][kh][kw][cin_g][cout_g], 1 bias float[c] or absent,
+ *                        2 pre's weights float[in_c][c] (pre only), 3 pre's bias float[c] or absent
  *   POOL        iparams: 0 kh, 1 kw, 2 sh, 3 sw, 4 pt, 5 pl, 6 pb, 7 pr, 8 dh, 9 dw, 10 kind
  *                        (0 max, 1 avg), 11 count_include_pad
  *   GLOBAL_POOL iparams: 0 kind (0 max, 1 avg)
@@ -87,6 +90,8 @@ typedef struct layer {
     /* Private to the executors (set by op_prepare): */
     int32_t variant;          /* CONV: the loop that computes it (ops_conv.c) */
     int32_t block_cols;       /* CONV: output positions per im2col + GEMM block */
+    struct layer *pre;        /* CONV with a pointwise prologue: that 1x1 convolution, prepared
+                                 as a layer of its own (owned; NULL otherwise) */
 } layer;
 
 /* Validates the layer's parameters and arrays against its dims and its inputs' dims (in_*

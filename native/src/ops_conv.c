@@ -69,6 +69,9 @@ static conv_geometry geometry(const layer *l) {
         .pr = p[7], .dh = p[8], .dw = p[9], .group = p[10], .act = p[11],
         .hin = l->in_h[0], .win = l->in_w[0], .cin = l->in_c[0],
     };
+    /* With a pointwise prologue the window runs over its output, as many channels as this
+     * layer's output (conv_prepare checks the layer is depthwise). */
+    if (p[12] == 1) g.cin = l->c;
     if (g.group > 0) {
         g.cin_g = g.cin / g.group;
         g.cout_g = l->c / g.group;
@@ -138,7 +141,72 @@ static int winograd_fits(const layer *l, const conv_geometry *g) {
            (int64_t)l->h * l->w >= winograd_min_positions();
 }
 
+/* A depthwise convolution with a pointwise prologue keeps the prologue's output rows its window
+ * reads in a ring of kh rows (the input row iy in slot iy % kh), computed when the window first
+ * reaches them: MobileNet's 1x1 expansions then never write their wide maps (96 channels at 112
+ * x 112 are 4.8 MB, past L2) for the depthwise layer to read back. */
+#define CONV_PRE_MAX_KH 16
+#define CONV_PRE_MAX_RING_FLOATS (4 << 20)
+
+static size_t pre_slot_floats(const conv_geometry *g, int64_t c) {
+    return ops_round_up((size_t)(g->win * c), 16);
+}
+
+/* The prologue as a pointwise CONV layer of its own (l->pre): output h x w = the input's, l->c
+ * channels, weights array 2, bias array 3 (copied: the graph drops the arrays a layer marks
+ * consumed, and keeps the others at another address after preparing). */
+static coacto_status conv_prepare_pre(layer *l, const conv_geometry *g, char *err,
+                                      size_t err_size) {
+    OPS_REQUIRE(ops_act_valid(l->iparams[13]), "unknown prologue activation %d", l->iparams[13]);
+    coacto_status st = ops_check_array(l, 2, ops_mul(ops_mul(l->in_c[0], l->c), 4),
+                                       "prologue weights", err, err_size);
+    if (st != COACTO_OK) return st;
+    if (l->array_bytes[3] != 0) {
+        st = ops_check_array(l, 3, (int64_t)l->c * 4, "prologue bias", err, err_size);
+        if (st != COACTO_OK) return st;
+    }
+    layer *pre = calloc(1, sizeof *pre);
+    if (!pre) return COACTO_ERR_OUT_OF_MEMORY;
+    l->pre = pre; /* op_release frees it, also after a failure below */
+    pre->op = COACTO_OP_CONV;
+    pre->n_inputs = 1;
+    pre->n = l->n;
+    pre->c = l->c;
+    pre->h = l->in_h[0];
+    pre->w = l->in_w[0];
+    pre->in_n[0] = l->in_n[0];
+    pre->in_c[0] = l->in_c[0];
+    pre->in_h[0] = l->in_h[0];
+    pre->in_w[0] = l->in_w[0];
+    const int32_t ip[12] = {1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, l->iparams[13]};
+    memcpy(pre->iparams, ip, sizeof ip);
+    pre->fparams[0] = l->fparams[2];
+    pre->fparams[1] = l->fparams[3];
+    pre->arrays[0] = l->arrays[2];
+    pre->array_bytes[0] = l->array_bytes[2];
+    if (l->array_bytes[3] != 0) {
+        float *bias = ops_alloc_floats((size_t)l->c);
+        if (!bias) return COACTO_ERR_OUT_OF_MEMORY;
+        memcpy(bias, l->arrays[3], (size_t)l->c * sizeof(float));
+        pre->arrays[1] = bias;
+        pre->array_bytes[1] = l->array_bytes[3];
+    }
+    pre->kern = l->kern;
+    st = op_prepare(pre, err, err_size);
+    if (st != COACTO_OK) return st;
+    l->kern = pre->kern;
+    l->arrays_consumed |= (1u << 2) | (1u << 3);
+    l->scratch_fixed = (size_t)g->kh * pre_slot_floats(g, l->c) + pre->scratch_fixed;
+    return COACTO_OK;
+}
+
 coacto_status conv_prepare(layer *l, char *err, size_t err_size) {
+    const int32_t pre = l->iparams[12];
+    OPS_REQUIRE(pre == 0 || pre == 1, "prologue %d must be 0 (none) or 1 (pointwise)", pre);
+    if (pre == 0)
+        OPS_REQUIRE(l->array_bytes[2] == 0 && l->array_bytes[3] == 0,
+                    "arrays 2 and 3 (a pointwise prologue's weights and bias) must be absent "
+                    "without a prologue");
     conv_geometry g = geometry(l);
     OPS_REQUIRE(g.kh >= 1 && g.kw >= 1, "kernel %lldx%lld must be positive", (long long)g.kh,
                 (long long)g.kw);
@@ -146,6 +214,16 @@ coacto_status conv_prepare(layer *l, char *err, size_t err_size) {
                 "strides (%lld, %lld) and dilations (%lld, %lld) must be >= 1", (long long)g.sh,
                 (long long)g.sw, (long long)g.dh, (long long)g.dw);
     OPS_REQUIRE(g.pt >= 0 && g.pl >= 0 && g.pb >= 0 && g.pr >= 0, "pads must be >= 0");
+    if (pre == 1)
+        OPS_REQUIRE(g.group == l->c && g.dh == 1 && g.dw == 1 && g.sh <= g.kh &&
+                        g.kh <= CONV_PRE_MAX_KH &&
+                        (uint64_t)ops_mul(ops_mul(g.kh, g.win), l->c) <=
+                            CONV_PRE_MAX_RING_FLOATS, /* -1 (overflow) fails */
+                    "a pointwise prologue needs a depthwise convolution with dilation 1, a "
+                    "vertical stride no larger than its %lld kernel rows (at most %d), and %lld "
+                    "kernel rows of %lld x %d values in at most %d floats",
+                    (long long)g.kh, CONV_PRE_MAX_KH, (long long)g.kh, (long long)g.win, l->c,
+                    CONV_PRE_MAX_RING_FLOATS);
     OPS_REQUIRE(ops_act_valid((int32_t)g.act), "unknown activation %lld", (long long)g.act);
     OPS_REQUIRE(g.group >= 1 && g.cin % g.group == 0 && l->c % g.group == 0,
                 "group %lld must divide input channels %lld and output channels %d",
@@ -172,6 +250,7 @@ coacto_status conv_prepare(layer *l, char *err, size_t err_size) {
         if (st != COACTO_OK) return st;
     }
 
+
     const float *w = l->arrays[0];
     if (g.group == g.cin && g.group == l->c) {
         /* Depthwise: re-lay [c][ky][kx] as [ky][kx][c] so each tap is a contiguous vector. */
@@ -182,7 +261,7 @@ coacto_status conv_prepare(layer *l, char *err, size_t err_size) {
         for (int64_t ch = 0; ch < c; ch++)
             for (int64_t t = 0; t < taps; t++) l->packed[t * c + ch] = w[ch * taps + t];
         l->arrays_consumed = 1u << 0;
-        return COACTO_OK;
+        return pre ? conv_prepare_pre(l, &g, err, err_size) : COACTO_OK;
     }
 
     const gemm_kernel *kern = l->kern ? l->kern : gemm_select();
@@ -547,11 +626,25 @@ static void conv_execute_gemm(const layer *l, const float *const *in, float *out
     }
 }
 
+/* Where a depthwise layer's input rows are: the input itself, or the ring of a pointwise
+ * prologue's rows (slot iy % kh; conv_execute_pre keeps those the window reads there). */
+typedef struct dw_src {
+    const float *x;
+    const float *ring;
+    size_t slot; /* floats per ring slot */
+} dw_src;
+
+/* Input row iy (inside the map) of batch item n, at its position 0. */
+static inline const float *dw_row(const dw_src *s, const conv_geometry *g, int64_t n, int64_t iy) {
+    if (s->ring) return s->ring + (size_t)(iy % g->kh) * s->slot;
+    return s->x + ((n * g->hin + iy) * g->win) * g->cin;
+}
+
 /* One block of 8*V channels [c0, ...) of one output position: accumulators acc0.. stay in
  * registers across the window's taps [ky0, ky1) x [kx0, kx1). */
 #define DW_TAPS(STEP)                                                                 \
     for (int64_t ky = ky0; ky < ky1; ky++) {                                          \
-        const float *xrow = xb + (iy0 + ky * g.dh) * g.win * c + c0;                  \
+        const float *xrow = dw_row(src, &g, p.n, iy0 + ky * g.dh) + c0;               \
         const float *wrow = l->packed + ky * g.kw * c + c0;                           \
         for (int64_t kx = kx0; kx < kx1; kx++) {                                      \
             const float *xs = xrow + (ix0 + kx * g.dw) * c, *ws = wrow + kx * c;      \
@@ -589,12 +682,12 @@ static int64_t dw3_interior_run(const conv_geometry *g, int64_t y, int64_t x, in
     return run < limit ? run : limit;
 }
 
-/* Tap row KY of a 3x3 window for four outputs of a row: their inputs start at q (the first
- * output's window), s bytes apart (stride x channels), s3 = 3 * s; kx steps are cs bytes. Byte
- * offsets base + index * {1, 2} keep the addresses in a few registers. */
-#define DW3_ROW(KY, W0, W1, W2)                                                           \
+/* A tap row of a 3x3 window for four outputs of a row: their inputs start at q + OFF (OFF: the
+ * row's bytes from the window's first row), s bytes apart (stride x channels), s3 = 3 * s; kx
+ * steps are cs bytes. Byte offsets base + index * {1, 2} keep the addresses in a few registers. */
+#define DW3_ROW(OFF, W0, W1, W2)                                                          \
     {                                                                                     \
-        const char *q0 = q + (KY) * rs, *q1 = q0 + cs, *q2 = q0 + 2 * cs;                 \
+        const char *q0 = q + (OFF), *q1 = q0 + cs, *q2 = q0 + 2 * cs;                     \
         a0 += DW3_LD(q0) * W0 + DW3_LD(q1) * W1 + DW3_LD(q2) * W2;                        \
         a1 += DW3_LD(q0 + s) * W0 + DW3_LD(q1 + s) * W1 + DW3_LD(q2 + s) * W2;            \
         a2 += DW3_LD(q0 + 2 * s) * W0 + DW3_LD(q1 + 2 * s) * W1 + DW3_LD(q2 + 2 * s) * W2; \
@@ -605,21 +698,22 @@ static int64_t dw3_interior_run(const conv_geometry *g, int64_t y, int64_t x, in
 #define DW3_STORE(A, COL) \
     DW_CLAMP_STORE(res ? A + OPS_F32X8(res + (COL) * c + c0) : A, out + (COL) * c + c0)
 
-/* `count` outputs of one row (columns col.. of batch item xb, row y, from x) whose 3x3 windows lie
- * inside the input, channels [row0, row1) in blocks of eight: four outputs at a time accumulate in
+/* `count` outputs of one row (columns col.., row y, from x) whose 3x3 windows lie inside the
+ * input, channels [row0, row1) in blocks of eight (top: the window's first input row, position 0;
+ * d1, d2: the bytes from there to the second and third): four outputs at a time accumulate in
  * registers, each tap row loading its three weights once (the per-position loop loads a weight
  * for every multiply-add, which left it bound by loads at half the FMA rate). Channels past the
  * last block of eight go through the scalar loop. */
 static inline __attribute__((always_inline)) void
-dw3_interior(const layer *l, const conv_geometry *gp, const float *xb, const float *res,
-             float *out, int64_t col, int64_t y, int64_t x, int64_t count, int64_t row0,
-             int64_t row1, ops_f32x8 lov, ops_f32x8 hiv, float lo, float hi) {
+dw3_interior(const layer *l, const conv_geometry *gp, const float *top, ptrdiff_t d1,
+             ptrdiff_t d2, const float *res, float *out, int64_t col, int64_t x, int64_t count,
+             int64_t row0, int64_t row1, ops_f32x8 lov, ops_f32x8 hiv, float lo, float hi) {
     const conv_geometry g = *gp;
     const float *bias = l->arrays[1];
-    const int64_t c = l->c, sw = g.sw, iy0 = y * g.sh - g.pt;
+    const int64_t c = l->c, sw = g.sw;
     int64_t c0 = row0;
     const size_t cs = (size_t)c * sizeof(float), s = (size_t)sw * cs, s3 = 3 * s;
-    const size_t rs = (size_t)g.win * cs;
+    const ptrdiff_t dy[3] = {0, d1, d2};
     for (; c0 + 8 <= row1; c0 += 8) {
         const float *wt = l->packed + c0;
         const ops_f32x8 b = bias ? (ops_f32x8)OPS_F32X8(bias + c0) : (ops_f32x8){0};
@@ -628,16 +722,16 @@ dw3_interior(const layer *l, const conv_geometry *gp, const float *xb, const flo
                         w10 = OPS_F32X8(wt + 3 * c), w11 = OPS_F32X8(wt + 4 * c),
                         w12 = OPS_F32X8(wt + 5 * c), w20 = OPS_F32X8(wt + 6 * c),
                         w21 = OPS_F32X8(wt + 7 * c), w22 = OPS_F32X8(wt + 8 * c);
-        const char *q = (const char *)(xb + (iy0 * g.win + x * sw - g.pl) * c + c0);
+        const char *q = (const char *)(top + (x * sw - g.pl) * c + c0);
         int64_t j = 0;
         for (; j + 4 <= count; j += 4, q += 4 * s) {
             ops_f32x8 a0 = b, a1 = b, a2 = b, a3 = b;
-            DW3_ROW(0, w00, w01, w02) DW3_ROW(1, w10, w11, w12) DW3_ROW(2, w20, w21, w22)
+            DW3_ROW(0, w00, w01, w02) DW3_ROW(d1, w10, w11, w12) DW3_ROW(d2, w20, w21, w22)
             DW3_STORE(a0, col + j) DW3_STORE(a1, col + j + 1) DW3_STORE(a2, col + j + 2)
             DW3_STORE(a3, col + j + 3)
         }
         for (; j < count; j++, q += s) { /* summed in DW3_ROW's order: tiling changes no bit */
-            const char *q0 = q, *q1 = q + rs, *q2 = q + 2 * rs;
+            const char *q0 = q, *q1 = q + d1, *q2 = q + d2;
             ops_f32x8 a0 = b;
             a0 += DW3_LD(q0) * w00 + DW3_LD(q0 + cs) * w01 + DW3_LD(q0 + 2 * cs) * w02;
             a0 += DW3_LD(q1) * w10 + DW3_LD(q1 + cs) * w11 + DW3_LD(q1 + 2 * cs) * w12;
@@ -651,7 +745,7 @@ dw3_interior(const layer *l, const conv_geometry *gp, const float *xb, const flo
             float acc = bias ? bias[c0] : 0.0f;
             for (int64_t ky = 0; ky < 3; ky++)
                 for (int64_t kx = 0; kx < 3; kx++)
-                    acc += xb[((iy0 + ky) * g.win + ix0 + kx) * c + c0] *
+                    acc += ((const float *)((const char *)top + dy[ky]))[(ix0 + kx) * c + c0] *
                            l->packed[(3 * ky + kx) * c + c0];
             float v = acc + (res ? res[(col + j) * c + c0] : 0.0f);
             v = v < lo ? lo : v;
@@ -709,57 +803,57 @@ dw3_interior(const layer *l, const conv_geometry *gp, const float *xb, const flo
 /* Channels [c0, c0 + 16) (k: those of them below the range's end) of the run; sw (1 or 2) and
  * full are constants where it is inlined, so v[] stays in registers and full blocks load plain. */
 __attribute__((target("avx512f"), always_inline)) static inline void
-dw16_block(const layer *l, const conv_geometry *gp, const float *xb, const float *res, float *out,
-           int64_t col, int64_t y, int64_t x, int64_t count, int64_t c0, __mmask16 k,
-           const int sw, const int full, __m512 lov, __m512 hiv) {
+dw16_block(const layer *l, const conv_geometry *gp, const float *top, ptrdiff_t d1, ptrdiff_t d2,
+           const float *res, float *out, int64_t col, int64_t x, int64_t count, int64_t c0,
+           __mmask16 k, const int sw, const int full, __m512 lov, __m512 hiv) {
     const conv_geometry g = *gp;
     const float *bias = l->arrays[1];
-    const int64_t c = l->c, iy0 = y * g.sh - g.pt;
-    const size_t cs = (size_t)c * sizeof(float), s = (size_t)sw * cs, rs = (size_t)g.win * cs;
+    const int64_t c = l->c;
+    const size_t cs = (size_t)c * sizeof(float), s = (size_t)sw * cs;
     const float *wt = l->packed + c0;
     const __m512 b = bias ? DW16_LD(bias + c0) : _mm512_setzero_ps();
     /* The nine weights stay in registers for the whole run. */
     const __m512 w00 = DW16_LD(wt), w01 = DW16_LD(wt + c), w02 = DW16_LD(wt + 2 * c),
                  w10 = DW16_LD(wt + 3 * c), w11 = DW16_LD(wt + 4 * c), w12 = DW16_LD(wt + 5 * c),
                  w20 = DW16_LD(wt + 6 * c), w21 = DW16_LD(wt + 7 * c), w22 = DW16_LD(wt + 8 * c);
-    const char *q = (const char *)(xb + (iy0 * g.win + x * sw - g.pl) * c + c0);
+    const char *q = (const char *)(top + (x * sw - g.pl) * c + c0);
     int64_t j = 0;
     for (; j + 4 <= count; j += 4, q += 4 * s) {
         __m512 a0 = b, a1 = b, a2 = b, a3 = b;
         DW16_ROW4(q, w00, w01, w02)
-        DW16_ROW4(q + rs, w10, w11, w12)
-        DW16_ROW4(q + 2 * rs, w20, w21, w22)
+        DW16_ROW4(q + d1, w10, w11, w12)
+        DW16_ROW4(q + d2, w20, w21, w22)
         DW16_STORE(a0, col + j) DW16_STORE(a1, col + j + 1)
         DW16_STORE(a2, col + j + 2) DW16_STORE(a3, col + j + 3)
     }
     for (; j < count; j++, q += s) {
         __m512 a0 = b;
         DW16_ROW1(q, w00, w01, w02)
-        DW16_ROW1(q + rs, w10, w11, w12)
-        DW16_ROW1(q + 2 * rs, w20, w21, w22)
+        DW16_ROW1(q + d1, w10, w11, w12)
+        DW16_ROW1(q + d2, w20, w21, w22)
         DW16_STORE(a0, col + j)
     }
 }
 
 /* The run (window stride sw, 1 or 2), channel blocks outer. */
 __attribute__((target("avx512f"))) static void
-dw3_interior_avx512(const layer *l, const conv_geometry *g, const float *xb, const float *res,
-                    float *out, int64_t col, int64_t y, int64_t x, int64_t count, int64_t row0,
-                    int64_t row1, float lo, float hi) {
+dw3_interior_avx512(const layer *l, const conv_geometry *g, const float *top, ptrdiff_t d1,
+                    ptrdiff_t d2, const float *res, float *out, int64_t col, int64_t x,
+                    int64_t count, int64_t row0, int64_t row1, float lo, float hi) {
     const __m512 lov = _mm512_set1_ps(lo), hiv = _mm512_set1_ps(hi);
     int64_t c0 = row0;
     for (; c0 + 16 <= row1; c0 += 16) {
         if (g->sw == 1)
-            dw16_block(l, g, xb, res, out, col, y, x, count, c0, 0xFFFF, 1, 1, lov, hiv);
+            dw16_block(l, g, top, d1, d2, res, out, col, x, count, c0, 0xFFFF, 1, 1, lov, hiv);
         else
-            dw16_block(l, g, xb, res, out, col, y, x, count, c0, 0xFFFF, 2, 1, lov, hiv);
+            dw16_block(l, g, top, d1, d2, res, out, col, x, count, c0, 0xFFFF, 2, 1, lov, hiv);
     }
     if (c0 < row1) {
         const __mmask16 k = (__mmask16)((1u << (row1 - c0)) - 1u);
         if (g->sw == 1)
-            dw16_block(l, g, xb, res, out, col, y, x, count, c0, k, 1, 0, lov, hiv);
+            dw16_block(l, g, top, d1, d2, res, out, col, x, count, c0, k, 1, 0, lov, hiv);
         else
-            dw16_block(l, g, xb, res, out, col, y, x, count, c0, k, 2, 0, lov, hiv);
+            dw16_block(l, g, top, d1, d2, res, out, col, x, count, c0, k, 2, 0, lov, hiv);
     }
 }
 #endif
@@ -767,11 +861,10 @@ dw3_interior_avx512(const layer *l, const conv_geometry *g, const float *xb, con
 /* Direct depthwise convolution: per output position, blocks of channels accumulate every tap of
  * the window in registers (weights re-laid [ky][kx][c] so each tap is a contiguous vector). Runs
  * of 3x3 windows inside the input (all but the border of a padded map) take dw3_interior. */
-OPS_CLONES static void conv_execute_depthwise(const layer *l, const float *const *in, float *out,
-                                              int64_t col0, int64_t col1, int64_t row0,
-                                              int64_t row1) {
+OPS_CLONES static void conv_execute_depthwise(const layer *l, const dw_src *src,
+                                              const float *res, float *out, int64_t col0,
+                                              int64_t col1, int64_t row0, int64_t row1) {
     conv_geometry g = geometry(l);
-    const float *x = in[0], *res = l->n_inputs > 1 ? in[1] : NULL;
     const float *bias = l->arrays[1];
     int64_t c = l->c;
     /* Clamp activations (none, ReLU, ReLU6) are applied in registers before the store; the
@@ -784,16 +877,20 @@ OPS_CLONES static void conv_execute_depthwise(const layer *l, const float *const
     const int wide = vec_avx512_usable();
 #endif
     for (int64_t col = col0; col < col1;) {
-        const float *xb = x + p.n * g.hin * g.win * c;
         const int64_t run = dw3_interior_run(&g, p.y, p.x, l->w, col1 - col);
         if (run > 0) {
+            const int64_t iy = p.y * g.sh - g.pt;
+            const float *top = dw_row(src, &g, p.n, iy);
+            const ptrdiff_t d1 = (const char *)dw_row(src, &g, p.n, iy + 1) - (const char *)top,
+                            d2 = (const char *)dw_row(src, &g, p.n, iy + 2) - (const char *)top;
 #if defined(__x86_64__) || defined(_M_X64)
             if (wide && g.sw <= 2)
-                dw3_interior_avx512(l, &g, xb, res, out, col, p.y, p.x, run, row0, row1, lo, hi);
+                dw3_interior_avx512(l, &g, top, d1, d2, res, out, col, p.x, run, row0, row1, lo,
+                                    hi);
             else
 #endif
-                dw3_interior(l, &g, xb, res, out, col, p.y, p.x, run, row0, row1, lov, hiv, lo,
-                             hi);
+                dw3_interior(l, &g, top, d1, d2, res, out, col, p.x, run, row0, row1, lov, hiv,
+                             lo, hi);
             if (!ops_act_is_clamp((int32_t)g.act))
                 for (int64_t j = 0; j < run; j++)
                     ops_act_apply(out + (col + j) * c + row0, (size_t)(row1 - row0),
@@ -823,7 +920,7 @@ OPS_CLONES static void conv_execute_depthwise(const layer *l, const float *const
             float acc = bias ? bias[c0] : 0.0f;
             for (int64_t ky = ky0; ky < ky1; ky++)
                 for (int64_t kx = kx0; kx < kx1; kx++)
-                    acc += xb[((iy0 + ky * g.dh) * g.win + ix0 + kx * g.dw) * c + c0] *
+                    acc += dw_row(src, &g, p.n, iy0 + ky * g.dh)[(ix0 + kx * g.dw) * c + c0] *
                            l->packed[(ky * g.kw + kx) * c + c0];
             float v = acc + (r ? r[c0] : 0.0f);
             v = v < lo ? lo : v;
@@ -845,10 +942,57 @@ int conv_writes_output_once(const layer *l) {
     return g.group == 1 && (size_t)g.k <= gemm_one_pass_k(l->kern);
 }
 
+/* A depthwise layer with a pointwise prologue, output row by output row (a part of one at the
+ * tile's ends): the prologue's rows its windows read are computed into the ring when first
+ * needed, for the tile's channels [row0, row1) only (each depthwise channel reads its own), and
+ * then the depthwise loop reads them there. A tile recomputes the rows its first output row
+ * shares with the tile above it (kh - sh of them). */
+static void conv_execute_pre(const layer *l, const float *const *in, float *out, int64_t col0,
+                             int64_t col1, int64_t row0, int64_t row1, float *scratch) {
+    const conv_geometry g = geometry(l);
+    const layer *pre = l->pre;
+    const conv_geometry pg = geometry(pre);
+    const size_t slot = pre_slot_floats(&g, l->c);
+    dw_src src = {.x = NULL, .ring = scratch, .slot = slot};
+    float *tmp = scratch + (size_t)g.kh * slot;
+    const float *res = l->n_inputs > 1 ? in[1] : NULL;
+    const int64_t cin = pre->in_c[0], mr = (int64_t)pre->kern->mr;
+    const int32_t act = pre->iparams[11];
+    int64_t tag[CONV_PRE_MAX_KH];
+    for (int64_t i = 0; i < g.kh; i++) tag[i] = -1;
+    ops_position p = ops_position_of(col0, l->h, l->w);
+    for (int64_t col = col0; col < col1;) {
+        const int64_t run = l->w - p.x < col1 - col ? l->w - p.x : col1 - col;
+        for (int64_t ky = 0, iy = p.y * g.sh - g.pt; ky < g.kh; ky++, iy++) {
+            if (iy < 0 || iy >= g.hin || tag[iy % g.kh] == p.n * g.hin + iy) continue;
+            float *row = scratch + (size_t)(iy % g.kh) * slot;
+            const float *xr = in[0] + (p.n * g.hin + iy) * g.win * cin;
+            for (int64_t b = 0, m; b < g.win; b += m) {
+                m = even_block(g.win - b, pre->block_cols, mr);
+                conv_block_pointwise(pre, &pg, xr + b * cin, NULL, row + b * l->c, 0, m, row0,
+                                     row1, tmp);
+            }
+            if (!ops_act_is_clamp(act))
+                for (int64_t i = 0; i < g.win; i++)
+                    ops_act_apply(row + i * l->c + row0, (size_t)(row1 - row0), act,
+                                  pre->fparams[0], pre->fparams[1]);
+            tag[iy % g.kh] = p.n * g.hin + iy;
+        }
+        conv_execute_depthwise(l, &src, res, out, col, col + run, row0, row1);
+        col += run;
+        p.x += run - 1;
+        ops_position_next(&p, l->h, l->w);
+    }
+}
+
 void conv_execute(const layer *l, const float *const *in, float *out, int32_t col0, int32_t col1,
                   int32_t row0, int32_t row1, float *scratch) {
-    if (l->variant == CONV_DEPTHWISE) {
-        conv_execute_depthwise(l, in, out, col0, col1, row0, row1);
+    if (l->pre) {
+        conv_execute_pre(l, in, out, col0, col1, row0, row1, scratch);
+    } else if (l->variant == CONV_DEPTHWISE) {
+        const dw_src src = {.x = in[0], .ring = NULL, .slot = 0};
+        conv_execute_depthwise(l, &src, l->n_inputs > 1 ? in[1] : NULL, out, col0, col1, row0,
+                               row1);
     } else if (l->variant == CONV_WINOGRAD) {
         const int32_t act = l->iparams[11];
         float lo, hi;
