@@ -258,8 +258,10 @@ class Runtime:
 
     def profile(self, feeds: dict, runs: int = 10) -> list[dict]:
         """Runs `runs` inferences with per-layer timing and returns one row per layer: name, op,
-        output shape, tiles, FLOPs, mean busy seconds per inference (summed over threads) and
-        the layer's share of the total. Shows where the time goes."""
+        output shape, tiles, FLOPs, mean busy seconds per inference (summed over threads), the
+        layer's share of the total, and whether it computes a 1x1 convolution of its input as
+        its prologue (graphs for a local Runtime: coacto.compile with threads). Shows where the
+        time goes."""
         from .partition import layer_flops
 
         self._native.set_profiling(True)
@@ -274,7 +276,7 @@ class Runtime:
         return [{"layer": li, "name": layer.name, "op": layer.op, "shape": list(layer.shape),
                  "tiles": int(plan.layer_first_tile[li + 1] - plan.layer_first_tile[li]),
                  "flops": layer_flops(g, li), "seconds": float(secs[li]),
-                 "share": float(secs[li]) / total}
+                 "share": float(secs[li]) / total, "prologue": bool(layer.attrs.get("pre"))}
                 for li, layer in enumerate(g.layers)]
 
     def trace(self, feeds: dict, runs: int = 5) -> dict:

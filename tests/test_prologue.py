@@ -181,6 +181,8 @@ def test_saved_fused_graph_loads_and_runs(tmp_path):
     assert back.graph_id == tg.graph_id and _prologues(back)
     with coacto.Runtime(back, threads=1) as rt:
         _close(rt.run(feeds)["y"], _ort(model, feeds))
+        rows = rt.profile(feeds, 1)  # the profile names the layer that computes the 1x1 too
+        assert [r["layer"] for r in rows if r["prologue"]] == [1]
 
 
 def test_a_client_refuses_a_local_graph():

@@ -31,7 +31,7 @@ def format_layer_profile(layers: list[dict], runs: int, top: int = 20) -> str:
         rate = r["flops"] / r["seconds"] / 1e9 if r["seconds"] > 0 else 0.0
         out.append(f"  {r['layer']:>5}  {r['op']:<12}{'x'.join(map(str, r['shape'])):<22}"
                    f"{r['tiles']:>6}{r['seconds'] * 1e3:>9.3f}{r['share']:>7.1%}{rate:>9.1f}  "
-                   f"{r['name']}")
+                   f"{r['name']}{' (with its 1x1 prologue)' if r.get('prologue') else ''}")
     return "\n".join(out)
 
 
