@@ -34,7 +34,7 @@ from .errors import GraphFileError
 from .partition import PARTITIONER_VERSION, TilePlan
 
 MAGIC = b"COACTOTG"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3  # 3: CONV layers carry four array slots (a pointwise prologue's two)
 _ALIGN = 64
 _PREFIX = struct.Struct("<8sIIQ")
 

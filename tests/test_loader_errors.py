@@ -266,7 +266,7 @@ def test_an_unchanged_file_loads(ctg):
     (lambda h: _layer(h, "INPUT")["attrs"].__setitem__("dtype", 16), "input element type 16"),
     (lambda h: h.__setitem__("output_dtypes", {"output": 16}), "output_dtypes {'output': 16}"),
     (lambda h: h.__setitem__("output_dtypes", {"nothing": 10}), "each must name an output"),
-    (lambda h: _layer(h, "CONV")["arrays"].pop(), "1 weight arrays, a CONV layer has 2"),
+    (lambda h: _layer(h, "CONV")["arrays"].pop(), "3 weight arrays, a CONV layer has 4"),
     (lambda h: _layer(h, "CONV")["arrays"][0].__setitem__(3, 1 << 40), "lies outside"),
     (lambda h: _layer(h, "CONV")["arrays"][0].__setitem__(2, [9, 9]), "does not match its shape"),
     (lambda h: _layer(h, "CONV")["arrays"][0].__setitem__(1, "float64"), "dtype 'float64'"),

@@ -104,11 +104,6 @@ def resolve_model(model, tiles_per_layer=None, input_shapes=None, model_bytes=No
         tg = TileGraph.load(model) if not isinstance(model, (bytes, bytearray)) else \
             TileGraph.from_bytes(bytes(model))
         data = onnx_bytes(model_bytes)
-    if tg.params.get("prologues"):
-        raise ModelError("this tile graph was compiled for a local Runtime (coacto.compile with "
-                         "threads=...: some 1x1 convolutions became prologues of the depthwise "
-                         "layers after them, which the server's graph does not have); give the "
-                         "Client the .onnx file, or a graph compiled without threads")
     else:
         _, data = load_model(model)
         # A graph for offloading: image layers keep enough column blocks for the server to start
@@ -116,6 +111,11 @@ def resolve_model(model, tiles_per_layer=None, input_shapes=None, model_bytes=No
         tg = compile_model(data, tiles_per_layer=tiles_per_layer, input_shapes=input_shapes,
                            min_column_blocks=min_column_blocks)
         return tg, data
+    if tg.params.get("prologues"):
+        raise ModelError("this tile graph was compiled for a local Runtime (coacto.compile with "
+                         "threads=...: some 1x1 convolutions became prologues of the depthwise "
+                         "layers after them, which the server's graph does not have); give the "
+                         "Client the .onnx file, or a graph compiled without threads")
     if data is not None:
         import hashlib
 
