@@ -223,3 +223,59 @@ def test_native_runtime_refuses_malformed_prologues():
         with pytest.raises(NativeError, match="invalid tile graph") as e:
             coacto.Runtime(bad, threads=1)
         assert what in str(e.value), (what, str(e.value))
+
+
+def test_a_tf2onnx_style_block_with_a_pad_node_is_fused():
+    """As tf2onnx writes a Keras MobileNetV2 block: NHWC input transposed, Relu6 as Clip, the
+    stride-2 depthwise layer's SAME padding as a Pad node before a VALID convolution."""
+    rng = np.random.default_rng(3)
+    hw, cin, mid, cout = 96, 24, 144, 32
+
+    def w(*shape):
+        return (rng.standard_normal(shape) * (2 / np.prod(shape[1:])) ** 0.5).astype(np.float32)
+
+    nodes = [helper.make_node("Transpose", ["x"], ["t0"], perm=[0, 3, 1, 2]),
+             helper.make_node("Conv", ["t0", "W1", "B1"], ["c1"], kernel_shape=[1, 1]),
+             helper.make_node("Clip", ["c1", "lo", "hi"], ["r1"]),
+             helper.make_node("Pad", ["r1", "pads"], ["p1"], mode="constant"),
+             helper.make_node("Conv", ["p1", "W2", "B2"], ["c2"], kernel_shape=[3, 3],
+                              strides=[2, 2], group=mid),
+             helper.make_node("Clip", ["c2", "lo", "hi"], ["r2"]),
+             helper.make_node("Conv", ["r2", "W3", "B3"], ["c3"], kernel_shape=[1, 1]),
+             helper.make_node("Transpose", ["c3"], ["y"], perm=[0, 2, 3, 1])]
+    inits = [numpy_helper.from_array(a, n) for n, a in [
+        ("W1", w(mid, cin, 1, 1)), ("B1", rng.normal(0, 0.1, mid).astype(np.float32)),
+        ("lo", np.array(0, np.float32)), ("hi", np.array(6, np.float32)),
+        ("pads", np.array([0, 0, 0, 0, 0, 0, 1, 1], np.int64)),
+        ("W2", w(mid, 1, 3, 3)), ("B2", rng.normal(0, 0.1, mid).astype(np.float32)),
+        ("W3", w(cout, mid, 1, 1)), ("B3", np.zeros(cout, np.float32))]]
+    graph = helper.make_graph(
+        nodes, "tf2onnx_block",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, hw, hw, cin])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, hw // 2, hw // 2, cout])],
+        inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    feeds = {"x": rng.standard_normal((1, hw, hw, cin)).astype(np.float32)}
+    for threads in (1, 2):
+        tg = coacto.compile(model, threads=threads)
+        (fused,) = _prologues(tg)
+        assert (fused.attrs["pt"], fused.attrs["pb"], fused.attrs["sh"]) == (0, 1, 2)
+        with coacto.Runtime(tg, threads=threads) as rt:
+            _close(rt.run(feeds)["y"], _ort(model, feeds))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_mobilenetv2_local_graphs_match_onnxruntime(threads):
+    """The zoo's MobileNetV2 as `coacto bench` and `coacto run` compile it: its three blocks at
+    112 x 112 and 56 x 56 get prologues, the rest stay two layers."""
+    from coacto import zoo
+
+    model = zoo.build("mobilenetv2")
+    feeds = zoo.input_feeds(model)
+    tg = coacto.compile(model, threads=threads)
+    assert len(_prologues(tg)) == 3
+    want = ort.InferenceSession(model.SerializeToString(),
+                                providers=["CPUExecutionProvider"]).run(None, feeds)
+    with coacto.Runtime(tg, threads=threads) as rt:
+        for got, ref in zip(rt.run(None, feeds), want):
+            _close(got, ref)
