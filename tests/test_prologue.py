@@ -185,10 +185,37 @@ def test_saved_fused_graph_loads_and_runs(tmp_path):
         assert [r["layer"] for r in rows if r["prologue"]] == [1]
 
 
-def test_a_client_refuses_a_local_graph():
-    tg = coacto.compile(block(), threads=1)
+def test_a_client_offloads_no_local_graph_but_runs_one_alone():
+    """The server compiles the unfused graph: a Client refuses to offload a fused one, before
+    it connects; alone (policy local, as `coacto-client --policy local` compiles) it runs it."""
+    model = block()
+    tg = coacto.compile(model, threads=1)
     with pytest.raises(ModelError, match="compiled for a local Runtime"):
-        coacto.Client(None, tg, policy="local")
+        coacto.Client("127.0.0.1:9", tg)
+    feeds = _feeds(model)
+    with coacto.Client(None, tg, threads=1, policy="local") as client:
+        _close(client.infer(feeds)["y"], _ort(model, feeds))
+
+
+def test_one_channel_pairs_stay_two_layers():
+    """A 1 -> 1 channel 1x1 convolution (the runtime computes it as a depthwise layer) before a
+    one-channel 3x3 one, on a map of 1 MiB."""
+    rng = np.random.default_rng(5)
+    inits = [numpy_helper.from_array(rng.standard_normal(s).astype(np.float32), n)
+             for n, s in (("w1", (1, 1, 1, 1)), ("w2", (1, 1, 3, 3)))]
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], kernel_shape=[1, 1]),
+             helper.make_node("Relu", ["a"], ["r"]),
+             helper.make_node("Conv", ["r", "w2"], ["y"], kernel_shape=[3, 3], group=1,
+                              pads=[1, 1, 1, 1])]
+    graph = helper.make_graph(
+        nodes, "ones", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 512, 512])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 512, 512])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    tg = coacto.compile(model, threads=1)
+    assert not _prologues(tg)
+    feeds = _feeds(model)
+    with coacto.Runtime(tg, threads=1) as rt:
+        _close(rt.run(feeds)["y"], _ort(model, feeds))
 
 
 def test_native_runtime_refuses_malformed_prologues():

@@ -154,6 +154,12 @@ def cmd_run(args) -> int:
 
 def add_compile_parser(sub) -> None:
     c = sub.add_parser("compile", help="ONNX -> tile graph file (.ctg)",
+                       description="Compiles a model into a tile graph file for a local "
+                                   "Runtime (coacto run, coacto.load):\npartitioned for "
+                                   "--threads, with 1x1 expansions computed inside the\n"
+                                   "depthwise layers after them. To offload, give coacto-client "
+                                   "the .onnx file:\nthe device and the server then compile the "
+                                   "same graph.",
                        formatter_class=argparse.RawDescriptionHelpFormatter,
                        epilog="examples:\n  coacto compile resnet50.onnx -o resnet50.ctg --tiles 16\n"
                               "  coacto compile resnet50.onnx --threads 2   # a tuned profile for 2 "

@@ -581,13 +581,15 @@ def fuse_pointwise_prologues(graph: ir.Graph) -> ir.Graph:
         p = dw.inputs[0]
         pw = layers[p]
         a, c = dw.attrs, dw.shape[1]
-        if not (a["group"] == c == pw.shape[1] and a.get("dh", 1) == 1 and a.get("dw", 1) == 1
-                and a["sh"] <= a["kh"] <= PROLOGUE_MAX_KH
+        # (one channel in and out: the runtime prepares such a 1x1 as a depthwise layer)
+        if not (a["group"] == c == pw.shape[1] > 1 and a.get("dh", 1) == 1
+                and a.get("dw", 1) == 1 and a["sh"] <= a["kh"] <= PROLOGUE_MAX_KH
                 and a["kh"] * pw.shape[3] * c <= PROLOGUE_MAX_RING_FLOATS):
             continue
         if 4 * pw.shape[1] * pw.shape[2] * pw.shape[3] < PROLOGUE_MIN_MAP_BYTES:
             continue
-        if not (_pointwise(pw) and pw.layout == ir.LAYOUT_CHANNELS and len(pw.inputs) == 1
+        if not (_pointwise(pw) and not pw.attrs.get("pre") and pw.layout == ir.LAYOUT_CHANNELS
+                and len(pw.inputs) == 1
                 and cons[p] == [j] and p not in outs and len(pw.shape) == 4):
             continue
         cin = layers[pw.inputs[0]].shape[1]

@@ -111,11 +111,6 @@ def resolve_model(model, tiles_per_layer=None, input_shapes=None, model_bytes=No
         tg = compile_model(data, tiles_per_layer=tiles_per_layer, input_shapes=input_shapes,
                            min_column_blocks=min_column_blocks)
         return tg, data
-    if tg.params.get("prologues"):
-        raise ModelError("this tile graph was compiled for a local Runtime (coacto.compile with "
-                         "threads=...: some 1x1 convolutions became prologues of the depthwise "
-                         "layers after them, which the server's graph does not have); give the "
-                         "Client the .onnx file, or a graph compiled without threads")
     if data is not None:
         import hashlib
 
@@ -225,6 +220,12 @@ class Client:
         self.graph, self.model_bytes = resolve_model(
             model, tiles_per_layer, input_shapes, model_bytes,
             OFFLOAD_MIN_COLUMN_BLOCKS if address is not None else 0)
+        if address is not None and self.graph.params.get("prologues"):
+            raise ModelError("this tile graph was compiled for a local Runtime (coacto.compile "
+                             "with threads=..., or `coacto compile`): some 1x1 convolutions "
+                             "became prologues of the depthwise layers after them, which the "
+                             "server's graph does not have; to offload, give the Client the "
+                             ".onnx file (or a graph compiled without threads)")
         before = _thread_ids()
         self._runtime = Runtime(self.graph, threads)
         # Computing never delays the communication engine: on a device whose CPU is the

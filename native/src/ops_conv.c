@@ -194,6 +194,10 @@ static coacto_status conv_prepare_pre(layer *l, const conv_geometry *g, char *er
     pre->kern = l->kern;
     st = op_prepare(pre, err, err_size);
     if (st != COACTO_OK) return st;
+    /* one channel in and out is prepared as a depthwise convolution, without the GEMM */
+    OPS_REQUIRE(pre->variant == CONV_POINTWISE,
+                "a pointwise prologue of %d -> %d channels: it needs more than one", l->in_c[0],
+                l->c);
     l->kern = pre->kern;
     l->arrays_consumed |= (1u << 2) | (1u << 3);
     l->scratch_fixed = (size_t)g->kh * pre_slot_floats(g, l->c) + pre->scratch_fixed;

@@ -340,6 +340,9 @@ static int scratch_reserve(worker *w, size_t floats) {
 /* FLOPs per output value of the ops whose tiles can be long; 0 for the others (memory-bound:
  * a tile of them takes about the time of its bytes). */
 static double value_flops(const layer *l) {
+    if (l->op == COACTO_OP_CONV && l->pre) /* depthwise, after a 1x1 of every input row */
+        return 2.0 * l->iparams[0] * l->iparams[1] +
+               2.0 * l->in_c[0] * ((double)l->in_h[0] * l->in_w[0]) / ((double)l->h * l->w);
     if (l->op == COACTO_OP_CONV) {
         int32_t group = l->iparams[10] > 0 ? l->iparams[10] : 1;
         return 2.0 * l->iparams[0] * l->iparams[1] * (double)(l->in_c[0] / group);
