@@ -306,3 +306,11 @@ def test_mobilenetv2_local_graphs_match_onnxruntime(threads):
     with coacto.Runtime(tg, threads=threads) as rt:
         for got, ref in zip(rt.run(None, feeds), want):
             _close(got, ref)
+
+
+def test_the_simulator_refuses_a_local_graph():
+    from coacto.sim.simulate import SimError, resolve_graph
+
+    with pytest.raises(SimError, match="compiled for a local Runtime"):
+        resolve_graph(coacto.compile(block(), threads=1))
+    assert not _prologues(resolve_graph(block()))

@@ -65,6 +65,8 @@ def op_class(graph, li: int) -> int:
     op = layer.op
     if op == "CONV":
         a = layer.attrs
+        if a.get("pre"):  # a 1x1 expansion, then depthwise: most of the FLOPs are the GEMM's
+            return GEMM
         if a.get("group", 1) > 1:
             return DEPTHWISE
         src = graph.layers[layer.inputs[0]].shape if layer.inputs else (1, 1, 1, 1)
