@@ -254,3 +254,16 @@ def test_the_micro_kernels_instructions_are_counted_under_qemu(tmp_path):
     assert 24 <= float(neon["instructions_per_step"]) < 50, neon
     avx2 = rows[("gemm_f32_6x16__avx2", "x86_64")]
     assert 12 <= float(avx2["instructions_per_step"]) < 40, avx2
+
+
+def test_the_first_run_probe_reports_each_process(capsys):
+    """experiments/bench_first_run.py on one fresh process of a small model: a JSON row with the
+    first and steady latencies, a CPU per computing thread, and when the last one started."""
+    import bench_first_run
+
+    assert bench_first_run.main(["--model", "squeezenet", "--threads", "2", "--processes", "1",
+                                 "--repeat", "2", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert row["first_ms"] > 0 and row["steady_ms"] > 0
+    assert len(row["cpus_before"]) == 2 and all(c >= 0 for c in row["cpus_before"])
+    assert 0 <= row["last_worker_start_us"] < 1e6

@@ -98,6 +98,10 @@ typedef struct worker {
     pthread_t thread;
     float *scratch;
     size_t scratch_cap; /* floats */
+    atomic_uint progress;           /* tiles completed and spin rounds: a running worker's pulse */
+    atomic_int computing;           /* 1 inside run_chain */
+    double crowded_since, moved_at; /* see unstack (runtime.c) */
+    unsigned others_seen;
 } __attribute__((aligned(COACTO_CACHE_LINE))) worker;
 
 /* Announcements for the communication engine: an eventfd becomes readable when any is pending. */
