@@ -98,10 +98,12 @@ typedef struct worker {
     pthread_t thread;
     float *scratch;
     size_t scratch_cap; /* floats */
-    atomic_uint progress;           /* tiles completed and spin rounds: a running worker's pulse */
+    atomic_uint progress;           /* tiles completed, spin rounds, wake-ups: a worker's pulse */
     atomic_int computing;           /* 1 inside run_chain */
     double crowded_since, moved_at; /* see unstack (runtime.c) */
     unsigned others_seen;
+    unsigned char cpus[128];        /* the CPUs it started allowed on (a cpu_set_t; runtime.c) */
+    int cpus_known;
 } __attribute__((aligned(COACTO_CACHE_LINE))) worker;
 
 /* Announcements for the communication engine: an eventfd becomes readable when any is pending. */
