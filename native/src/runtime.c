@@ -10,6 +10,7 @@
  * is dropped. */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <sched.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
@@ -427,15 +428,29 @@ static coacto_status execute_tile(worker *w, coacto_inference *inf, int32_t tile
 #define UNSTACK_SECONDS 200e-6
 #define UNSTACK_INTERVAL_SECONDS 5e-3
 
+/* One beat of a worker's progress counter: only the worker writes it, so no locked add. */
+static inline void pulse(worker *w) {
+    atomic_store_explicit(&w->progress,
+                          atomic_load_explicit(&w->progress, memory_order_relaxed) + 1,
+                          memory_order_relaxed);
+}
+
+/* Between two looks at the other workers' counters, at least this long: with many threads a look
+ * reads a cache line per worker, which spinning workers keep writing. */
+#define UNSTACK_LOOK_SECONDS 50e-6
+
 #if defined(__linux__) && defined(CPU_SETSIZE)
-/* The state letter and the CPU of thread `tid` of this process (0 when unreadable). */
+/* The state letter and the CPU of thread `tid` of this process (0 when unreadable). Plain
+ * system calls on a stack buffer: stdio would allocate, and a worker's first allocation maps an
+ * arena of its own (pages faulted in during an inference). */
 static int task_state(int tid, char *state, int *cpu) {
     char path[64], buf[1024];
     snprintf(path, sizeof path, "/proc/self/task/%d/stat", tid);
-    FILE *f = fopen(path, "r");
-    if (!f) return 0;
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
+    const int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    const ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) return 0;
     buf[n] = '\0';
     char *p = strrchr(buf, ')'); /* the command name may hold spaces and parentheses */
     if (!p || p[1] != ' ') return 0;
@@ -458,6 +473,9 @@ static void unstack(worker *w) {
         w->crowded_since = 0;
         return;
     }
+    const double now = coacto_now_seconds();
+    if (w->crowded_since != 0 && now - w->looked_at < UNSTACK_LOOK_SECONDS) return;
+    w->looked_at = now;
     unsigned others = 0;
     for (int32_t i = 0; i < rt->n_threads; i++) {
         if (i == w->index) continue;
@@ -467,7 +485,6 @@ static void unstack(worker *w) {
         }
         others += atomic_load_explicit(&rt->workers[i].progress, memory_order_relaxed);
     }
-    const double now = coacto_now_seconds();
     if (w->crowded_since == 0 || others != w->others_seen) {
         w->crowded_since = now;
         w->others_seen = others;
@@ -558,7 +575,7 @@ static void run_chain(worker *w, coacto_inference *inf, int32_t tile) {
         int32_t next = -1;
         complete_tile(inf, tile, &next, 1);
         tile = next;
-        atomic_fetch_add_explicit(&w->progress, 1, memory_order_relaxed);
+        pulse(w);
         unstack(w);
     }
     atomic_store_explicit(&w->computing, 0, memory_order_relaxed);
@@ -603,7 +620,7 @@ static void *worker_main(void *arg) {
                 got = pool_pop(rt, w->index, &t);
                 if (got || atomic_load_explicit(&rt->stop, memory_order_relaxed)) break;
                 if (spin % 32 == 0) {
-                    atomic_fetch_add_explicit(&w->progress, 1, memory_order_relaxed);
+                    pulse(w);
                     now = coacto_now_seconds();
                     if (now > until) break;
                     if (now > next_yield) {
@@ -624,7 +641,7 @@ static void *worker_main(void *arg) {
             pthread_cond_wait(&rt->sleep_cv, &rt->sleep_mu);
         atomic_fetch_sub(&rt->sleepers, 1);
         pthread_mutex_unlock(&rt->sleep_mu);
-        atomic_fetch_add_explicit(&w->progress, 1, memory_order_relaxed); /* it runs */
+        pulse(w); /* it runs */
         if (atomic_load(&rt->stop) && atomic_load(&rt->pending) == 0) break;
     }
     free(w->scratch);

@@ -100,7 +100,7 @@ typedef struct worker {
     size_t scratch_cap; /* floats */
     atomic_uint progress;           /* tiles completed, spin rounds, wake-ups: a worker's pulse */
     atomic_int computing;           /* 1 inside run_chain */
-    double crowded_since, moved_at; /* see unstack (runtime.c) */
+    double crowded_since, moved_at, looked_at; /* see unstack (runtime.c) */
     unsigned others_seen;
     unsigned char cpus[128];        /* the CPUs it started allowed on (a cpu_set_t; runtime.c) */
     int cpus_known;
