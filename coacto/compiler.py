@@ -60,6 +60,17 @@ def has_prologues(graph) -> bool:
     return any(layer.op == "CONV" and layer.attrs.get("pre") for layer in graph.layers)
 
 
+def check_offloadable(tg: TileGraph, error: type[Exception]) -> TileGraph:
+    """``tg`` when a server could hold its layers; raises ``error`` for a graph compiled for a
+    local Runtime, whose 1x1 expansions are prologues of the depthwise layers after them."""
+    if tg.params.get("prologues"):
+        raise error("this tile graph was compiled for a local Runtime (coacto.compile with "
+                    "threads=..., or `coacto compile`): some 1x1 convolutions became prologues "
+                    "of the depthwise layers after them, which the server's graph does not "
+                    "have; give the .onnx file (or a graph compiled without threads) instead")
+    return tg
+
+
 def repartition(tg: TileGraph, tiles_per_layer: int | None = None,
                 layer_tiles: dict | None = None, min_column_blocks: int = 0,
                 threads: int | None = None) -> TileGraph:

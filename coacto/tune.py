@@ -244,8 +244,8 @@ def layer_groups(graph) -> list[tuple[str, list[int]]]:
             continue
         kind = layer.op
         if layer.op == "CONV":
-            kind = "CONV dw" if layer.attrs.get("group", 1) > 1 else "CONV"
-            kind = "CONV 1x1+dw" if layer.attrs.get("pre") else kind
+            kind = ("CONV 1x1+dw" if layer.attrs.get("pre") else
+                    "CONV dw" if layer.attrs.get("group", 1) > 1 else "CONV")
         groups.setdefault((kind, layer.columns), []).append(li)
     out = []
     for (kind, cols), layers in groups.items():

@@ -84,3 +84,22 @@ def ctx():
     c = zmq.Context()
     yield c
     c.destroy(linger=0)
+
+
+def assert_native_refuses(tg, mutate, what: str) -> None:
+    """A copy of tile graph ``tg`` changed by ``mutate`` (a header that passes the Python checks
+    but lies) is refused by the native runtime with a message naming ``what``."""
+    import copy
+
+    import coacto
+    from coacto.errors import NativeError
+
+    bad = copy.copy(tg)
+    bad.plan = copy.deepcopy(tg.plan)
+    bad.graph = copy.deepcopy(tg.graph)
+    bad.arrays = copy.deepcopy(tg.arrays)
+    bad._native = None
+    mutate(bad)
+    with pytest.raises(NativeError, match="invalid tile graph") as e:
+        coacto.Runtime(bad, threads=1)
+    assert what in str(e.value), (what, str(e.value))

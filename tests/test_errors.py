@@ -7,8 +7,10 @@ from onnx import TensorProto, helper
 
 import coacto
 from coacto import zoo
-from coacto.errors import (GraphFileError, InputError, ModelError, NativeError, ShapeError,
+from coacto.errors import (GraphFileError, InputError, ModelError, ShapeError,
                            UnsupportedOperatorError)
+
+from conftest import assert_native_refuses
 
 
 @pytest.fixture(scope="module")
@@ -109,8 +111,6 @@ def test_corrupt_and_truncated_tile_graph_files(tmp_path, small):
 
 def test_native_runtime_refuses_inconsistent_graphs(small):
     """A header that passes the checksum but lies (e.g. crafted on purpose) is refused in C."""
-    import copy
-
     _, graph = small
     for mutate, what in [
         (lambda g: g.plan.tile_bounds.__setitem__((5, 1), 10**6), "outside layer"),
@@ -121,15 +121,7 @@ def test_native_runtime_refuses_inconsistent_graphs(small):
         (lambda g: g.arrays[1].__setitem__(1, type(g.arrays[1][1])("b", "float32", (1,), 0, 8)),
          "bias"),
     ]:
-        bad = copy.copy(graph)
-        bad.plan = copy.deepcopy(graph.plan)
-        bad.graph = copy.deepcopy(graph.graph)
-        bad.arrays = copy.deepcopy(graph.arrays)
-        bad._native = None
-        mutate(bad)
-        with pytest.raises(NativeError, match="invalid tile graph") as e:
-            coacto.Runtime(bad, threads=1)
-        assert what in str(e.value), (what, str(e.value))
+        assert_native_refuses(graph, mutate, what)
 
 
 def test_timeout_is_reported_and_runtime_stays_usable():

@@ -5,8 +5,6 @@ TensorFlow's exporters write them, across strides, paddings, activations, batch,
 thread counts; and refused where it would be wrong (offloading, malformed graphs)."""
 from __future__ import annotations
 
-import copy
-
 import numpy as np
 import onnx
 import pytest
@@ -14,10 +12,11 @@ from onnx import TensorProto, helper, numpy_helper
 
 import coacto
 from coacto import compiler
-from coacto.errors import ModelError, NativeError
+from coacto.errors import ModelError
 from coacto.frontend import import_model
 from coacto.frontend.fuse import PROLOGUE_MIN_MAP_BYTES
 from coacto.reference import run_reference
+from conftest import assert_native_refuses
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -242,14 +241,7 @@ def test_native_runtime_refuses_malformed_prologues():
         (short_weights, "prologue weights"),
         (moved_prologue, "pointwise prologue needs a depthwise"),
     ]:
-        bad = copy.copy(tg)
-        bad.graph = copy.deepcopy(tg.graph)
-        bad.arrays = copy.deepcopy(tg.arrays)
-        bad._native = None
-        mutate(bad)
-        with pytest.raises(NativeError, match="invalid tile graph") as e:
-            coacto.Runtime(bad, threads=1)
-        assert what in str(e.value), (what, str(e.value))
+        assert_native_refuses(tg, mutate, what)
 
 
 def test_a_tf2onnx_style_block_with_a_pad_node_is_fused():

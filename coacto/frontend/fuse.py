@@ -565,8 +565,8 @@ def fuse_pointwise_prologues(graph: ir.Graph) -> ir.Graph:
     """For graphs a local Runtime runs (coacto.compile with ``threads``): a 1x1 convolution
     (stride 1, no padding, one group, no residual) whose only consumer is a depthwise
     convolution (dilation 1, a vertical stride no larger than its kernel) becomes that layer's
-    prologue where its output map (one batch item) has PROLOGUE_MIN_MAP_BYTES or more (attrs ``pre``, ``pre_act``, ``pre_alpha``, ``pre_beta``; weights ``pre_w`` as
-    (cin, c), ``pre_b``). The runtime then computes the 1x1 convolution's rows as the depthwise
+    prologue where its output map (one batch item) has PROLOGUE_MIN_MAP_BYTES or more (attrs
+    ``pre``, ``pre_act``, ``pre_alpha``, ``pre_beta``; weights ``pre_w`` as (cin, c), ``pre_b``). The runtime then computes the 1x1 convolution's rows as the depthwise
     window reaches them and keeps only a few, where the two layers wrote and read back a map of
     the expanded width: MobileNet-style inverted residuals. Graphs for offloading stay unfused:
     the server and the device must cut the same layers. Returns ``graph`` changed in place."""
@@ -574,7 +574,6 @@ def fuse_pointwise_prologues(graph: ir.Graph) -> ir.Graph:
     cons = graph.consumers()
     outs = set(graph.outputs.values())
     alive = [True] * len(layers)
-    fused = 0
     for j, dw in enumerate(layers):
         if dw.op != "CONV" or dw.layout != ir.LAYOUT_CHANNELS or dw.attrs.get("pre"):
             continue
@@ -589,8 +588,7 @@ def fuse_pointwise_prologues(graph: ir.Graph) -> ir.Graph:
         if 4 * pw.shape[1] * pw.shape[2] * pw.shape[3] < PROLOGUE_MIN_MAP_BYTES:
             continue
         if not (_pointwise(pw) and not pw.attrs.get("pre") and pw.layout == ir.LAYOUT_CHANNELS
-                and len(pw.inputs) == 1
-                and cons[p] == [j] and p not in outs and len(pw.shape) == 4):
+                and len(pw.inputs) == 1 and cons[p] == [j] and p not in outs):
             continue
         cin = layers[pw.inputs[0]].shape[1]
         a.update(pre=1, pre_act=pw.attrs.get("act", ir.ACT_NONE),
@@ -601,8 +599,7 @@ def fuse_pointwise_prologues(graph: ir.Graph) -> ir.Graph:
             dw.weights["pre_b"] = pw.weights["b"]
         dw.inputs = [pw.inputs[0]] + dw.inputs[1:]
         alive[p] = False
-        fused += 1
-    if fused:
+    if not all(alive):
         graph.layers, graph.inputs, graph.outputs = prune_layers(layers, graph.inputs,
                                                                  graph.outputs, alive)
     return graph

@@ -220,12 +220,10 @@ class Client:
         self.graph, self.model_bytes = resolve_model(
             model, tiles_per_layer, input_shapes, model_bytes,
             OFFLOAD_MIN_COLUMN_BLOCKS if address is not None else 0)
-        if address is not None and self.graph.params.get("prologues"):
-            raise ModelError("this tile graph was compiled for a local Runtime (coacto.compile "
-                             "with threads=..., or `coacto compile`): some 1x1 convolutions "
-                             "became prologues of the depthwise layers after them, which the "
-                             "server's graph does not have; to offload, give the Client the "
-                             ".onnx file (or a graph compiled without threads)")
+        if address is not None:
+            from ..compiler import check_offloadable
+
+            check_offloadable(self.graph, ModelError)
         before = _thread_ids()
         self._runtime = Runtime(self.graph, threads)
         # Computing never delays the communication engine: on a device whose CPU is the

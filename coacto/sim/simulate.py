@@ -177,19 +177,12 @@ def resolve_graph(model_or_tg, tiles_per_layer: int | None = None,
     from .. import compiler
     from ..partition import OFFLOAD_MIN_COLUMN_BLOCKS
 
-    def offloadable(tg: TileGraph) -> TileGraph:
-        if tg.params.get("prologues"):
-            raise SimError("this tile graph was compiled for a local Runtime (coacto.compile "
-                           "with threads=..., or `coacto compile`), whose layers a server never "
-                           "has; simulate the .onnx file or the zoo model instead")
-        return tg
-
     if isinstance(model_or_tg, TileGraph):
-        return offloadable(model_or_tg)
+        return compiler.check_offloadable(model_or_tg, SimError)
     mcb = OFFLOAD_MIN_COLUMN_BLOCKS if min_column_blocks is None else min_column_blocks
     if isinstance(model_or_tg, str):
         if model_or_tg.endswith(".ctg"):
-            return offloadable(compiler.load(model_or_tg))
+            return compiler.check_offloadable(compiler.load(model_or_tg), SimError)
         from .. import zoo
         if model_or_tg in zoo.MODELS:
             model_or_tg = zoo.build(model_or_tg)

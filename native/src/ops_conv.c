@@ -254,7 +254,6 @@ coacto_status conv_prepare(layer *l, char *err, size_t err_size) {
         if (st != COACTO_OK) return st;
     }
 
-
     const float *w = l->arrays[0];
     if (g.group == g.cin && g.group == l->c) {
         /* Depthwise: re-lay [c][ky][kx] as [ky][kx][c] so each tap is a contiguous vector. */
@@ -954,14 +953,11 @@ int conv_writes_output_once(const layer *l) {
 static void conv_execute_pre(const layer *l, const float *const *in, float *out, int64_t col0,
                              int64_t col1, int64_t row0, int64_t row1, float *scratch) {
     const conv_geometry g = geometry(l);
-    const layer *pre = l->pre;
-    const conv_geometry pg = geometry(pre);
     const size_t slot = pre_slot_floats(&g, l->c);
     dw_src src = {.x = NULL, .ring = scratch, .slot = slot};
     float *tmp = scratch + (size_t)g.kh * slot;
     const float *res = l->n_inputs > 1 ? in[1] : NULL;
-    const int64_t cin = pre->in_c[0], mr = (int64_t)pre->kern->mr;
-    const int32_t act = pre->iparams[11];
+    const int64_t cin = l->pre->in_c[0];
     int64_t tag[CONV_PRE_MAX_KH];
     for (int64_t i = 0; i < g.kh; i++) tag[i] = -1;
     ops_position p = ops_position_of(col0, l->h, l->w);
@@ -969,17 +965,10 @@ static void conv_execute_pre(const layer *l, const float *const *in, float *out,
         const int64_t run = l->w - p.x < col1 - col ? l->w - p.x : col1 - col;
         for (int64_t ky = 0, iy = p.y * g.sh - g.pt; ky < g.kh; ky++, iy++) {
             if (iy < 0 || iy >= g.hin || tag[iy % g.kh] == p.n * g.hin + iy) continue;
-            float *row = scratch + (size_t)(iy % g.kh) * slot;
-            const float *xr = in[0] + (p.n * g.hin + iy) * g.win * cin;
-            for (int64_t b = 0, m; b < g.win; b += m) {
-                m = even_block(g.win - b, pre->block_cols, mr);
-                conv_block_pointwise(pre, &pg, xr + b * cin, NULL, row + b * l->c, 0, m, row0,
-                                     row1, tmp);
-            }
-            if (!ops_act_is_clamp(act))
-                for (int64_t i = 0; i < g.win; i++)
-                    ops_act_apply(row + i * l->c + row0, (size_t)(row1 - row0), act,
-                                  pre->fparams[0], pre->fparams[1]);
+            /* the pointwise executor on one input row, as if it were the whole map */
+            const float *xr[1] = {in[0] + (p.n * g.hin + iy) * g.win * cin};
+            conv_execute_gemm(l->pre, xr, scratch + (size_t)(iy % g.kh) * slot, 0, g.win, row0,
+                              row1, tmp);
             tag[iy % g.kh] = p.n * g.hin + iy;
         }
         conv_execute_depthwise(l, &src, res, out, col, col + run, row0, row1);
