@@ -202,20 +202,28 @@ static size_t even_block_k(const gemm_kernel *kern, size_t len)
     return ((len + blocks - 1) / blocks + 15) / 16 * 16;
 }
 
+/* The rows of A that block_k_rows takes in one K block: half of L2, at most this many bytes. */
+#define ONE_PASS_A_MAX_BYTES ((size_t)512 << 10)
+
 /* The K block of a product of `m` rows over a reduction of `len`: the whole reduction when the
- * rows of A (m x len floats) fit in a quarter of L2, else even_block_k. With few rows and deep
- * K blocks of even_block_k, each K block after the first read C back and wrote it again, and a
- * wide tile's C had left L2 by then: a 64 x 3136 tile of GPT-2's language-model head holds
- * 800 KB of C, which went out and back four times. In one block C is written once; the panel
- * slice (K x NR, beyond L1) is read from L2 by each of the few row blocks, and their rows of A
- * come from L2 once per panel. (Measured: docs/PERFORMANCE.md, Zen 4 section.) A product of
- * fewer rows than the kernel's block (a classifier's one row) reads each panel once anyway.
- * Only for the AVX-512 kernel, where it was measured faster: the AVX2 kernel on the same core
- * ran as fast either way, and the NEON one, whose cores have less L2 bandwidth, is unmeasured. */
+ * rows of A (m x len floats) fit in half of L2 (at most ONE_PASS_A_MAX_BYTES), else
+ * even_block_k. With few rows and deep K blocks of even_block_k, each K block after the first
+ * read C back and wrote it again, and a wide tile's C had left L2 by then: a 64 x 3136 tile of
+ * GPT-2's language-model head holds 800 KB of C, which went out and back four times. In one
+ * block C is written once; the panel slice (K x NR, beyond L1) is read from L2 by each of the
+ * few row blocks, and their rows of A come from L2 once per panel. (Measured: docs/PERFORMANCE.md,
+ * Zen 4 section.) Half of L2, not a quarter: ViT's 98-token tiles of its 768-deep products
+ * (294 KiB of A) went in five K blocks and ran 4-5% slower on the 1 MiB L2 of the Zen 4; the
+ * cap keeps the 2 MiB Xeon where it was measured (A of up to 1 MiB in one pass: ResNet-50 2%
+ * slower there). A product of fewer rows than the kernel's block (a classifier's one row) reads
+ * each panel once anyway. Only for the AVX-512 kernel, where it was measured faster: the AVX2
+ * kernel on the same core ran as fast either way, and the NEON one, whose cores have less L2
+ * bandwidth, is unmeasured. */
 static size_t block_k_rows(const gemm_kernel *kern, size_t m, size_t len)
 {
     const size_t l2 = (size_t)cpu_get_caches()->l2_bytes;
-    if (kern->rank >= 2 && m >= kern->mr && m * len * sizeof(float) <= l2 / 4) return len;
+    const size_t most = l2 / 2 < ONE_PASS_A_MAX_BYTES ? l2 / 2 : ONE_PASS_A_MAX_BYTES;
+    if (kern->rank >= 2 && m >= kern->mr && m * len * sizeof(float) <= most) return len;
     return even_block_k(kern, len);
 }
 

@@ -117,8 +117,8 @@ size_t gemm_block_k(const gemm_kernel *kern);
 size_t gemm_block_m(const gemm_kernel *kern);
 /* The deepest reduction gemm_run_k computes in one K block: C written once, after the last
  * multiply-add (a deeper one goes in blocks of equal depth, C read back between them) -- except
- * for the AVX-512 kernel with at least MR rows whose A fits in a quarter of L2, which takes any
- * reduction in one block (gemm.c, block_k_rows). */
+ * for the AVX-512 kernel with at least MR rows whose A fits in half of L2 (at most 512 KiB),
+ * which takes any reduction in one block (gemm.c, block_k_rows). */
 size_t gemm_one_pass_k(const gemm_kernel *kern);
 
 /* The micro-kernels (each compiled in only where its instruction set exists). */
