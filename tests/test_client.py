@@ -964,8 +964,10 @@ def test_the_sessions_probe_train_measures_the_link_before_any_inference(server,
 
 def test_a_probe_train_that_crossed_in_one_burst_is_followed_by_larger_probes(server, squeezenet):
     """Unshaped loopback: three 24 kB probes cross within microseconds of each other (what a
-    link's burst does), so a train of larger ones follows, once: at 256 kB they are as large
-    as probes get."""
+    link's burst does), so a train of larger ones follows, sized by the goodput the first read.
+    The estimate smooths that read with the 1 MB/s assumed before it, so on a busy machine the
+    second train's probes can stay under 256 kB and cross in a burst too: one more train, at
+    most two, follows before they are as large as probes get, and then the probing stops."""
     from coacto.mobile.session import PROBE_BURST_MAX_BYTES as PROBE_MAX_BYTES
     from coacto.mobile.session import PROBE_TRAIN, probe_again
 
@@ -984,7 +986,7 @@ def test_a_probe_train_that_crossed_in_one_burst_is_followed_by_larger_probes(se
         while (session._trains < 2 or session._probes) and time.monotonic() < deadline:
             time.sleep(0.02)
         time.sleep(0.2)
-        assert session._trains == 2 and not session._probes and PROBE_TRAIN == 3
+        assert 2 <= session._trains <= 4 and not session._probes and PROBE_TRAIN == 3
         assert client.estimates["bandwidth_est_mbps"] > 200
 
 
