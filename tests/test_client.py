@@ -964,10 +964,11 @@ def test_the_sessions_probe_train_measures_the_link_before_any_inference(server,
 
 def test_a_probe_train_that_crossed_in_one_burst_is_followed_by_larger_probes(server, squeezenet):
     """Unshaped loopback: three 24 kB probes cross within microseconds of each other (what a
-    link's burst does), so a train of larger ones follows, sized by the goodput the first read.
-    The estimate smooths that read with the 1 MB/s assumed before it, so on a busy machine the
-    second train's probes can stay under 256 kB and cross in a burst too: one more train, at
-    most two, follows before they are as large as probes get, and then the probing stops."""
+    link's burst does), so a train of larger ones follows, sized by the goodput estimate after
+    the first (PROBE_SECONDS of it). Where that estimate is under 12.8 MB/s (a busy machine:
+    2 of 6 runs alone), the second train's probes stay under 256 kB and may cross in a burst
+    too: one more train, at most two, follows before they are as large as probes get, and then
+    the probing stops."""
     from coacto.mobile.session import PROBE_BURST_MAX_BYTES as PROBE_MAX_BYTES
     from coacto.mobile.session import PROBE_TRAIN, probe_again
 
