@@ -964,30 +964,38 @@ def test_the_sessions_probe_train_measures_the_link_before_any_inference(server,
 
 def test_a_probe_train_that_crossed_in_one_burst_is_followed_by_larger_probes(server, squeezenet):
     """Unshaped loopback: three 24 kB probes cross within microseconds of each other (what a
-    link's burst does), so a train of larger ones follows, sized by the goodput estimate after
-    the first (PROBE_SECONDS of it). Where that estimate is under 12.8 MB/s (a busy machine:
-    2 of 6 runs alone), the second train's probes stay under 256 kB and may cross in a burst
-    too: one more train, at most two, follows before they are as large as probes get, and then
-    the probing stops."""
-    from coacto.mobile.session import PROBE_BURST_MAX_BYTES as PROBE_MAX_BYTES
-    from coacto.mobile.session import PROBE_TRAIN, probe_again
+    link's burst does), so a train of larger ones follows: at least PROBE_BURST_GROWTH times
+    as large, whatever the first train read (a lower bound over a round trip that a busy
+    machine stretches), so that trains which keep crossing in bursts reach 256 kB, as large as
+    probes get, by the third; then the probing stops."""
+    from coacto.mobile.session import (PROBE_BURST_GROWTH, PROBE_BURST_MAX_BYTES, PROBE_MIN_BYTES,
+                                       PROBE_TRAIN, probe_again, probe_size)
 
     assert probe_again(24 << 10, [1.0, 1.0001, 1.0002])
-    assert not probe_again(24 << 10, [1.0, 1.01, 1.02])       # 10 ms apart: a measurement
-    assert not probe_again(PROBE_MAX_BYTES, [1.0, 1.0, 1.0])  # as large as they get
-    assert not probe_again(24 << 10, [1.0, 1.0])              # not all answered
+    assert not probe_again(24 << 10, [1.0, 1.01, 1.02])             # 10 ms apart: a measurement
+    assert not probe_again(PROBE_BURST_MAX_BYTES, [1.0, 1.0, 1.0])  # as large as they get
+    assert not probe_again(24 << 10, [1.0, 1.0])                    # not all answered
+    # after a burst: at least GROWTH times the train before, even where the estimate reads less
+    assert probe_size(1e5, after_burst=24 << 10) == PROBE_BURST_GROWTH * (24 << 10)
+    assert probe_size(1e9, after_burst=24 << 10) == PROBE_BURST_MAX_BYTES
     model, _feeds, _ref = squeezenet
     tg = coacto.compile(model, tiles_per_layer=TILES)
     with Client(server.address, tg, threads=1, policy="local", timeout=10,
                 model_bytes=model) as client:
         client._estimates.goodput.value = 1e6
-        client.connect(30)
         session = client._engine.session
+        sizes = []
+        start = session._train_stamps.start
+        session._train_stamps.start = lambda train, size: (sizes.append(size), start(train, size))
+        client.connect(30)
         deadline = time.monotonic() + 5
         while (session._trains < 2 or session._probes) and time.monotonic() < deadline:
             time.sleep(0.02)
-        time.sleep(0.2)
-        assert 2 <= session._trains <= 4 and not session._probes and PROBE_TRAIN == 3
+        time.sleep(0.3)
+        assert not session._probes and PROBE_TRAIN == 3
+        assert sizes[0] == PROBE_MIN_BYTES and 2 <= len(sizes) <= 3, sizes
+        assert all(b >= min(PROBE_BURST_GROWTH * a, PROBE_BURST_MAX_BYTES)
+                   for a, b in zip(sizes, sizes[1:])), sizes
         assert client.estimates["bandwidth_est_mbps"] > 200
 
 

@@ -914,3 +914,26 @@ def test_a_burst_larger_than_the_probes_is_probed_past(squeezenet_tg):
                  inferences=6, rtt_ms=1.0)
     est = r.inferences[-1].estimates
     assert 150 <= est["bandwidth_est_mbps"] <= 245, est  # 263 before either
+
+
+@pytest.mark.parametrize("rtt_ms", [1.0, 10.0])
+def test_probe_trains_that_cross_in_bursts_grow_and_end(squeezenet_tg, monkeypatch, rtt_ms):
+    """What a burst train reads bounds the rate from below (its first probe's bytes past the
+    burst over a round trip): at a 10 ms round trip that sized the next train no larger than
+    24 kB, which crossed in the burst again, and probing went on for the whole run (7,501 trains;
+    every cloud inference ran out its 5 s and was finished on the device). Each train after a
+    burst is now at least PROBE_BURST_GROWTH times the one before: 24 kB, 96 kB, 256 kB."""
+    from coacto.mobile.session import PROBE_BURST_GROWTH, PROBE_BURST_MAX_BYTES
+    from coacto.sim import device as D
+
+    sizes = []
+    start = D.TrainStamps.start
+    monkeypatch.setattr(D.TrainStamps, "start",
+                        lambda self, train, size: (sizes.append(size), start(self, train, size)))
+    r = simulate(squeezenet_tg, "cloud", device="raspberry-pi-4", server="threadripper-3990x",
+                 bandwidth_mbps=200.0, burst_bytes=100_000, probe=True, initial_goodput_mbps=10.0,
+                 inferences=3, rtt_ms=rtt_ms)
+    assert 2 <= len(sizes) <= 3, sizes
+    assert all(b >= min(PROBE_BURST_GROWTH * a, PROBE_BURST_MAX_BYTES)
+               for a, b in zip(sizes, sizes[1:])), sizes
+    assert r.p50 < 0.1 and not any(i.fallback for i in r.inferences), r.p50

@@ -41,16 +41,24 @@ PROBE_MIN_BYTES, PROBE_MAX_BYTES = 24 << 10, 64 << 10
 PROBE_BURST_MAX_BYTES = 256 << 10
 #: A train whose probes the server stamped within this much of each other crossed in one burst
 #: and measured nothing but the burst: another follows at once, its probes sized by what that
-#: one read (up to PROBE_MAX_BYTES), rather than every train being that large: probes cost a
-#: device in a CPU quota time each time the link is probed again.
+#: one read (up to PROBE_BURST_MAX_BYTES), rather than every train being that large: probes
+#: cost a device in a CPU quota time each time the link is probed again.
 PROBE_BURST_SPREAD_S = PROBE_SECONDS / 4
+#: ... and at least this many times as large as the train before it, so that trains which keep
+#: crossing in bursts end at PROBE_BURST_MAX_BYTES (24 kB, 96 kB, 256 kB: three at most). What a
+#: burst train reads is a lower bound, its first probe's bytes past the burst over a round trip:
+#: where that round trip was over 6.7 ms, it sized the next train no larger, which crossed in a
+#: burst again, without end.
+PROBE_BURST_GROWTH = 4
 
 
-def probe_size(bandwidth: float, after_burst: bool = False) -> int:
+def probe_size(bandwidth: float, after_burst: int = 0) -> int:
     """Bytes of each probe of a train at the assumed goodput (bytes/s); ``after_burst``: the
-    train follows one that crossed in a burst."""
-    cap = PROBE_BURST_MAX_BYTES if after_burst else PROBE_MAX_BYTES
-    return int(min(cap, max(PROBE_MIN_BYTES, bandwidth * PROBE_SECONDS)))
+    probe size of the train before, which crossed in a burst (0: none)."""
+    if after_burst:
+        return int(min(PROBE_BURST_MAX_BYTES, max(PROBE_MIN_BYTES, bandwidth * PROBE_SECONDS,
+                                                  PROBE_BURST_GROWTH * after_burst)))
+    return int(min(PROBE_MAX_BYTES, max(PROBE_MIN_BYTES, bandwidth * PROBE_SECONDS)))
 
 
 def probe_again(size: int, stamps) -> bool:
@@ -73,17 +81,18 @@ class TrainStamps:
         """A train that will not be answered whole (a probe lost with its connection)."""
         self._trains.pop(train, None)
 
-    def answered(self, train, t_server: float) -> bool:
-        """The server stamped a probe of ``train`` at ``t_server``; True when that completes a
-        train that crossed in one burst, and larger probes should follow (probe_again)."""
+    def answered(self, train, t_server: float) -> int:
+        """The server stamped a probe of ``train`` at ``t_server``; when that completes a train
+        that crossed in one burst, and larger probes should follow (probe_again), the size of
+        its probes (probe_size's ``after_burst``), else 0."""
         size, stamps = self._trains.get(train, (0, None))
         if stamps is None:
-            return False
+            return 0
         stamps.append(float(t_server))
         if len(stamps) < PROBE_TRAIN:
-            return False
+            return 0
         del self._trains[train]
-        return probe_again(size, stamps)
+        return size if probe_again(size, stamps) else 0
 
 
 class Session:
@@ -114,7 +123,7 @@ class Session:
         self._probes: dict = {}  # t_send -> goodput key of the probes in flight
         self._trains = 0
         self._train_stamps = TrainStamps()
-        self._after_burst = False
+        self._after_burst = 0  # the probe size of a train that crossed in a burst, to outgrow
 
     @property
     def ready(self) -> bool:
@@ -250,7 +259,7 @@ class Session:
             self._send_probe()
         self.on_ready()
 
-    def _send_probe(self, after_burst: bool = False) -> None:
+    def _send_probe(self, after_burst: int = 0) -> None:
         """A probe train, made when the link has nothing else to carry (it never delays an
         inference's tiles); none while one is out."""
         self._after_burst = after_burst
@@ -285,8 +294,9 @@ class Session:
             t_server = h.get("t_server")
             stamped = isinstance(t_server, (int, float))
             self.est.on_ack(key, now(), t_server)
-            if stamped and self._train_stamps.answered(key[2], t_server):
-                self._send_probe(after_burst=True)
+            burst = self._train_stamps.answered(key[2], t_server) if stamped else 0
+            if burst:
+                self._send_probe(after_burst=burst)
         elif isinstance(t_send, (int, float)):
             t = now()
             self.est.rtt.sample(t - t_send)

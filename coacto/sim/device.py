@@ -502,7 +502,7 @@ class SimDevice:
     def _unseen(self, job: Job) -> tuple[str, ...]:
         return Engine._unseen(self, job)
 
-    def _send_probe(self, after_burst: bool = False) -> None:
+    def _send_probe(self, after_burst: int = 0) -> None:
         """Session._make_probe: a train of HEARTBEATs padded to 20 ms of the assumed goodput each
         (24-256 kB), handed over back to back; their STATS are taken as ACKs."""
         from ..mobile.session import PROBE_TRAIN, probe_size
@@ -563,8 +563,9 @@ class SimDevice:
             self._probes.discard(data["probe"])
             self.est.goodput.acked(data["probe"], t, self.est.rtt.value, data["t_server"],
                                    data["t_server"])
-            if self._train_stamps.answered(data["probe"][2], data["t_server"]):
-                self._send_probe(after_burst=True)  # Session._on_stats
+            burst = self._train_stamps.answered(data["probe"][2], data["t_server"])
+            if burst:
+                self._send_probe(after_burst=burst)  # Session._on_stats
         elif kind == P.STATS:
             self.est.rtt.sample(t - data["t_send"])
             flops = self.est.server_flops
