@@ -915,6 +915,55 @@ def test_a_link_that_drops_mid_inference_slows_what_it_still_carries(server, big
         Client(server.address, tg, bandwidth="20mbit,5mbit", model_bytes=model)
 
 
+def test_a_link_that_stalls_under_a_parked_inference_restarts_it_on_the_local_graph(
+        server, big_input, monkeypatch):
+    """A dynamic inference sends its input and parks its own work (the "inputs" plan); the
+    link then drops from 20 to 200 kbit/s (the input, 196 kB, would take 8 s). The stall
+    starts the parked work, and STALL_WATCH_S later (here at once), the link having carried
+    next to nothing, the device restarts on its local graph, which its estimates say is the faster (here made
+    so): the result is exact and the statistics say why. The next inference offloads again."""
+    from coacto.mobile import engine as engine_mod
+    from coacto.mobile.engine import Engine
+
+    monkeypatch.setattr(policies, "choose_dynamic", lambda *a, **k: "inputs")
+    model, feeds, ref = big_input
+    clients = []
+    # The client's own shaper holds frames back rather than handing them to the socket, so the
+    # inputs never fall behind what was handed over (_link_stalled watches that, as a kernel's
+    # queue shows it): the stall is the shaped rate's drop here.
+    monkeypatch.setattr(Engine, "_link_stalled", lambda self, job, t: clients[0].bandwidth < 1e6)
+    # this device computes the whole model in 3 ms: watched for STALL_WATCH_S, the work the
+    # stall started would be done first
+    monkeypatch.setattr(engine_mod, "STALL_WATCH_S", 0.0)
+    with Client(server.address, model, threads=1, tiles_per_layer=TILES, device_flops=1e9,
+                bandwidth="20mbit", timeout=30) as client:
+        clients.append(client)
+        client.connect(30)
+        assert_close(client.infer(feeds), ref, rel=1e-4)
+        assert client.last_stats["offloaded"] and not client.last_stats["fallback"], \
+            client.last_stats
+        engine, est = client._engine, client._estimates
+        fut = client.infer_async(feeds)
+        deadline = time.monotonic() + 5
+        while not any(j.local_parked and j.t_first_batch is not None
+                      for j in list(engine._jobs.values())) and time.monotonic() < deadline:
+            time.sleep(0.0005)  # its first batch on the link
+        client.set_bandwidth("200kbit")
+        est.local_flops = 1e15  # the local graph as if far faster than the offloading graph
+        assert_close(fut.result(timeout=30), ref, rel=1e-4)
+        st = fut.stats
+        assert st["fallback"] and "restarted on the local graph" in st["fallback_reason"], st
+        assert st["finished_by"] == "device" and st["tiles_from_server"] == 0, st
+        # every tile of the local graph computed here, none of the offloading graph's since
+        assert st["tiles_total"] == client.local_graph.n_tiles, st
+        assert st["latency_s"] < 2.0, st  # the input alone: 8 s
+        client.set_bandwidth("20mbit")
+        est.local_flops = None
+        assert_close(client.infer(feeds), ref, rel=1e-4)
+        assert client.last_stats["offloaded"] and not client.last_stats["fallback"], \
+            client.last_stats
+
+
 def test_returned_tiles_measure_the_downlink(server):
     """A model whose output (1 MB) dwarfs its input: the RESULTs measure the downlink, and the
     cost model prices returning them (split stays local on a link that cannot carry them back

@@ -58,6 +58,8 @@ class Job:
         self.resume_at: float | None = None
         self.resume_on_release = True    # unpark when the last input batch leaves
         self.kept_work = False           # computes from the start: the server is shared
+        self.t_stalled: float | None = None  # the link stalled then (Engine._after_stall)
+        self.acked_at_stall = 0
         self.whole_bytes = 0             # send nothing before this many raw bytes were queued
         self.inputs_at_server: float | None = None
         # counters
