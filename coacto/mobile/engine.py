@@ -67,11 +67,15 @@ WIRE_SAMPLE_FIRST, WIRE_SAMPLE_EVERY = 3, 8
 #: A parked inference's inputs more than this much of the link's time (beyond two batches)
 #: behind the goodput estimate mean the link has slowed: the device computes at once.
 STALL_S = 0.005
-#: ... and the inputs' ACKs are watched this long after: if the rest of the inputs would not be
-#: across before the device is done, the device restarts on its local graph when that is
-#: faster by this margin than going on with the offloading graph (Engine._after_stall).
+#: ... and the inputs' ACKs are watched this long after (at least two batches' time at the
+#: estimate): if the rest of the inputs would not be across before the device is done, the
+#: device restarts on its local graph when that is faster by this margin than going on with
+#: the offloading graph (Engine._after_stall).
 STALL_WATCH_S = 0.01
 RESTART_MARGIN = 0.95
+#: Bits of a native inference's report tag that hold its job's id; the bits above count the
+#: job's native inferences, so that a report from one a restart cancelled is told apart.
+TAG_JOB_BITS = 40
 #: A dynamic inference skips the server when the device is predicted to finish before any split
 #: point could (policies.split_costs with the current estimates): then not even the inputs are
 #: worth their link time and CPU. Every EXPLORE_EVERY-th such inference offloads anyway, so the
@@ -373,8 +377,17 @@ class Engine:
 
     def _resume_local(self, job: Job) -> None:
         job.local_parked = False
+        if job.t_stalled is None:
+            job.feeds = None  # only a stall can restart it (_after_stall)
         if job.native is not None and not job.done:
             job.native.compute_all()
+
+    def _stall_watch(self, job: Job) -> float:
+        """How long _after_stall watches the inputs' ACKs: STALL_WATCH_S, or two batches' time
+        at the estimate where batches take longer (an ACK comes a batch at a time)."""
+        b = self.est.bandwidth
+        batch = min(MAX_BATCH_BYTES, max(MIN_BATCH_BYTES, b * BATCH_SECONDS))
+        return max(STALL_WATCH_S, 2 * batch / b) if b > 0 else STALL_WATCH_S
 
     def _after_stall(self, job: Job, t: float) -> None:
         """STALL_WATCH_S after the link stalled under a parked inference (_link_stalled): what
@@ -388,10 +401,13 @@ class Engine:
         its rate meanwhile, and the inference goes on as it was."""
         t0, acked0 = job.t_stalled, job.acked_at_stall
         job.t_stalled = None
+        feeds, job.feeds = job.feeds, None  # whatever is decided, no later restart needs them
         e = self.est
         if job.done or job.fallback or job.native is None or job.tg is not self.tg or \
-                self.local_tg is self.tg or job.trace is not None or job.feeds is None or \
-                not e.local_flops or not e.device_flops or t <= t0:
+                self.local_tg is self.tg or job.trace is not None or feeds is None or \
+                not job.plan.info.get("local_after_inputs") or \
+                job.inputs_at_server is not None or not e.local_flops or \
+                not e.device_flops or t <= t0:
             return
         rate = (job.bytes_acked - acked0) / (t - t0)
         left = max(0, job.input_bytes - job.bytes_acked)
@@ -414,10 +430,13 @@ class Engine:
         if job.begin_released and job.epoch == self.link.epoch and not job.server_done \
                 and self.link.is_open:
             self.link.control({"t": P.CANCEL, "inf": job.id}, job=job)
+        job.server_done = True  # cancelled: nothing more to ask of it
         job.fallback, job.fallback_reason = True, reason
+        job.restarted_from = job.plan
         job.sending = job.attached = False
         job.deadline = None
         job.local_parked = False
+        job.feeds = feeds
         self._start_local(job)
 
     def _job_wakeups(self, t: float) -> list[float]:
@@ -429,7 +448,7 @@ class Engine:
                     job.inputs_at_server is None:
                 times.append(t + STALL_S)  # watch the inputs' progress (_link_stalled)
             if job.t_stalled is not None:
-                times.append(job.t_stalled + STALL_WATCH_S)  # _after_stall
+                times.append(job.t_stalled + self._stall_watch(job))  # _after_stall
             if job.deadline is not None and not job.fallback:
                 times.append(job.deadline)
             if job.attached and not job.fallback:
@@ -454,7 +473,7 @@ class Engine:
                          "computes now", job.id)
                 job.t_stalled, job.acked_at_stall = t, job.bytes_acked
                 self._resume_local(job)
-            elif job.t_stalled is not None and t >= job.t_stalled + STALL_WATCH_S:
+            elif job.t_stalled is not None and t >= job.t_stalled + self._stall_watch(job):
                 self._after_stall(job, t)
             if job.fallback or job.native is None and not job.waiting:
                 continue
@@ -640,7 +659,8 @@ class Engine:
         job.waiting = False
         job.plan = plan
         job.tg = tg  # only local plans run on local_tg (_start_local)
-        native = NativeInference(self.rt, tg, tag=job.id)
+        job.natives += 1
+        native = NativeInference(self.rt, tg, tag=job.id | job.natives << TAG_JOB_BITS)
         job.native = native
         report = None
         if plan.uses_server and plan.info.get("send_whole"):
@@ -738,8 +758,9 @@ class Engine:
     def _on_reports(self) -> None:
         for tag, kind, _tile in self._reports.take():
             if kind == REPORT_DONE:
-                job = self._jobs.get(tag)
-                if job is not None and job.native is not None:
+                job = self._jobs.get(tag & ((1 << TAG_JOB_BITS) - 1))
+                # (a report of a native inference a restart cancelled is not this job's now)
+                if job is not None and job.native is not None and job.native.tag == tag:
                     self._finish(job)
         # REPORT_SEND only wakes the loop: _pump looks at every sending job's queue
 

@@ -60,6 +60,8 @@ class Job:
         self.kept_work = False           # computes from the start: the server is shared
         self.t_stalled: float | None = None  # the link stalled then (Engine._after_stall)
         self.acked_at_stall = 0
+        self.restarted_from = None       # the offloading plan a restart left (_after_stall)
+        self.natives = 0                 # native inferences started (tags tell them apart)
         self.whole_bytes = 0             # send nothing before this many raw bytes were queued
         self.inputs_at_server: float | None = None
         # counters
@@ -150,7 +152,8 @@ def output_tile_count(tg) -> int:
 
 def job_stats(job: Job, native: dict, t: float, engine) -> dict:
     """The per-inference record: Client.last_stats, `coacto-client --json`."""
-    plan = job.plan
+    # a restarted inference reports the plan it was offloaded with (its frontier, prediction)
+    plan = job.restarted_from or job.plan
     n_out = output_tile_count(job.tg)
     if job.tiles_from_server >= n_out:
         finished_by = "server"
@@ -195,6 +198,7 @@ def job_stats(job: Job, native: dict, t: float, engine) -> dict:
             else None
         stats["kept_work"] = job.kept_work  # the server was shared: nothing parked
         stats["explored"] = job.explores  # offloaded although the gate predicted local faster
+        stats["restarted"] = job.restarted_from is not None  # on the local graph, the link stalled
     if job.server_report:
         stats["server"] = job.server_report
     return stats
