@@ -396,17 +396,18 @@ class Engine:
         tiles, faster on it: Estimates.local_flops) would finish before the offloading graph's
         remaining tiles, the inference restarts there: a link that dropped from 100 to 5 Mbit/s
         early in a ResNet-50 inference left the device computing the offloading graph, 1.13-1.21x
-        the local latency in a 25% CPU quota, where its local graph runs 13% faster. A stall the
-        estimate caused (a goodput read high, ACKs that come late) leaves the link carrying at
-        its rate meanwhile, and the inference goes on as it was."""
+        the local latency in a 25% CPU quota, where its local graph runs 13% faster. Only plans
+        that send model inputs (the inputs plan, device shares): a cut's stream has none, and
+        nothing to time its rest by. A stall the estimate caused (a goodput read high) usually
+        leaves the link carrying at its rate meanwhile, and the inference goes on as it was."""
         t0, acked0 = job.t_stalled, job.acked_at_stall
         job.t_stalled = None
         feeds, job.feeds = job.feeds, None  # whatever is decided, no later restart needs them
         e = self.est
         if job.done or job.fallback or job.native is None or job.tg is not self.tg or \
                 self.local_tg is self.tg or job.trace is not None or feeds is None or \
-                not job.plan.info.get("local_after_inputs") or \
-                job.inputs_at_server is not None or not e.local_flops or \
+                job.input_bytes <= 0 or job.inputs_at_server is not None or \
+                not e.local_flops or \
                 not e.device_flops or t <= t0:
             return
         rate = (job.bytes_acked - acked0) / (t - t0)
