@@ -1092,6 +1092,30 @@ def _timed(client, feeds) -> float:
     return client.last_stats["latency_s"]
 
 
+def test_an_inference_that_fails_on_the_device_fails_alone(squeezenet, monkeypatch):
+    """A native inference whose DONE reports a failure (out of memory for a buffer, say): its
+    outputs cannot be read, its Future fails with the reason, and the engine goes on with the
+    next inference (the exception used to stop the engine's thread, and every Future waited)."""
+    from coacto.errors import CoactoError
+    from coacto.inference import NativeInference
+
+    model, feeds, ref = squeezenet
+    outputs = NativeInference.outputs
+    failing = []
+
+    def once(self):
+        if failing and failing.pop():
+            raise CoactoError("reading output 'out': out of memory (a test's failure)")
+        return outputs(self)
+
+    monkeypatch.setattr(NativeInference, "outputs", once)
+    with Client(None, model, threads=1, tiles_per_layer=TILES, policy="local") as client:
+        failing.append(True)  # the next inference's outputs cannot be read
+        with pytest.raises(CoactoError, match="a test's failure"):
+            client.infer_async(feeds).result(timeout=10)
+        assert_close(client.infer_async(feeds).result(timeout=10), ref, rel=1e-4)
+
+
 def test_no_server_listening_means_a_local_run(squeezenet):
     model, feeds, ref = squeezenet
     address = f"tcp://127.0.0.1:{free_port()}"

@@ -423,15 +423,7 @@ class Engine:
                   f"restarted on the local graph ({restart_s * 1e3:.0f} ms predicted, "
                   f"{go_on_s * 1e3:.0f} ms on the offloading graph)")
         log.info("inference %d: %s", job.id, reason)
-        native, job.native = job.native, None
-        native.cancel()  # the computing threads drop it now
-        self._reaper.submit(native.close)
-        for frames in self.link.drop_job(job, now()):
-            self.est.goodput.forget((job.id, P.unpack(frames[:1])[0].get("batch")))
-        if job.begin_released and job.epoch == self.link.epoch and not job.server_done \
-                and self.link.is_open:
-            self.link.control({"t": P.CANCEL, "inf": job.id}, job=job)
-        job.server_done = True  # cancelled: nothing more to ask of it
+        self._withdraw(job)
         job.fallback, job.fallback_reason = True, reason
         job.restarted_from = job.plan
         job.sending = job.attached = False
@@ -776,21 +768,28 @@ class Engine:
                 if job.future is future or future is None and job.id <= upto:
                     self._cancel(job)
 
+    def _withdraw(self, job: Job) -> None:
+        """A job's native inference stops (its computing threads drop it now; closed off this
+        thread, which waits for the piece each is in), its messages not yet sent are withdrawn,
+        and the server, if it has the inference, is sent CANCEL."""
+        native, job.native = job.native, None
+        if native is not None:
+            native.cancel()
+            self._reaper.submit(native.close)
+        for frames in self.link.drop_job(job, now()):
+            self.est.goodput.forget((job.id, P.unpack(frames[:1])[0].get("batch")))
+        if job.begin_released and job.epoch == self.link.epoch and not job.server_done \
+                and self.link.is_open:
+            self.link.control({"t": P.CANCEL, "inf": job.id}, job=job)
+        job.server_done = True  # nothing more to ask of it
+
     def _cancel(self, job: Job) -> None:
         """The application gave up on an inference: its local work stops, its messages not yet
         sent are withdrawn, the server (if it has it) is sent CANCEL, its Future fails."""
         del self._jobs[job.id]
         job.done = True
         job.feeds = None
-        native, job.native = job.native, None
-        if native is not None:
-            native.cancel()  # the computing threads drop it now
-            self._reaper.submit(native.close)  # waits for the piece each thread is in
-        for frames in self.link.drop_job(job, now()):
-            self.est.goodput.forget((job.id, P.unpack(frames[:1])[0].get("batch")))
-        if job.begin_released and job.epoch == self.link.epoch and not job.server_done \
-                and self.link.is_open:
-            self.link.control({"t": P.CANCEL, "inf": job.id}, job=job)
+        self._withdraw(job)
         log.info("inference %d cancelled", job.id)
         job.fail(InferenceCancelled(f"inference {job.id} was cancelled (Client.cancel); the "
                                     "client is ready for the next", lib.COACTO_ERR_CANCELLED))
@@ -800,7 +799,16 @@ class Engine:
         job.done = True
         job.feeds = None  # kept while it might restart (_after_stall)
         native = job.native
-        outputs = native.outputs()
+        try:
+            outputs = native.outputs()
+        except CoactoError as e:
+            # its DONE reported a failure (memory, a tile's error): this inference fails, the
+            # engine and the other inferences go on (an exception here stopped the engine's
+            # thread, and every Future waited forever)
+            log.warning("inference %d failed on the device: %s", job.id, e)
+            self._withdraw(job)
+            job.fail(e)
+            return
         # the loser's remaining local work stops now (a tile in flight per thread still ends),
         # so that the statistics and the trace read below describe the same tiles
         native.cancel()
