@@ -924,7 +924,7 @@ def test_a_link_that_stalls_under_a_parked_inference_restarts_it_on_the_local_gr
     say is the faster (here made so): the result is exact, the statistics say why and keep the
     plan it was offloaded with, and the server's part is cancelled. The next inference offloads
     again."""
-    from coacto.mobile import engine as engine_mod
+    from coacto.inference import NativeInference
     from coacto.mobile.engine import Engine
 
     monkeypatch.setattr(policies, "choose_dynamic", lambda *a, **k: "inputs")
@@ -932,13 +932,13 @@ def test_a_link_that_stalls_under_a_parked_inference_restarts_it_on_the_local_gr
     clients, restarted = [], []
     # In this test the stall check did not fire on the client's own shaper before the
     # insurance timer (the inference ended at 145 ms, offloaded): the stall is the shaped rate's
-    # drop here. The parked work it starts only unparks, so that the offloading graph's native
-    # inference (3 ms of work here) cannot finish first.
+    # drop here. The offloading graph's native inference (3 ms of work here) computes nothing
+    # once the drop came, so that it cannot finish first.
     monkeypatch.setattr(Engine, "_link_stalled", lambda self, job, t: clients[0].bandwidth < 1e6)
-    monkeypatch.setattr(Engine, "_resume_local",
-                        lambda self, job: setattr(job, "local_parked", False))
-    monkeypatch.setattr(engine_mod, "STALL_WATCH_S", 0.0)
     monkeypatch.setattr(Engine, "_stall_watch", lambda self, job: 0.0)
+    compute_all = NativeInference.compute_all
+    monkeypatch.setattr(NativeInference, "compute_all", lambda self: None if (
+        clients[0].bandwidth < 1e6 and self.tg is clients[0].graph) else compute_all(self))
     start_local = Engine._start_local
 
     def spy(self, job):
@@ -958,7 +958,8 @@ def test_a_link_that_stalls_under_a_parked_inference_restarts_it_on_the_local_gr
         fut = client.infer_async(feeds)
         deadline = time.monotonic() + 5
         while not any(j.local_parked and j.t_first_batch is not None
-                      for j in list(engine._jobs.values())) and time.monotonic() < deadline:
+                      for j in list(engine._jobs.values())):
+            assert time.monotonic() < deadline, "the inference never had its input on the link"
             time.sleep(0.0005)  # its first batch on the link
         est.local_flops = 1e15  # the local graph as if far faster than the offloading graph
         client.set_bandwidth("200kbit")
@@ -1090,6 +1091,25 @@ def _timed(client, feeds) -> float:
     client.infer(feeds)
     assert not client.last_stats["fallback"], client.last_stats
     return client.last_stats["latency_s"]
+
+
+def test_a_shared_server_keeps_the_devices_work_and_its_inputs(server, squeezenet,
+                                                                 monkeypatch):
+    """With other devices on the server (Estimates.server_shared) a parked plan computes from
+    the start (Engine._keeps_work), which resumes the device's work while the inference is
+    being started: its inputs must still reach the native inference."""
+    from coacto.mobile.estimates import Estimates
+
+    monkeypatch.setattr(policies, "choose_dynamic", lambda *a, **k: "inputs")
+    monkeypatch.setattr(Estimates, "server_shared", lambda self: True)
+    model, feeds, ref = squeezenet
+    with Client(server.address, model, threads=1, tiles_per_layer=TILES, device_flops=1e6,
+                timeout=10) as client:
+        client.connect(10)
+        for _ in range(2):
+            assert_close(client.infer(feeds), ref, rel=1e-4)
+            st = client.last_stats
+            assert st["kept_work"] and st["frontier"] == "inputs" and not st["fallback"], st
 
 
 def test_an_inference_that_fails_on_the_device_fails_alone(squeezenet, monkeypatch):

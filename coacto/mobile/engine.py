@@ -682,6 +682,7 @@ class Engine:
             if plan.info.get("send_whole"):
                 job.whole_bytes = int(self.tg.plan.tile_bytes[send == SEND_ALWAYS].sum())
         job.t_start = now()
+        feeds = job.feeds  # (parking may resume at once, which lets go of job.feeds)
         if plan.info.get("local_after_inputs"):
             if self.session.ready and not job.fallback:
                 self._park_local(job)
@@ -694,7 +695,7 @@ class Engine:
                 native.compute_all()
         if plan.uses_server and self.session.ready and not job.fallback:
             self._attach(job)  # BEGIN and the ECT parameters before the first tile completes
-        native.set_inputs(job.feeds)
+        native.set_inputs(feeds)
         if not job.local_parked:  # a parked inference may restart on the local graph
             job.feeds = None
 
@@ -801,13 +802,15 @@ class Engine:
         native = job.native
         try:
             outputs = native.outputs()
-        except CoactoError as e:
+        except Exception as e:
             # its DONE reported a failure (memory, a tile's error): this inference fails, the
             # engine and the other inferences go on (an exception here stopped the engine's
             # thread, and every Future waited forever)
-            log.warning("inference %d failed on the device: %s", job.id, e)
+            why = native.failure()
+            err = CoactoError(f"inference {job.id} failed on the device: {why}") if why else e
+            log.warning("inference %d failed on the device: %s", job.id, why or e)
             self._withdraw(job)
-            job.fail(e)
+            job.fail(err)
             return
         # the loser's remaining local work stops now (a tile in flight per thread still ends),
         # so that the statistics and the trace read below describe the same tiles
