@@ -566,9 +566,10 @@ def fuse_pointwise_prologues(graph: ir.Graph) -> ir.Graph:
     (stride 1, no padding, one group, no residual) whose only consumer is a depthwise
     convolution (dilation 1, a vertical stride no larger than its kernel) becomes that layer's
     prologue where its output map (one batch item) has PROLOGUE_MIN_MAP_BYTES or more (attrs
-    ``pre``, ``pre_act``, ``pre_alpha``, ``pre_beta``; weights ``pre_w`` as (cin, c), ``pre_b``). The runtime then computes the 1x1 convolution's rows as the depthwise
-    window reaches them and keeps only a few, where the two layers wrote and read back a map of
-    the expanded width: MobileNet-style inverted residuals. Graphs for offloading stay unfused:
+    ``pre``, ``pre_act``, ``pre_alpha``, ``pre_beta``; weights ``pre_w`` as (cin, c), ``pre_b``).
+    The runtime then computes the 1x1 convolution's rows as the depthwise window reaches them
+    and keeps only a few, where the two layers wrote and read back a map of the expanded width:
+    MobileNet-style inverted residuals. Graphs for offloading stay unfused:
     the server and the device must cut the same layers. Returns ``graph`` changed in place."""
     layers = graph.layers
     cons = graph.consumers()

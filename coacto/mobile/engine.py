@@ -377,8 +377,6 @@ class Engine:
 
     def _resume_local(self, job: Job) -> None:
         job.local_parked = False
-        if job.t_stalled is None:
-            job.feeds = None  # only a stall can restart it (_after_stall)
         if job.native is not None and not job.done:
             job.native.compute_all()
 
@@ -390,25 +388,24 @@ class Engine:
         return max(STALL_WATCH_S, 2 * batch / b) if b > 0 else STALL_WATCH_S
 
     def _after_stall(self, job: Job, t: float) -> None:
-        """STALL_WATCH_S after the link stalled under a parked inference (_link_stalled): what
-        the link carried of its inputs since says when the server could have them all. When
-        that is later than the device would finish, and the device's local graph (coarser
-        tiles, faster on it: Estimates.local_flops) would finish before the offloading graph's
-        remaining tiles, the inference restarts there: a link that dropped from 100 to 5 Mbit/s
-        early in a ResNet-50 inference left the device computing the offloading graph, 1.13-1.21x
-        the local latency in a 25% CPU quota, where its local graph runs 13% faster. Only plans
+        """A watch (_stall_watch) after the link stalled under a parked inference
+        (_link_stalled): what the link carried of its inputs since says when the server could
+        have them all. When that is later than the device would finish, and the device's local
+        graph (coarser tiles, faster on it: Estimates.local_flops) would finish before the
+        offloading graph's remaining tiles, the inference restarts there: a link that dropped
+        from 100 to 5 Mbit/s early in a ResNet-50 inference left the device computing the
+        offloading graph, 1.13-1.21x the local latency in a 25% CPU quota, where its local graph
+        runs 13% faster. Only plans
         that send model inputs (the inputs plan, device shares): a cut's stream has none, and
         nothing to time its rest by. A stall the estimate caused (a goodput read high) usually
         leaves the link carrying at its rate meanwhile, and the inference goes on as it was."""
         t0, acked0 = job.t_stalled, job.acked_at_stall
         job.t_stalled = None
-        feeds, job.feeds = job.feeds, None  # whatever is decided, no later restart needs them
         e = self.est
         if job.done or job.fallback or job.native is None or job.tg is not self.tg or \
-                self.local_tg is self.tg or job.trace is not None or feeds is None or \
-                job.input_bytes <= 0 or job.inputs_at_server is not None or \
-                not e.local_flops or \
-                not e.device_flops or t <= t0:
+                self.local_tg is self.tg or job.trace is not None or job.input_bytes <= 0 or \
+                job.inputs_at_server is not None or not e.local_flops or not e.device_flops \
+                or t <= t0:
             return
         rate = (job.bytes_acked - acked0) / (t - t0)
         left = max(0, job.input_bytes - job.bytes_acked)
@@ -429,7 +426,6 @@ class Engine:
         job.sending = job.attached = False
         job.deadline = None
         job.local_parked = False
-        job.feeds = feeds
         self._start_local(job)
 
     def _job_wakeups(self, t: float) -> list[float]:
@@ -682,7 +678,6 @@ class Engine:
             if plan.info.get("send_whole"):
                 job.whole_bytes = int(self.tg.plan.tile_bytes[send == SEND_ALWAYS].sum())
         job.t_start = now()
-        feeds = job.feeds  # (parking may resume at once, which lets go of job.feeds)
         if plan.info.get("local_after_inputs"):
             if self.session.ready and not job.fallback:
                 self._park_local(job)
@@ -695,9 +690,7 @@ class Engine:
                 native.compute_all()
         if plan.uses_server and self.session.ready and not job.fallback:
             self._attach(job)  # BEGIN and the ECT parameters before the first tile completes
-        native.set_inputs(feeds)
-        if not job.local_parked:  # a parked inference may restart on the local graph
-            job.feeds = None
+        native.set_inputs(job.feeds)  # (kept until the job ends: a restart sets them again)
 
     def _attach(self, job: Job) -> None:
         enc = job.native.transfer if job.native is not None else "raw"
@@ -798,7 +791,7 @@ class Engine:
     def _finish(self, job: Job) -> None:
         del self._jobs[job.id]
         job.done = True
-        job.feeds = None  # kept while it might restart (_after_stall)
+        job.feeds = None
         native = job.native
         try:
             outputs = native.outputs()

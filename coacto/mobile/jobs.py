@@ -25,7 +25,7 @@ class Job:
                  trace=None):
         self.id = job_id
         self.future: Future = Future()
-        self.feeds = feeds
+        self.feeds = feeds  # until it ends (Engine._after_stall may start it again)
         self.policy = policy
         self.options = options
         self.t_submit = t_submit

@@ -216,10 +216,10 @@ static size_t even_block_k(const gemm_kernel *kern, size_t len)
  * (294 KiB of A) went in five K blocks and ran 4-5% slower on the 1 MiB L2 of the Zen 4; the
  * cap keeps the 2 MiB L2 of the Emerald Rapids Xeon at the quarter it had (A of up to 1 MiB in
  * one pass: ResNet-50 2% slower there, ViT and BERT 1-2% faster, within that machine's noise;
- * larger L2s are unmeasured and get less than a quarter). A product of fewer rows than the kernel's block (a classifier's one row) reads
- * each panel once anyway. Only for the AVX-512 kernel, where it was measured faster: the AVX2
- * kernel on the same core ran as fast either way, and the NEON one, whose cores have less L2
- * bandwidth, is unmeasured. */
+ * larger L2s are unmeasured and get less than a quarter). A product of fewer rows than the
+ * kernel's block (a classifier's one row) reads each panel once anyway. Only for the AVX-512
+ * kernel, where it was measured faster: the AVX2 kernel on the same core ran as fast either
+ * way, and the NEON one, whose cores have less L2 bandwidth, is unmeasured. */
 static size_t block_k_rows(const gemm_kernel *kern, size_t m, size_t len)
 {
     const size_t l2 = (size_t)cpu_get_caches()->l2_bytes;
