@@ -395,6 +395,38 @@ def test_large_weight_convolutions_read_in_place_split_rows():
         assert min(np.diff(cols)) >= min(MIN_TILE_COLUMNS, graph.layers[1].columns)
 
 
+def test_winograd_convolutions_get_blocks_of_whole_row_pairs():
+    """A 3x3 stride-1 convolution (Winograd F(2x2, 3x3) in the runtime, whose tiles compute
+    whole 2x2 output blocks) gets column blocks of whole pairs of output rows; in ResNet-50's
+    graph for offloading those at 56x56 had 32 blocks of 1.75 rows, each computing its rows'
+    blocks again (1.6x the single block's time). A strided convolution keeps its blocks. The
+    plans stay exact (the oracle)."""
+    from coacto.partition import OFFLOAD_MIN_COLUMN_BLOCKS
+    from coacto.partition.rules import MIN_TILE_COLUMNS_SMALL_WEIGHTS, choose_splits
+
+    def conv(hw, stride=1, cin=64):
+        attrs = dict(kh=3, kw=3, sh=stride, sw=stride, pt=1, pl=1, pb=1, pr=1, dh=1, dw=1,
+                     group=1)
+        out = (hw + 2 - 3) // stride + 1
+        layers = [ir.Layer("x", "INPUT", [], (1, cin, hw, hw)),
+                  ir.Layer("conv", "CONV", [0], (1, 64, out, out), attrs,
+                           weights={"w": np.zeros((64, cin, 3, 3), np.float32)})]
+        return ir.Graph(layers, {"x": 0}, {"y": 1})
+
+    for hw, blocks in ((56, 28), (28, 14), (14, 4), (7, 2)):
+        cols, _ = choose_splits(conv(hw), 1, None, OFFLOAD_MIN_COLUMN_BLOCKS)
+        assert np.all(np.diff(cols) % (2 * hw) == 0) or cols[-1] == hw * hw and \
+            np.all(np.diff(cols)[:-1] % (2 * hw) == 0), (hw, cols)
+        # (an odd row count leaves the last block a row short of a pair)
+        assert len(cols) - 1 == blocks and min(np.diff(cols)) >= MIN_TILE_COLUMNS_SMALL_WEIGHTS - \
+            (hw if hw % 2 else 0)
+    cols, _ = choose_splits(conv(56), 1, None)  # a local graph's blocks: as even as they come
+    assert len(cols) - 1 == 4 and np.all(np.diff(cols) == 784)
+    cols, _ = choose_splits(conv(112, stride=2), 1, None, OFFLOAD_MIN_COLUMN_BLOCKS)
+    assert len(cols) - 1 == OFFLOAD_MIN_COLUMN_BLOCKS  # 3136 columns, 98 each, as before
+    check_plan(conv(14, cin=4), partition(conv(14, cin=4), min_column_blocks=32))
+
+
 def test_pooling_follows_its_producers_column_blocks():
     """A max pooling after a 16-tile convolution (VGG-16's 112 x 112 x 128) gets 16 column blocks,
     not the 4 its FLOPs ask for, each reading the output of one or two convolution tiles; given
