@@ -915,6 +915,34 @@ def test_a_link_that_drops_mid_inference_slows_what_it_still_carries(server, big
         Client(server.address, tg, bandwidth="20mbit,5mbit", model_bytes=model)
 
 
+def test_a_stall_is_a_link_that_stopped_not_an_estimate_read_high():
+    """_link_stalled: a transfer far behind a goodput estimate read 40% high, its ACKs coming at
+    the link's pace, has not stalled (the testbed's first inferences after `learn` took that for
+    a stall at 100 Mbit/s, and the device computed beside a server that was winning); the same
+    transfer with no ACK for two batches' time and more has; one on time has not."""
+    from types import SimpleNamespace as NS
+
+    from coacto.mobile.engine import Engine
+
+    true_rate, read = 12.5e6, 17.6e6  # B/s: 100 Mbit/s, read as 141
+    eng = NS(est=NS(bandwidth=read, rtt=NS(value=0.001)))
+    t0 = 10.0
+
+    def job(t, acked_rate, last_ack_ago):
+        return NS(t_first_batch=t0, inputs_at_server=None, bytes_handed=int(read * (t - t0)),
+                  bytes_acked=int(acked_rate * (t - t0 - 0.001)), t_acked=t - last_ack_ago)
+
+    stalled = Engine._link_stalled
+    for t in (t0 + 0.06, t0 + 0.1, t0 + 0.2):
+        behind = job(t, true_rate, 0.003)  # ACKs a batch (4 ms) apart, at the true rate
+        assert not stalled(eng, behind, t), t - t0
+        assert stalled(eng, job(t, true_rate, 0.025), t), t - t0  # the link stopped 25 ms ago
+        assert not stalled(eng, job(t, read, 0.025), t), t - t0  # on time: a batch in flight
+    fresh = NS(t_first_batch=t0, inputs_at_server=None, bytes_handed=400_000, bytes_acked=0,
+               t_acked=None)
+    assert not stalled(eng, fresh, t0 + 0.01) and stalled(eng, fresh, t0 + 0.05)
+
+
 def test_a_link_that_stalls_under_a_parked_inference_restarts_it_on_the_local_graph(
         server, big_input, monkeypatch):
     """A dynamic inference sends its input and parks its own work (the "inputs" plan); the
@@ -1132,6 +1160,30 @@ def test_an_inference_that_fails_on_the_device_fails_alone(squeezenet, monkeypat
     with Client(None, model, threads=1, tiles_per_layer=TILES, policy="local") as client:
         failing.append(True)  # the next inference's outputs cannot be read
         with pytest.raises(CoactoError, match="a test's failure"):
+            client.infer_async(feeds).result(timeout=10)
+        assert_close(client.infer_async(feeds).result(timeout=10), ref, rel=1e-4)
+
+
+def test_an_inference_whose_conclusion_fails_fails_alone(squeezenet, monkeypatch):
+    """An exception after the outputs were read (its statistics, here) fails that inference
+    with the reason; the engine goes on (the Future, already out of the engine's table, used to
+    wait forever while the engine's thread stopped)."""
+    from coacto.errors import CoactoError
+    from coacto.mobile import engine as E
+
+    model, feeds, ref = squeezenet
+    stats = E.job_stats
+    failing = []
+
+    def once(*args):
+        if failing and failing.pop():
+            raise KeyError("a test's failure")
+        return stats(*args)
+
+    monkeypatch.setattr(E, "job_stats", once)
+    with Client(None, model, threads=1, tiles_per_layer=TILES, policy="local") as client:
+        failing.append(True)
+        with pytest.raises(CoactoError, match="concluding it failed.*a test's failure"):
             client.infer_async(feeds).result(timeout=10)
         assert_close(client.infer_async(feeds).result(timeout=10), ref, rel=1e-4)
 

@@ -286,7 +286,7 @@ class Engine:
         for job_id in list(self._tracing):
             self._trace_done(job_id, "the client was closed before the server's trace came")
         for job in list(self._jobs.values()):
-            if job.begin_released and job.epoch == self.link.epoch:
+            if job.begin_released and job.epoch == self.link.epoch and not job.server_done:
                 self.link.send_now({"t": P.CANCEL, "inf": job.id})
             job.fail(CoactoError("the client was closed before this inference finished"))
         self._jobs.clear()
@@ -367,12 +367,18 @@ class Engine:
         """The inputs of a parked inference are well behind what the goodput estimate says the
         link carries by now (a link that dropped mid-transfer): the device's work stops being
         insurance. Behind by two batches and STALL_S of data, so that ACKs that come a batch at
-        a time, and a burst's head start, are not taken for a stall."""
+        a time, and a burst's head start, are not taken for a stall; and no ACK for two
+        batches' time and STALL_S at the estimate: a goodput read high (the testbed's first
+        inferences after `learn` read 141 Mbit/s on its 100 Mbit/s link) leaves a transfer
+        behind it by more and more, but its ACKs keep coming at the link's pace."""
         if job.t_first_batch is None or job.inputs_at_server is not None:
             return False
         b = self.est.bandwidth
-        expected = min(job.bytes_handed, b * max(0.0, t - job.t_first_batch - self.est.rtt.value))
+        since = job.t_acked if job.t_acked is not None else job.t_first_batch + self.est.rtt.value
         batch = min(MAX_BATCH_BYTES, max(MIN_BATCH_BYTES, b * BATCH_SECONDS))
+        if b <= 0 or t - since <= 2 * batch / b + STALL_S:
+            return False
+        expected = min(job.bytes_handed, b * max(0.0, t - job.t_first_batch - self.est.rtt.value))
         return expected - job.bytes_acked > 2 * batch + b * STALL_S
 
     def _resume_local(self, job: Job) -> None:
@@ -736,6 +742,7 @@ class Engine:
         job.fallback, job.fallback_reason = True, job.fallback_reason or reason
         job.sending = False
         job.deadline = None
+        job.local_parked = False  # (computing all now: no resume or stall watch to come)
         if job.native is None:
             self._start_local(job)
             return
@@ -805,6 +812,18 @@ class Engine:
             self._withdraw(job)
             job.fail(err)
             return
+        try:
+            self._conclude(job, native, outputs)
+        except Exception as e:  # a bug: this inference fails, not the engine (its Future, out
+            # of _jobs already, would wait forever)
+            log.exception("inference %d: concluding it failed", job.id)
+            if job.native is native:  # closed off this thread, once (the reaper is one thread)
+                job.native = None
+                self._reaper.submit(native.close)
+            job.fail(CoactoError(f"inference {job.id} computed, but concluding it failed: {e}"))
+
+    def _conclude(self, job: Job, native, outputs: dict) -> None:
+        """A finished inference's statistics, learning, trace and Future (_finish)."""
         # the loser's remaining local work stops now (a tile in flight per thread still ends),
         # so that the statistics and the trace read below describe the same tiles
         native.cancel()
@@ -980,6 +999,7 @@ class Engine:
         acked = job.inflight.pop(batch, 0)
         job.unacked -= acked
         job.bytes_acked += acked
+        job.t_acked = t
         if batch == job.input_batch and job.inputs_at_server is None:
             # when the server took in the last input: its own stamp on our clock if the offset
             # is known (immune to how late we read the ACK), else the ACK's arrival - RTT / 2
