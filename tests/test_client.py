@@ -919,7 +919,8 @@ def test_a_stall_is_a_link_that_stopped_not_an_estimate_read_high():
     """_link_stalled: a transfer far behind a goodput estimate read 40% high, its ACKs coming at
     the link's pace, has not stalled (the testbed's first inferences after `learn` took that for
     a stall at 100 Mbit/s, and the device computed beside a server that was winning); the same
-    transfer with no ACK for two batches' time and more has; one on time has not."""
+    transfer with no ACK for two batches' time and more has; one on time has not; one whose
+    link dropped to 40% of its rate, behind by four times what is allowed, has."""
     from types import SimpleNamespace as NS
 
     from coacto.mobile.engine import Engine
@@ -933,7 +934,7 @@ def test_a_stall_is_a_link_that_stopped_not_an_estimate_read_high():
                   bytes_acked=int(acked_rate * (t - t0 - 0.001)), t_acked=t - last_ack_ago)
 
     stalled = Engine._link_stalled
-    for t in (t0 + 0.06, t0 + 0.1, t0 + 0.2):
+    for t in (t0 + 0.06, t0 + 0.1):
         behind = job(t, true_rate, 0.003)  # ACKs a batch (4 ms) apart, at the true rate
         assert not stalled(eng, behind, t), t - t0
         assert stalled(eng, job(t, true_rate, 0.025), t), t - t0  # the link stopped 25 ms ago
@@ -941,6 +942,15 @@ def test_a_stall_is_a_link_that_stopped_not_an_estimate_read_high():
     fresh = NS(t_first_batch=t0, inputs_at_server=None, bytes_handed=400_000, bytes_acked=0,
                t_acked=None)
     assert not stalled(eng, fresh, t0 + 0.01) and stalled(eng, fresh, t0 + 0.05)
+    # a link that dropped to 40% of its (rightly estimated) rate after 50 ms still ACKs every
+    # few ms; 100 ms later it is four allowances behind: a stall all the same
+    eng.est.bandwidth = true_rate
+    t = t0 + 0.15
+    partial = NS(t_first_batch=t0, inputs_at_server=None, bytes_handed=2_500_000,
+                 bytes_acked=int(true_rate * 0.049 + 0.4 * true_rate * 0.1), t_acked=t - 0.003)
+    assert stalled(eng, partial, t)
+    partial.bytes_acked += 150_000  # (behind, but by less than four allowances)
+    assert not stalled(eng, partial, t)
 
 
 def test_a_link_that_stalls_under_a_parked_inference_restarts_it_on_the_local_graph(

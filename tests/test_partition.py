@@ -396,35 +396,42 @@ def test_large_weight_convolutions_read_in_place_split_rows():
 
 
 def test_winograd_convolutions_get_blocks_of_whole_row_pairs():
-    """A 3x3 stride-1 convolution (Winograd F(2x2, 3x3) in the runtime, whose tiles compute
-    whole 2x2 output blocks) gets column blocks of whole pairs of output rows; in ResNet-50's
-    graph for offloading those at 56x56 had 32 blocks of 1.75 rows, each computing its rows'
-    blocks again (1.6x the single block's time). A strided convolution keeps its blocks. The
-    plans stay exact (the oracle)."""
+    """In a graph for offloading, a convolution the runtime computes as Winograd F(2x2, 3x3)
+    (whose tiles compute whole 2x2 output blocks) gets column blocks of whole pairs of output
+    rows, image by image; in ResNet-50's graph for offloading those at 56x56 had 32 blocks of
+    1.75 rows, each computing its rows' blocks again (1.6x the single block's time). A local
+    graph, a strided convolution and one with too few input channels for Winograd keep their
+    blocks. The plans stay exact (the oracle)."""
     from coacto.partition import OFFLOAD_MIN_COLUMN_BLOCKS
     from coacto.partition.rules import MIN_TILE_COLUMNS_SMALL_WEIGHTS, choose_splits
 
-    def conv(hw, stride=1, cin=64):
+    def conv(hw, stride=1, cin=64, n=1):
         attrs = dict(kh=3, kw=3, sh=stride, sw=stride, pt=1, pl=1, pb=1, pr=1, dh=1, dw=1,
                      group=1)
         out = (hw + 2 - 3) // stride + 1
-        layers = [ir.Layer("x", "INPUT", [], (1, cin, hw, hw)),
-                  ir.Layer("conv", "CONV", [0], (1, 64, out, out), attrs,
+        layers = [ir.Layer("x", "INPUT", [], (n, cin, hw, hw)),
+                  ir.Layer("conv", "CONV", [0], (n, 64, out, out), attrs,
                            weights={"w": np.zeros((64, cin, 3, 3), np.float32)})]
         return ir.Graph(layers, {"x": 0}, {"y": 1})
 
+    def pair_starts(n, hw):
+        return {i * hw * hw + y * hw for i in range(n) for y in range(0, hw, 2)} | {n * hw * hw}
+
     for hw, blocks in ((56, 28), (28, 14), (14, 4), (7, 2)):
         cols, _ = choose_splits(conv(hw), 1, None, OFFLOAD_MIN_COLUMN_BLOCKS)
-        assert np.all(np.diff(cols) % (2 * hw) == 0) or cols[-1] == hw * hw and \
-            np.all(np.diff(cols)[:-1] % (2 * hw) == 0), (hw, cols)
+        assert set(cols.tolist()) <= pair_starts(1, hw), (hw, cols)
         # (an odd row count leaves the last block a row short of a pair)
         assert len(cols) - 1 == blocks and min(np.diff(cols)) >= MIN_TILE_COLUMNS_SMALL_WEIGHTS - \
             (hw if hw % 2 else 0)
+    cols, _ = choose_splits(conv(7, n=2), 1, None, OFFLOAD_MIN_COLUMN_BLOCKS)
+    assert set(cols.tolist()) <= pair_starts(2, 7) and len(cols) > 2, cols  # pairs per image
     cols, _ = choose_splits(conv(56), 1, None)  # a local graph's blocks: as even as they come
     assert len(cols) - 1 == 4 and np.all(np.diff(cols) == 784)
-    cols, _ = choose_splits(conv(112, stride=2), 1, None, OFFLOAD_MIN_COLUMN_BLOCKS)
-    assert len(cols) - 1 == OFFLOAD_MIN_COLUMN_BLOCKS  # 3136 columns, 98 each, as before
-    check_plan(conv(14, cin=4), partition(conv(14, cin=4), min_column_blocks=32))
+    for graph in (conv(112, stride=2), conv(56, cin=8)):  # no Winograd: 3136 columns, 98 each
+        cols, _ = choose_splits(graph, 1, None, OFFLOAD_MIN_COLUMN_BLOCKS)
+        assert len(cols) - 1 == OFFLOAD_MIN_COLUMN_BLOCKS and np.all(np.diff(cols) == 98)
+    check_plan(conv(14, cin=16), partition(conv(14, cin=16), min_column_blocks=32))
+    check_plan(conv(7, cin=16, n=2), partition(conv(7, cin=16, n=2), min_column_blocks=32))
 
 
 def test_pooling_follows_its_producers_column_blocks():

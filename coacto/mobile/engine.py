@@ -374,12 +374,16 @@ class Engine:
         if job.t_first_batch is None or job.inputs_at_server is not None:
             return False
         b = self.est.bandwidth
+        if b <= 0:
+            return False
         since = job.t_acked if job.t_acked is not None else job.t_first_batch + self.est.rtt.value
         batch = min(MAX_BATCH_BYTES, max(MIN_BATCH_BYTES, b * BATCH_SECONDS))
-        if b <= 0 or t - since <= 2 * batch / b + STALL_S:
-            return False
         expected = min(job.bytes_handed, b * max(0.0, t - job.t_first_batch - self.est.rtt.value))
-        return expected - job.bytes_acked > 2 * batch + b * STALL_S
+        behind = expected - job.bytes_acked
+        allowed = 2 * batch + b * STALL_S
+        # (a link that dropped to a third of its rate or more still ACKs a batch more often than
+        # that: behind by four times the allowance, it has stalled whatever its ACKs do)
+        return behind > allowed and (t - since > 2 * batch / b + STALL_S or behind > 4 * allowed)
 
     def _resume_local(self, job: Job) -> None:
         job.local_parked = False
@@ -817,9 +821,10 @@ class Engine:
         except Exception as e:  # a bug: this inference fails, not the engine (its Future, out
             # of _jobs already, would wait forever)
             log.exception("inference %d: concluding it failed", job.id)
-            if job.native is native:  # closed off this thread, once (the reaper is one thread)
+            self._tracing.pop(job.id, None)
+            if job.native_closing:  # (its close was handed to the reaper already)
                 job.native = None
-                self._reaper.submit(native.close)
+            self._withdraw(job)  # batches not sent, the server's part, the native inference
             job.fail(CoactoError(f"inference {job.id} computed, but concluding it failed: {e}"))
 
     def _conclude(self, job: Job, native, outputs: dict) -> None:
@@ -846,6 +851,7 @@ class Engine:
         # destroying the inference waits for the tiles in flight (a throttled device may take
         # a while): not on this thread
         self._reaper.submit(native.close)
+        job.native_closing = True
         if job.plan.uses_server and job.t_begin is None and not job.fallback:
             job.fallback = True
             job.fallback_reason = "finished on the device before a server was ready"
@@ -999,7 +1005,8 @@ class Engine:
         acked = job.inflight.pop(batch, 0)
         job.unacked -= acked
         job.bytes_acked += acked
-        job.t_acked = t
+        if acked:
+            job.t_acked = t
         if batch == job.input_batch and job.inputs_at_server is None:
             # when the server took in the last input: its own stamp on our clock if the offset
             # is known (immune to how late we read the ACK), else the ACK's arrival - RTT / 2

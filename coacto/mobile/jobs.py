@@ -73,6 +73,7 @@ class Job:
         self.bytes_handed = 0            # TILES bytes handed to the link, and acknowledged
         self.bytes_acked = 0
         self.t_acked: float | None = None  # the last ACK of its TILES came then
+        self.native_closing = False      # its native inference was handed to the reaper
         self.bytes_sent = 0
         self.bytes_received = 0
         self.tiles_sent = 0

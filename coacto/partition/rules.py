@@ -193,24 +193,31 @@ def _reads_in_place(graph: ir.Graph, layer: ir.Layer) -> bool:
             and 4 * a["kw"] * cin >= layer.rows)
 
 
-def _winograd_column_align(layer: ir.Layer) -> int:
-    """Columns per pair of output rows of a convolution the native runtime may compute as
-    Winograd F(2x2, 3x3) (3x3, stride 1, one pixel of padding, one group: winograd_fits in
-    native/src/ops_conv.c, less its machine-dependent size limits), else 1. Its tiles compute
-    whole 2x2 output blocks and keep the columns they own: a column block that starts or ends
-    inside a pair of rows computes those rows' blocks again. ResNet-50's 3x3 convolutions in a
-    graph for offloading (32 column blocks of 98 columns at 56x56, of 49 at 28x28: 1.75 rows
-    each) took 1.6x as long as in one block. Only graphs for offloading (min_column_blocks),
-    whose blocks are a few rows: a local graph's are tens of rows, and aligning them measured
-    no better (VGG-16 at 1 thread 0.98-1.01x; its 56x56x256 convolutions slower in blocks of
-    one or two row pairs than of 3.5 rows, for reasons not found)."""
+def _winograd_row_pairs(graph: ir.Graph, layer: ir.Layer) -> np.ndarray | None:
+    """The column bounds a block may end on, of a convolution the native runtime computes as
+    Winograd F(2x2, 3x3) (winograd_fits in native/src/ops_conv.c: 3x3, stride 1, one pixel of
+    padding, one group, at least 16 input channels, at most 512 x 512 weights per tap; less its
+    machine-dependent least map size): the starts of its pairs of output rows, image by image,
+    and the end; None for other layers. Its tiles compute whole 2x2 output blocks and keep the
+    columns they own: a column block that starts or ends inside a pair of rows computes that
+    pair's blocks again. ResNet-50's 3x3 convolutions in a graph for offloading (32 column blocks
+    of 98 columns at 56x56, of 49 at 28x28: 1.75 rows each) took 1.6x as long as in one block.
+    Only graphs for offloading use it (choose_splits): a local graph's blocks are tens of rows,
+    and aligning them measured no better (VGG-16 at 1 thread 0.98-1.01x; its 56x56x256
+    convolutions slower in blocks of one or two row pairs than of 3.5 rows, for reasons not
+    found)."""
     a = layer.attrs
     if layer.op != "CONV" or layer.layout == ir.LAYOUT_LAST or len(layer.shape) != 4:
-        return 1
+        return None
     geometry = (a.get("kh"), a.get("kw"), a.get("sh"), a.get("sw"), a.get("dh", 1),
                 a.get("dw", 1), a.get("group", 1), a.get("pt"), a.get("pl"), a.get("pb"),
                 a.get("pr"))
-    return 2 * int(layer.shape[3]) if geometry == (3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1) else 1
+    cin = graph.layers[layer.inputs[0]].rows
+    if geometry != (3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1) or cin < 16 or cin * layer.rows > 512 * 512:
+        return None
+    n, _, h, w = (int(d) for d in layer.shape)
+    starts = np.arange(0, h, 2, dtype=np.int64) * w
+    return np.concatenate([(i * h * w + starts) for i in range(n)] + [[n * h * w]])
 
 
 def choose_splits(graph: ir.Graph, li: int, tiles_per_layer: int | None,
@@ -231,8 +238,9 @@ def choose_splits(graph: ir.Graph, li: int, tiles_per_layer: int | None,
     DEFAULT_MIN_CONV_ROWS channels for convolutions that need im2col). Layers that read all rows
     of a column to write any (SOFTMAX, LAYERNORM, ROW_REDUCE) and INPUT layers are never split
     by rows; an INPUT layer gets DEFAULT_INPUT_TILES column tiles unless tiles_per_layer says
-    otherwise. A convolution that may run as Winograd gets column blocks of whole pairs of output
-    rows (_winograd_column_align), so fewer of them where a block would be shorter.
+    otherwise. In a graph for offloading, a convolution that runs as Winograd gets column blocks
+    of whole pairs of output rows (_winograd_row_pairs), so fewer of them where a block would
+    be shorter.
 
     Matrix products with weights over the rows of a sequence (1x1 CONV in the "last" layout: the
     linear layers of a transformer) have few columns (tokens) and large weights: every column
@@ -268,12 +276,15 @@ def choose_splits(graph: ir.Graph, li: int, tiles_per_layer: int | None,
             col_parts = max(col_parts, min(TOKEN_BLOCKS, cols // MIN_TOKENS_PER_BLOCK, want))
     if layer.op == "INPUT":
         col_parts = min(cols, max(1, want if tiles_per_layer is not None else DEFAULT_INPUT_TILES))
-    asked = len(_even_bounds(cols, col_parts)) - 1
-    align = _winograd_column_align(layer) if min_column_blocks else 1
-    if align > 1:  # whole row pairs, none under the floor for GEMM efficiency
-        floor_units = math.ceil(min(min_cols, MIN_TILE_COLUMNS, cols) / align)
-        col_parts = max(1, min(col_parts, math.ceil(cols / align) // floor_units))
-    col_bounds = _even_bounds(cols, col_parts, align)
+    col_bounds = _even_bounds(cols, col_parts)
+    asked = len(col_bounds) - 1
+    pairs = _winograd_row_pairs(graph, layer) if min_column_blocks else None
+    if pairs is not None:  # whole row pairs, as many as the floor for GEMM efficiency allows
+        units = len(pairs) - 1
+        pair_cols = 2 * int(layer.shape[3])
+        floor_units = math.ceil(min(min_cols, MIN_TILE_COLUMNS, cols) / pair_cols)
+        parts = max(1, min(col_parts, units // floor_units))
+        col_bounds = np.unique(pairs[[i * units // parts for i in range(parts + 1)]])
     col_parts = len(col_bounds) - 1
     row_parts = 1
     if layer.op not in WHOLE_ROWS and asked < want:
