@@ -918,9 +918,10 @@ def test_a_link_that_drops_mid_inference_slows_what_it_still_carries(server, big
 def test_a_stall_is_a_link_that_stopped_not_an_estimate_read_high():
     """_link_stalled: a transfer far behind a goodput estimate read 40% high, its ACKs coming at
     the link's pace, has not stalled (the testbed's first inferences after `learn` took that for
-    a stall at 100 Mbit/s, and the device computed beside a server that was winning); the same
-    transfer with no ACK for two batches' time and more has; one on time has not; one whose
-    link dropped to 40% of its rate, behind by four times what is allowed, has."""
+    a stall at 100 Mbit/s, and the device computed beside a server that was winning), however
+    long it runs; the same transfer with no ACK for two batches' time and more has; one on time
+    has not; one whose link dropped to 40% of its rate, its ACKs still coming, has."""
+    import collections
     from types import SimpleNamespace as NS
 
     from coacto.mobile.engine import Engine
@@ -929,28 +930,33 @@ def test_a_stall_is_a_link_that_stopped_not_an_estimate_read_high():
     eng = NS(est=NS(bandwidth=read, rtt=NS(value=0.001)))
     t0 = 10.0
 
-    def job(t, acked_rate, last_ack_ago):
+    def job(t, rates, last_ack_ago=0.003):
+        """ACKs every 4 ms until last_ack_ago before t, at rates[i] from rates' i-th time."""
+        log, acked, ts = collections.deque(maxlen=64), 0, t0 + 0.001
+        while ts + 0.004 <= t - last_ack_ago + 1e-9:
+            rate = [r for since, r in rates if ts >= t0 + since][-1]
+            acked += int(rate * 0.004)
+            ts += 0.004
+            log.append((ts, acked))
         return NS(t_first_batch=t0, inputs_at_server=None, bytes_handed=int(read * (t - t0)),
-                  bytes_acked=int(acked_rate * (t - t0 - 0.001)), t_acked=t - last_ack_ago)
+                  bytes_acked=acked, t_acked=log[-1][0] if log else None, ack_log=log)
 
     stalled = Engine._link_stalled
-    for t in (t0 + 0.06, t0 + 0.1):
-        behind = job(t, true_rate, 0.003)  # ACKs a batch (4 ms) apart, at the true rate
-        assert not stalled(eng, behind, t), t - t0
-        assert stalled(eng, job(t, true_rate, 0.025), t), t - t0  # the link stopped 25 ms ago
-        assert not stalled(eng, job(t, read, 0.025), t), t - t0  # on time: a batch in flight
+    steady = [(0.0, true_rate)]
+    for t in (t0 + 0.06, t0 + 0.1, t0 + 0.2, t0 + 0.4):
+        assert not stalled(eng, job(t, steady), t), t - t0  # behind, ACKs at the link's pace
+        assert stalled(eng, job(t, steady, 0.025), t), t - t0  # the link stopped 25 ms ago
+        assert not stalled(eng, job(t, [(0.0, read)]), t), t - t0  # on time
     fresh = NS(t_first_batch=t0, inputs_at_server=None, bytes_handed=400_000, bytes_acked=0,
-               t_acked=None)
+               t_acked=None, ack_log=collections.deque(maxlen=64))
     assert not stalled(eng, fresh, t0 + 0.01) and stalled(eng, fresh, t0 + 0.05)
     # a link that dropped to 40% of its (rightly estimated) rate after 50 ms still ACKs every
-    # few ms; 100 ms later it is four allowances behind: a stall all the same
+    # 4 ms: a stall once the window holds only the slower ACKs
     eng.est.bandwidth = true_rate
-    t = t0 + 0.15
-    partial = NS(t_first_batch=t0, inputs_at_server=None, bytes_handed=2_500_000,
-                 bytes_acked=int(true_rate * 0.049 + 0.4 * true_rate * 0.1), t_acked=t - 0.003)
-    assert stalled(eng, partial, t)
-    partial.bytes_acked += 150_000  # (behind, but by less than four allowances)
-    assert not stalled(eng, partial, t)
+    dropped = [(0.0, true_rate), (0.05, 0.4 * true_rate)]
+    assert not stalled(eng, job(t0 + 0.06, dropped), t0 + 0.06)  # (not behind enough yet)
+    assert stalled(eng, job(t0 + 0.12, dropped), t0 + 0.12)
+    assert not stalled(eng, job(t0 + 0.12, [(0.0, true_rate), (0.05, 0.6 * true_rate)]), t0 + 0.12)
 
 
 def test_a_link_that_stalls_under_a_parked_inference_restarts_it_on_the_local_graph(

@@ -72,6 +72,9 @@ STALL_S = 0.005
 #: device restarts on its local graph when that is faster by this margin than going on with
 #: the offloading graph (Engine._after_stall).
 STALL_WATCH_S = 0.01
+#: ... and a stall needs the link to have carried less than half the estimate over this many
+#: batches' time (or nothing for two of them): a goodput read high is not a stall.
+ACKED_WINDOW_BATCHES = 4
 RESTART_MARGIN = 0.95
 #: Bits of a native inference's report tag that hold its job's id; the bits above count the
 #: job's native inferences, so that a report from one a restart cancelled is told apart.
@@ -367,8 +370,9 @@ class Engine:
         """The inputs of a parked inference are well behind what the goodput estimate says the
         link carries by now (a link that dropped mid-transfer): the device's work stops being
         insurance. Behind by two batches and STALL_S of data, so that ACKs that come a batch at
-        a time, and a burst's head start, are not taken for a stall; and no ACK for two
-        batches' time and STALL_S at the estimate: a goodput read high (the testbed's first
+        a time, and a burst's head start, are not taken for a stall; and the link carrying less
+        than half the estimate lately (ACKED_WINDOW_BATCHES batches' time; no ACK for two
+        batches' time and STALL_S counts at once): a goodput read high (the testbed's first
         inferences after `learn` read 141 Mbit/s on its 100 Mbit/s link) leaves a transfer
         behind it by more and more, but its ACKs keep coming at the link's pace."""
         if job.t_first_batch is None or job.inputs_at_server is not None:
@@ -376,14 +380,26 @@ class Engine:
         b = self.est.bandwidth
         if b <= 0:
             return False
-        since = job.t_acked if job.t_acked is not None else job.t_first_batch + self.est.rtt.value
+        start = job.t_first_batch + self.est.rtt.value
         batch = min(MAX_BATCH_BYTES, max(MIN_BATCH_BYTES, b * BATCH_SECONDS))
-        expected = min(job.bytes_handed, b * max(0.0, t - job.t_first_batch - self.est.rtt.value))
-        behind = expected - job.bytes_acked
-        allowed = 2 * batch + b * STALL_S
-        # (a link that dropped to a third of its rate or more still ACKs a batch more often than
-        # that: behind by four times the allowance, it has stalled whatever its ACKs do)
-        return behind > allowed and (t - since > 2 * batch / b + STALL_S or behind > 4 * allowed)
+        expected = min(job.bytes_handed, b * max(0.0, t - start))
+        if expected - job.bytes_acked <= 2 * batch + b * STALL_S:
+            return False
+        since = job.t_acked if job.t_acked is not None else start
+        if t - since > 2 * batch / b + STALL_S:
+            return True
+        window = ACKED_WINDOW_BATCHES * batch / b
+        if t - start < window:
+            return False
+        log_ = job.ack_log
+        if len(log_) == log_.maxlen and log_[0][0] > t - window:
+            return False  # (the log no longer reaches back that far)
+        then = 0  # bytes acknowledged by t - window
+        for ts, acked in log_:
+            if ts > t - window:
+                break
+            then = acked
+        return job.bytes_acked - then < 0.5 * b * window
 
     def _resume_local(self, job: Job) -> None:
         job.local_parked = False
@@ -821,11 +837,16 @@ class Engine:
         except Exception as e:  # a bug: this inference fails, not the engine (its Future, out
             # of _jobs already, would wait forever)
             log.exception("inference %d: concluding it failed", job.id)
-            self._tracing.pop(job.id, None)
-            if job.native_closing:  # (its close was handed to the reaper already)
-                job.native = None
-            self._withdraw(job)  # batches not sent, the server's part, the native inference
-            job.fail(CoactoError(f"inference {job.id} computed, but concluding it failed: {e}"))
+            try:
+                self._tracing.pop(job.id, None)
+                if job.native_closing:  # (its close was handed to the reaper already)
+                    job.native = None
+                self._withdraw(job)  # batches not sent, the server's part, the native inference
+            except Exception:
+                log.exception("inference %d: withdrawing it failed", job.id)
+            finally:
+                job.fail(CoactoError(f"inference {job.id} computed, but concluding it failed: "
+                                     f"{e}"))
 
     def _conclude(self, job: Job, native, outputs: dict) -> None:
         """A finished inference's statistics, learning, trace and Future (_finish)."""
@@ -1007,6 +1028,7 @@ class Engine:
         job.bytes_acked += acked
         if acked:
             job.t_acked = t
+            job.ack_log.append((t, job.bytes_acked))
         if batch == job.input_batch and job.inputs_at_server is None:
             # when the server took in the last input: its own stamp on our clock if the offset
             # is known (immune to how late we read the ACK), else the ACK's arrival - RTT / 2

@@ -2,6 +2,8 @@
 and the statistics it reports."""
 from __future__ import annotations
 
+import collections
+
 from concurrent.futures import Future
 
 import numpy as np
@@ -73,6 +75,7 @@ class Job:
         self.bytes_handed = 0            # TILES bytes handed to the link, and acknowledged
         self.bytes_acked = 0
         self.t_acked: float | None = None  # the last ACK of its TILES came then
+        self.ack_log = collections.deque(maxlen=64)  # (time, bytes_acked) at each ACK
         self.native_closing = False      # its native inference was handed to the reaper
         self.bytes_sent = 0
         self.bytes_received = 0
