@@ -930,13 +930,13 @@ def test_a_stall_is_a_link_that_stopped_not_an_estimate_read_high():
     eng = NS(est=NS(bandwidth=read, rtt=NS(value=0.001)))
     t0 = 10.0
 
-    def job(t, rates, last_ack_ago=0.003):
-        """ACKs every 4 ms until last_ack_ago before t, at rates[i] from rates' i-th time."""
+    def job(t, rates, last_ack_ago=0.003, every=0.004):
+        """ACKs `every` s until last_ack_ago before t, at rates[i] from rates' i-th time."""
         log, acked, ts = collections.deque(maxlen=64), 0, t0 + 0.001
-        while ts + 0.004 <= t - last_ack_ago + 1e-9:
+        while ts + every <= t - last_ack_ago + 1e-9:
             rate = [r for since, r in rates if ts >= t0 + since][-1]
-            acked += int(rate * 0.004)
-            ts += 0.004
+            acked += int(rate * every)
+            ts += every
             log.append((ts, acked))
         return NS(t_first_batch=t0, inputs_at_server=None, bytes_handed=int(read * (t - t0)),
                   bytes_acked=acked, t_acked=log[-1][0] if log else None, ack_log=log)
@@ -947,6 +947,11 @@ def test_a_stall_is_a_link_that_stopped_not_an_estimate_read_high():
         assert not stalled(eng, job(t, steady), t), t - t0  # behind, ACKs at the link's pace
         assert stalled(eng, job(t, steady, 0.025), t), t - t0  # the link stopped 25 ms ago
         assert not stalled(eng, job(t, [(0.0, read)]), t), t - t0  # on time
+        # batches of 98% of the estimate's size (70.4 kB), a batch per ACK at the true rate:
+        # two or three ACKs in a window, whatever the phase of the check
+        for phase in np.arange(0.0, 0.0055, 0.0005):
+            assert not stalled(eng, job(t, steady, 0.0003 + phase, every=0.98 * 70_400 /
+                                        true_rate), t), (t - t0, phase)
     fresh = NS(t_first_batch=t0, inputs_at_server=None, bytes_handed=400_000, bytes_acked=0,
                t_acked=None, ack_log=collections.deque(maxlen=64))
     assert not stalled(eng, fresh, t0 + 0.01) and stalled(eng, fresh, t0 + 0.05)

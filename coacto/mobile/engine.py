@@ -389,17 +389,19 @@ class Engine:
         if t - since > 2 * batch / b + STALL_S:
             return True
         window = ACKED_WINDOW_BATCHES * batch / b
-        if t - start < window:
+        if t - start < window or job.t_acked is None:
             return False
         log_ = job.ack_log
         if len(log_) == log_.maxlen and log_[0][0] > t - window:
             return False  # (the log no longer reaches back that far)
-        then = 0  # bytes acknowledged by t - window
+        t_then, then = start, 0  # the last ACK at or before t - window, and its bytes
         for ts, acked in log_:
             if ts > t - window:
                 break
-            then = acked
-        return job.bytes_acked - then < 0.5 * b * window
+            t_then, then = ts, acked
+        # from ACK to ACK (silence after the last one is the rule above): ACKs a batch apart
+        # at a rate read 40% high put only two or three in a window, exactly half its bytes
+        return job.bytes_acked - then < 0.5 * b * (job.t_acked - t_then)
 
     def _resume_local(self, job: Job) -> None:
         job.local_parked = False
@@ -829,8 +831,12 @@ class Engine:
             why = native.failure()
             err = CoactoError(f"inference {job.id} failed on the device: {why}") if why else e
             log.warning("inference %d failed on the device: %s", job.id, why or e)
-            self._withdraw(job)
-            job.fail(err)
+            try:
+                self._withdraw(job)
+            except Exception:
+                log.exception("inference %d: withdrawing it failed", job.id)
+            finally:
+                job.fail(err)
             return
         try:
             self._conclude(job, native, outputs)
