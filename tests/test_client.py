@@ -939,7 +939,7 @@ def test_a_stall_is_a_link_that_stopped_not_an_estimate_read_high():
             ts += every
             log.append((ts, acked))
         return NS(t_first_batch=t0, inputs_at_server=None, bytes_handed=int(read * (t - t0)),
-                  bytes_acked=acked, t_acked=log[-1][0] if log else None, ack_log=log)
+                  bytes_acked=acked, ack_log=log)
 
     stalled = Engine._link_stalled
     steady = [(0.0, true_rate)]
@@ -953,7 +953,7 @@ def test_a_stall_is_a_link_that_stopped_not_an_estimate_read_high():
             assert not stalled(eng, job(t, steady, 0.0003 + phase, every=0.98 * 70_400 /
                                         true_rate), t), (t - t0, phase)
     fresh = NS(t_first_batch=t0, inputs_at_server=None, bytes_handed=400_000, bytes_acked=0,
-               t_acked=None, ack_log=collections.deque(maxlen=64))
+               ack_log=collections.deque(maxlen=64))
     assert not stalled(eng, fresh, t0 + 0.01) and stalled(eng, fresh, t0 + 0.05)
     # a link that dropped to 40% of its (rightly estimated) rate after 50 ms still ACKs every
     # 4 ms: a stall once the window holds only the slower ACKs

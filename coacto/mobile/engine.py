@@ -58,6 +58,13 @@ MAX_BATCH_BYTES = 256 << 10
 MIN_BATCH_BYTES = 16 << 10
 #: A batch carries about this much link time (bounded by the two sizes above).
 BATCH_SECONDS = 0.004
+
+
+def batch_bytes(bandwidth: float) -> int:
+    """A TILES batch's size at this goodput: BATCH_SECONDS of link time, within the bounds."""
+    return int(min(MAX_BATCH_BYTES, max(MIN_BATCH_BYTES, bandwidth * BATCH_SECONDS)))
+
+
 #: The send window (bytes handed to the link, not yet acknowledged) covers at least this much
 #: link time, and twice the RTT: enough to keep the link busy while the engine is descheduled.
 WINDOW_S = 0.05
@@ -381,17 +388,16 @@ class Engine:
         if b <= 0:
             return False
         start = job.t_first_batch + self.est.rtt.value
-        batch = min(MAX_BATCH_BYTES, max(MIN_BATCH_BYTES, b * BATCH_SECONDS))
+        batch = batch_bytes(b)
         expected = min(job.bytes_handed, b * max(0.0, t - start))
         if expected - job.bytes_acked <= 2 * batch + b * STALL_S:
             return False
-        since = job.t_acked if job.t_acked is not None else start
-        if t - since > 2 * batch / b + STALL_S:
+        log_ = job.ack_log  # (time, bytes acknowledged) at each ACK that acknowledged bytes
+        if t - (log_[-1][0] if log_ else start) > 2 * batch / b + STALL_S:
             return True
         window = ACKED_WINDOW_BATCHES * batch / b
-        if t - start < window or job.t_acked is None:
+        if t - start < window or not log_:
             return False
-        log_ = job.ack_log
         if len(log_) == log_.maxlen and log_[0][0] > t - window:
             return False  # (the log no longer reaches back that far)
         t_then, then = start, 0  # the last ACK at or before t - window, and its bytes
@@ -401,7 +407,7 @@ class Engine:
             t_then, then = ts, acked
         # from ACK to ACK (silence after the last one is the rule above): ACKs a batch apart
         # at a rate read 40% high put only two or three in a window, exactly half its bytes
-        return job.bytes_acked - then < 0.5 * b * (job.t_acked - t_then)
+        return job.bytes_acked - then < 0.5 * b * (log_[-1][0] - t_then)
 
     def _resume_local(self, job: Job) -> None:
         job.local_parked = False
@@ -412,7 +418,7 @@ class Engine:
         """How long _after_stall watches the inputs' ACKs: STALL_WATCH_S, or two batches' time
         at the estimate where batches take longer (an ACK comes a batch at a time)."""
         b = self.est.bandwidth
-        batch = min(MAX_BATCH_BYTES, max(MIN_BATCH_BYTES, b * BATCH_SECONDS))
+        batch = batch_bytes(b)
         return max(STALL_WATCH_S, 2 * batch / b) if b > 0 else STALL_WATCH_S
 
     def _after_stall(self, job: Job, t: float) -> None:
@@ -829,30 +835,29 @@ class Engine:
             # engine and the other inferences go on (an exception here stopped the engine's
             # thread, and every Future waited forever)
             why = native.failure()
-            err = CoactoError(f"inference {job.id} failed on the device: {why}") if why else e
             log.warning("inference %d failed on the device: %s", job.id, why or e)
-            try:
-                self._withdraw(job)
-            except Exception:
-                log.exception("inference %d: withdrawing it failed", job.id)
-            finally:
-                job.fail(err)
+            self._fail_finished(job, CoactoError(f"inference {job.id} failed on the device: "
+                                                 f"{why}") if why else e)
             return
         try:
             self._conclude(job, native, outputs)
-        except Exception as e:  # a bug: this inference fails, not the engine (its Future, out
-            # of _jobs already, would wait forever)
+        except Exception as e:  # a bug: this inference fails, not the engine
             log.exception("inference %d: concluding it failed", job.id)
-            try:
-                self._tracing.pop(job.id, None)
-                if job.native_closing:  # (its close was handed to the reaper already)
-                    job.native = None
-                self._withdraw(job)  # batches not sent, the server's part, the native inference
-            except Exception:
-                log.exception("inference %d: withdrawing it failed", job.id)
-            finally:
-                job.fail(CoactoError(f"inference {job.id} computed, but concluding it failed: "
-                                     f"{e}"))
+            self._fail_finished(job, CoactoError(f"inference {job.id} computed, but concluding "
+                                                 f"it failed: {e}"))
+
+    def _fail_finished(self, job: Job, err: BaseException) -> None:
+        """A job out of _jobs already fails with `err`, whatever its cleanup meets (its Future
+        would wait forever): its trace, unsent batches, server part and native inference go."""
+        try:
+            self._tracing.pop(job.id, None)
+            if job.native_closing:  # (its close was handed to the reaper already)
+                job.native = None
+            self._withdraw(job)
+        except Exception:
+            log.exception("inference %d: withdrawing it failed", job.id)
+        finally:
+            job.fail(err)
 
     def _conclude(self, job: Job, native, outputs: dict) -> None:
         """A finished inference's statistics, learning, trace and Future (_finish)."""
@@ -968,14 +973,14 @@ class Engine:
         if not self.session.ready:
             return None
         b = self.est.bandwidth
-        batch_bytes = int(min(MAX_BATCH_BYTES, max(MIN_BATCH_BYTES, b * BATCH_SECONDS)))
-        window = max(2 * batch_bytes, b * max(2 * self.est.rtt.value, WINDOW_S))
+        size = batch_bytes(b)
+        window = max(2 * size, b * max(2 * self.est.rtt.value, WINDOW_S))
         if self.est.goodput.inflight_bytes >= window:
             return None
         epoch = self.link.epoch
         for job in self._jobs.values():
             if job.attached and job.sending and job.epoch == epoch:
-                frames = job.take_batch(batch_bytes, self._is_input, self.est.goodput)
+                frames = job.take_batch(size, self._is_input, self.est.goodput)
                 if frames is not None:
                     return P.TILES, frames, job
         return None
@@ -1033,7 +1038,6 @@ class Engine:
         job.unacked -= acked
         job.bytes_acked += acked
         if acked:
-            job.t_acked = t
             job.ack_log.append((t, job.bytes_acked))
         if batch == job.input_batch and job.inputs_at_server is None:
             # when the server took in the last input: its own stamp on our clock if the offset

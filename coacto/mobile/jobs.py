@@ -74,8 +74,7 @@ class Job:
         self.t_first_batch: float | None = None  # the first TILES batch handed to the link
         self.bytes_handed = 0            # TILES bytes handed to the link, and acknowledged
         self.bytes_acked = 0
-        self.t_acked: float | None = None  # the last ACK of its TILES came then
-        self.ack_log = collections.deque(maxlen=64)  # (time, bytes_acked) at each ACK
+        self.ack_log = collections.deque(maxlen=64)  # (time, bytes_acked) at its ACKs
         self.native_closing = False      # its native inference was handed to the reaper
         self.bytes_sent = 0
         self.bytes_received = 0

@@ -33,7 +33,7 @@ import numpy as np
 from .. import protocol as P
 from ..inference import SEND_ALWAYS, SEND_DECIDE, SEND_NEVER
 from ..mobile import policies
-from ..mobile.engine import BATCH_SECONDS, MAX_BATCH_BYTES, MIN_BATCH_BYTES, WINDOW_S, Engine
+from ..mobile.engine import WINDOW_S, Engine, batch_bytes
 from ..mobile.estimates import Estimates
 from ..mobile.jobs import COALESCE_S, MAX_BATCH_TILES, Job
 from ..mobile.session import TrainStamps
@@ -407,13 +407,13 @@ class SimDevice:
     def _next_batch(self, t: float) -> Msg | None:
         """Engine._next_batch: the oldest inference's next batch while the window allows."""
         b = self.est.bandwidth
-        batch_bytes = int(min(MAX_BATCH_BYTES, max(MIN_BATCH_BYTES, b * BATCH_SECONDS)))
-        window = max(2 * batch_bytes, b * max(2 * self.est.rtt.value, WINDOW_S))
+        size = batch_bytes(b)
+        window = max(2 * size, b * max(2 * self.est.rtt.value, WINDOW_S))
         if self.est.goodput.inflight_bytes >= window:
             return None
         for job in self.jobs.values():
             if job.attached and job.sending:
-                msg = self._take_batch(job, batch_bytes, t)
+                msg = self._take_batch(job, size, t)
                 if msg is not None:
                     return msg
         return None
