@@ -366,4 +366,4 @@ class NativeInference:
                 "tiles_external": s.tiles_external, "tiles_dropped": s.tiles_dropped,
                 "tiles_sent": s.tiles_sent, "bytes_sent": s.bytes_sent,
                 "bytes_sent_raw": s.bytes_sent_raw, "seconds": s.seconds,
-                "peak_activation_bytes": s.peak_bytes}
+                "peak_activation_bytes": s.peak_bytes, "busy_seconds": s.busy_seconds}

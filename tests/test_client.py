@@ -672,6 +672,23 @@ def test_every_policy_matches_onnxruntime(server, squeezenet, policy):
         assert key in stats, key
 
 
+def test_the_device_learns_the_servers_measured_rate_from_done(squeezenet):
+    """MODEL_READY announces the server's rate once; each DONE carries it as the server's
+    inferences measured it since, and the device plans with that."""
+    model, feeds, ref = squeezenet
+    with Server("tcp://127.0.0.1:0", threads=1, server_flops=1e15) as srv, \
+            Client(srv.address, model, threads=1, tiles_per_layer=TILES, timeout=10) as client:
+        client.connect(10)
+        assert client.estimates["server_flops"] == 1e15  # as announced: nothing measured yet
+        for _ in range(3):
+            assert_close(client.infer(feeds, policy="cloud"), ref, rel=1e-4)
+        deadline = time.monotonic() + 5
+        while client.estimates["server_flops"] == 1e15 and time.monotonic() < deadline:
+            time.sleep(0.01)  # (DONE follows the last RESULT)
+        learnt = client.estimates["server_flops"]
+        assert 0 < learnt < 1e13, learnt  # a real rate, not the announced one
+
+
 def test_dynamic_skips_the_server_when_the_device_is_faster(server, squeezenet):
     model, feeds, ref = squeezenet
     with Client(server.address, model, threads=1, tiles_per_layer=TILES, bandwidth="1mbit",

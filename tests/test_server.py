@@ -356,13 +356,32 @@ def test_cloud_inference_matches_onnxruntime(device, model, server):
     assert len(acks) == 1 and acks[0]["accepted"] == n_in and acks[0]["duplicates"] == 0
     assert acks[0]["batch"] == 0 and acks[0]["bytes"] > 0 and acks[0]["t_server"] > 0
     assert done["tiles_external"] == n_in and done["tiles_computed"] == tg.n_tiles - n_in
-    # the measured rate of this graph refines what MODEL_READY announces
+    assert 0 < done["busy_s"] <= done["seconds"]
+    # the measured rate of this graph refines what MODEL_READY announces, and DONE carries it
     h, _ = device.rpc({"t": P.MODEL_QUERY, "graph_id": tg.graph_id, "model_hash": tg.model_hash,
                        "params": tg.params})
     assert h["t"] == P.MODEL_READY and h["server_flops"] != 1e10
+    assert h["server_flops"] == done["server_flops"]
     # the inference is freed: late tiles are refused cheaply, naming the batch
     e = device.error(*tiles_message(1, model["tiles"][:1], batch=42))
     assert e["code"] == P.E_UNKNOWN_INFERENCE and e["batch"] == 42 and e["inf"] == 1
+
+
+def test_the_rate_counts_the_time_computing_not_the_wait_for_inputs(device, model):
+    """Inputs that arrive in two halves 0.3 s apart: the server computes what the first half
+    allows, waits, then the rest; its rate is its FLOPs over the time its threads were on the
+    inference (busy_s), which the wait is not part of (a rate from the span would be 0.3 s too
+    slow, one from the last input too fast)."""
+    tg, tiles = model["tg"], model["tiles"]
+    half = len(tiles) // 2
+    device.send({"t": P.BEGIN, "inf": "gap", "graph_id": tg.graph_id})
+    device.send(*tiles_message("gap", tiles[:half], batch=1))
+    time.sleep(0.3)
+    device.send(*tiles_message("gap", tiles[half:], batch=2))
+    res, _acks, done, others = collect(device, tg, "gap")
+    assert not [h for h in others if h["t"] == P.ERROR], others
+    assert_matches(res.outputs(), model["ref"])
+    assert done["seconds"] > 0.3 and 0 < done["busy_s"] < done["seconds"] - 0.25
 
 
 def test_duplicated_and_out_of_order_tiles(device, model):

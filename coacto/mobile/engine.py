@@ -1090,6 +1090,9 @@ class Engine:
             self._trace_done(job.id)
 
     def _on_done(self, h, rest, nbytes) -> None:
+        # the server's rate on this graph as its inferences measure it (PROTOCOL.md, DONE); its
+        # MODEL_READY had only the rate known when the device joined
+        self.est.on_server_rate(h.get("server_flops"))
         job = self._job_of(h, nbytes)
         if job is not None:
             job.server_done = True

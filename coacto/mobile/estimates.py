@@ -443,6 +443,12 @@ class Estimates:
             self.server_flops = float(flops)
             self.server_flops_known = True
 
+    def on_server_rate(self, flops) -> None:
+        """The server's FLOP rate on this device's graph (MODEL_READY, DONE)."""
+        if type(flops) in (int, float) and flops > 0 and math.isfinite(flops):
+            self.server_flops = float(flops)
+            self.server_flops_known = True
+
     def on_stats(self, stats: dict) -> None:
         alpha = stats.get("alpha")
         if isinstance(alpha, (int, float)) and alpha == alpha:

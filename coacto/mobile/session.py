@@ -244,8 +244,8 @@ class Session:
             self.uploads += 1
         flops = h.get("server_flops")
         if isinstance(flops, (int, float)) and flops > 0:
-            self.est.server_flops = float(flops)
-            self.est.server_flops_known = self._graph_flops_known = True
+            self.est.on_server_rate(flops)
+            self._graph_flops_known = self.est.server_flops_known
         self.state = "ready"
         self.server_down = False
         self.last_error = None

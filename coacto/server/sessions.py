@@ -67,7 +67,7 @@ class ServedInference:
 
     __slots__ = ("inf_id", "tag", "native", "entry", "session", "sent", "n_sent", "inputs_seen",
                  "n_inputs_seen", "t_begin", "t_inputs", "contended", "tiles_in", "bytes_in",
-                 "duplicates", "computing", "trace", "result_enc")
+                 "flops_in", "duplicates", "computing", "trace", "result_enc")
 
     def __init__(self, inf_id, tag: int, native: NativeInference, entry: GraphEntry, session,
                  t: float):
@@ -86,6 +86,7 @@ class ServedInference:
         self.contended = False                  # another inference computed at the same time
         self.tiles_in = 0
         self.bytes_in = 0
+        self.flops_in = 0.0                     # FLOPs of the tiles received (not computed here)
         self.duplicates = 0
         self.computing = False
         self.result_enc: str | None = None      # RESULT data encoded so (BEGIN result_enc)
@@ -197,8 +198,8 @@ class Session:
 
 class FlopEstimate:
     """The server's FLOP rate for one device: calibrated at start, refined by measured inferences
-    the server computed alone and entirely (FLOPs of the graph / seconds from the last input tile
-    to the last output tile), as an EWMA."""
+    the server computed alone (the FLOPs it computed / the time its computing threads were on the
+    inference's tiles), as an EWMA."""
 
     def __init__(self, calibrated: float):
         self.calibrated = float(calibrated)

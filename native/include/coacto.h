@@ -133,6 +133,8 @@ typedef struct coacto_inference_stats {
     int64_t tiles_sent;      /* queued for sending by the offloading plan */
     int64_t bytes_sent;      /* their bytes as queued (encoded) */
     int64_t bytes_sent_raw;  /* the same tiles as float32 */
+    double busy_seconds;     /* wall time with at least one computing thread on its tiles (a
+                              * server's span also waits for the inputs to arrive) */
 } coacto_inference_stats;
 
 typedef struct coacto_runtime coacto_runtime;

@@ -530,9 +530,23 @@ static void unstack(worker *w) {
 #endif
 }
 
+/* The inference's busy time (its stats' busy_seconds) counts while any chain of it runs. */
+static void busy_enter(coacto_inference *inf) {
+    pthread_mutex_lock(&inf->busy_mu);
+    if (inf->busy_active++ == 0) inf->busy_since = coacto_now_seconds();
+    pthread_mutex_unlock(&inf->busy_mu);
+}
+
+static void busy_leave(coacto_inference *inf) {
+    pthread_mutex_lock(&inf->busy_mu);
+    if (--inf->busy_active == 0) inf->busy_seconds += coacto_now_seconds() - inf->busy_since;
+    pthread_mutex_unlock(&inf->busy_mu);
+}
+
 /* Runs a popped task and the depth-first chain behind it; holds one inflight reference. */
 static void run_chain(worker *w, coacto_inference *inf, int32_t tile) {
     atomic_store_explicit(&w->computing, 1, memory_order_relaxed);
+    busy_enter(inf);
     w->crowded_since = 0; /* a window opened in an earlier chain is no observation of this one */
     while (tile >= 0) {
         if (inference_stopped(inf)) break;
@@ -578,6 +592,7 @@ static void run_chain(worker *w, coacto_inference *inf, int32_t tile) {
         pulse(w);
         unstack(w);
     }
+    busy_leave(inf);
     atomic_store_explicit(&w->computing, 0, memory_order_relaxed);
     release_inflight(inf);
 }
@@ -772,6 +787,7 @@ coacto_status coacto_inference_create(coacto_runtime *rt, coacto_graph *g,
     pthread_mutex_init(&inf->mu, NULL);
     pthread_cond_init(&inf->cv, NULL);
     pthread_mutex_init(&inf->params_mu, NULL);
+    pthread_mutex_init(&inf->busy_mu, NULL);
     pthread_mutex_init(&inf->send_mu, NULL);
     inf->params.alpha = 1.0;
     inf->params.server_flops = 1.0;
@@ -1041,6 +1057,11 @@ coacto_status coacto_inference_get_stats(const coacto_inference *inf, coacto_inf
     out->tiles_sent = atomic_load(&inf->tiles_sent);
     out->bytes_sent = atomic_load(&inf->bytes_sent);
     out->bytes_sent_raw = atomic_load(&inf->bytes_sent_raw);
+    pthread_mutex_t *busy_mu = (pthread_mutex_t *)&inf->busy_mu; /* (a read; the lock is not state) */
+    pthread_mutex_lock(busy_mu);
+    out->busy_seconds = inf->busy_seconds +
+                        (inf->busy_active > 0 ? coacto_now_seconds() - inf->busy_since : 0.0);
+    pthread_mutex_unlock(busy_mu);
     return COACTO_OK;
 }
 
@@ -1068,6 +1089,7 @@ void coacto_inference_destroy(coacto_inference *inf) {
         if (buf) graph_buffer_put(inf->g, buf, inf->g->layer_floats[li] * (int64_t)sizeof(float));
     }
     pthread_mutex_destroy(&inf->mu);
+    pthread_mutex_destroy(&inf->busy_mu);
     pthread_cond_destroy(&inf->cv);
     offload_release(inf);
     graph_release(inf->g);

@@ -160,6 +160,10 @@ struct coacto_inference {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int done;
+    /* Wall time with at least one computing thread in a chain of this inference's tiles. */
+    pthread_mutex_t busy_mu;
+    int busy_active;
+    double busy_since, busy_seconds;
     atomic_long outputs_completed;
     /* Offloading plan (NULL: compute every tile, send none, report none). */
     uint8_t *plan_local, *plan_send, *plan_report;
