@@ -589,12 +589,18 @@ def _vs_best(r: dict) -> str | None:
     return f"{r['ratio']:.2f} {PEER_ABBREV.get(r['best_peer'], r['best_peer'])}"
 
 
-def _spread(r: dict) -> str | None:
-    if "coacto_ms" not in r:
+def _spread(r: dict, name: str = "coacto") -> str | None:
+    if f"{name}_ms" not in r or f"{name}_p10_ms" not in r:
         return None
-    lo = (r["coacto_p10_ms"] / r["coacto_ms"] - 1) * 100
-    hi = (r["coacto_p90_ms"] / r["coacto_ms"] - 1) * 100
+    lo = (r[f"{name}_p10_ms"] / r[f"{name}_ms"] - 1) * 100
+    hi = (r[f"{name}_p90_ms"] / r[f"{name}_ms"] - 1) * 100
     return f"{round(lo):+d}/{round(hi):+d}%"
+
+
+def _peer_spread(r: dict) -> str | None:
+    """The best peer's spread beside coacto's: what the machine's own noise does to a runtime
+    run in the same rounds."""
+    return _spread(r, r["best_peer"]) if "best_peer" in r else None
 
 
 _APP_COLUMNS = [  # header, width, row -> text (None: "-")
@@ -608,6 +614,7 @@ _APP_COLUMNS = [  # header, width, row -> text (None: "-")
     ("vs best", 9, _vs_best),
     ("first", 6, lambda r: _fmt(r.get("coacto_first_ratio"), ".2f")),
     ("spread", 10, _spread),
+    ("peer spread", 12, _peer_spread),
     ("coacto MB", 10, lambda r: _fmt(r.get("coacto_mb"), ".1f")),
     ("ort MB", 8, lambda r: _fmt(r.get("onnxruntime_mb"), ".1f")),
     ("mem ratio", 10, lambda r: _fmt(r.get("memory_ratio"), ".2f")),
@@ -653,7 +660,7 @@ def _format_app_table(rows: list[dict]) -> str:
     lines.append("ms = median; vs best = coacto / the fastest peer's median (ort: onnxruntime, "
                  "ov: OpenVINO; below 1: coacto is faster); first = coacto's first inference "
                  "after loading / its median; spread = coacto's 10th and 90th percentiles "
-                 "relative to its median")
+                 "relative to its median; peer spread = the same for the fastest peer")
     missing = next((r["openvino_status"] for r in rows
                     if str(r.get("openvino_status", "")).startswith("not installed")), None)
     if missing:

@@ -79,11 +79,14 @@ def test_app_mode_from_the_command_line(tmp_path):
     # the text table: the app mode's columns and legend
     text = benchmark.format_table([row])
     head = text.splitlines()[0]
-    for column in ("coacto ms", "ort ms", "ov ms", "vs best", "first", "spread"):
+    for column in ("coacto ms", "ort ms", "ov ms", "vs best", "first", "spread", "peer spread"):
         assert column in head
     assert "mode app: 2 rounds" in text and "0.01 s pause and 1 MB" in text
     line = next(ln for ln in text.splitlines() if ln.startswith("squeezenet"))
     assert f"{row['ratio']:.2f} {benchmark.PEER_ABBREV[best]}" in line and "matches" in line
+    lo = round((row[f"{best}_p10_ms"] / row[f"{best}_ms"] - 1) * 100)
+    hi = round((row[f"{best}_p90_ms"] / row[f"{best}_ms"] - 1) * 100)
+    assert f"{lo:+d}/{hi:+d}%" in line  # the fastest peer's spread, beside coacto's
 
 
 def test_back_to_back_is_the_default_and_says_so(tmp_path):
