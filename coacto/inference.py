@@ -307,6 +307,14 @@ class NativeInference:
         """Floats of the given tiles together (the plan's output bytes / 4)."""
         return int(self.tg.plan.tile_bytes[ids].sum()) // 4
 
+    def computed_mask(self) -> np.ndarray:
+        """Which tiles this runtime's computing threads computed (bool per tile)."""
+        n = self.tg.n_tiles
+        out = np.zeros(n, np.uint8)
+        check(lib.coacto_inference_computed_mask(self.handle, ffi.from_buffer("uint8_t[]", out),
+                                                 n), "reading which tiles were computed")
+        return out.astype(bool)
+
     def tile_state(self, tile: int) -> int:
         return int(lib.coacto_inference_tile_state(self.handle, tile))
 

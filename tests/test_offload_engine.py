@@ -42,7 +42,7 @@ def output_mask(tg):
 
 
 def exchange(tg, feeds, device_local, device_send, params=None, server_alive=True, timeout=60,
-             server_returns=True):
+             server_returns=True, masks=None):
     """Runs a device and a server inference against each other; returns (outputs, stats).
     server_returns=False keeps the server's results from the device, which then computes every
     tile itself: what it sends depends on its own decisions only, not on which side is faster."""
@@ -76,6 +76,8 @@ def exchange(tg, feeds, device_local, device_send, params=None, server_alive=Tru
     assert done, "device inference did not finish"
     dev.wait(10)
     out, stats = dev.outputs(), dev.stats()
+    if masks is not None:  # which tiles each side's threads computed
+        masks += [dev.computed_mask(), srv.computed_mask()]
     dev.close(), srv.close()
     return out, stats
 
@@ -105,9 +107,18 @@ def test_split_plan(setup):
     local[:first[split_layer + 1]] = 1
     send = np.zeros(tg.n_tiles, np.uint8)
     send[first[split_layer]:first[split_layer + 1]] = SEND_ALWAYS
-    out, stats = exchange(tg, feeds, local, send)
+    masks = []
+    out, stats = exchange(tg, feeds, local, send, masks=masks)
     assert_close(out, ref, rel=1e-6)
     assert stats["tiles_sent"] == first[split_layer + 1] - first[split_layer]
+    # the server computed what follows the cut and nothing before it (what it measures its
+    # rate by); the device everything up to the cut but its inputs
+    dev_mask, srv_mask = masks
+    after = np.arange(tg.n_tiles) >= first[split_layer + 1]
+    assert np.array_equal(srv_mask, after)
+    expect_dev = ~after
+    expect_dev[input_tiles(tg)] = False
+    assert np.array_equal(dev_mask, expect_dev)
 
 
 def test_dynamic_decisions_follow_the_ect_rule(setup):

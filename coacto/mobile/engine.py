@@ -1092,7 +1092,8 @@ class Engine:
     def _on_done(self, h, rest, nbytes) -> None:
         # the server's rate on this graph as its inferences measure it (PROTOCOL.md, DONE); its
         # MODEL_READY had only the rate known when the device joined
-        self.est.on_server_rate(h.get("server_flops"))
+        if self.est.on_server_rate(h.get("server_flops")):
+            self._refresh_params()  # inferences in flight decide with it too
         job = self._job_of(h, nbytes)
         if job is not None:
             job.server_done = True

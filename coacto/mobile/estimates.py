@@ -443,11 +443,14 @@ class Estimates:
             self.server_flops = float(flops)
             self.server_flops_known = True
 
-    def on_server_rate(self, flops) -> None:
-        """The server's FLOP rate on this device's graph (MODEL_READY, DONE)."""
+    def on_server_rate(self, flops) -> bool:
+        """The server's FLOP rate on this device's graph (MODEL_READY, DONE); False when the
+        value is none."""
         if type(flops) in (int, float) and flops > 0 and math.isfinite(flops):
             self.server_flops = float(flops)
             self.server_flops_known = True
+            return True
+        return False
 
     def on_stats(self, stats: dict) -> None:
         alpha = stats.get("alpha")

@@ -242,10 +242,8 @@ class Session:
             return
         if self.state == "upload":
             self.uploads += 1
-        flops = h.get("server_flops")
-        if isinstance(flops, (int, float)) and flops > 0:
-            self.est.on_server_rate(flops)
-            self._graph_flops_known = self.est.server_flops_known
+        if self.est.on_server_rate(h.get("server_flops")):
+            self._graph_flops_known = True
         self.state = "ready"
         self.server_down = False
         self.last_error = None

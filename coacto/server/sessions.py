@@ -67,7 +67,7 @@ class ServedInference:
 
     __slots__ = ("inf_id", "tag", "native", "entry", "session", "sent", "n_sent", "inputs_seen",
                  "n_inputs_seen", "t_begin", "t_inputs", "contended", "tiles_in", "bytes_in",
-                 "flops_in", "duplicates", "computing", "trace", "result_enc")
+                 "duplicates", "computing", "trace", "result_enc")
 
     def __init__(self, inf_id, tag: int, native: NativeInference, entry: GraphEntry, session,
                  t: float):
@@ -86,7 +86,6 @@ class ServedInference:
         self.contended = False                  # another inference computed at the same time
         self.tiles_in = 0
         self.bytes_in = 0
-        self.flops_in = 0.0                     # FLOPs of the tiles received (not computed here)
         self.duplicates = 0
         self.computing = False
         self.result_enc: str | None = None      # RESULT data encoded so (BEGIN result_enc)

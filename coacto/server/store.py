@@ -165,7 +165,7 @@ class GraphEntry:
         # owners (Session.owner) of the devices that uploaded its model
         self.owners = owners
         self.nbytes = len(tg.blob) + int(tg.plan.parents.nbytes) + 16 * tg.n_tiles
-        self.flops = None  # measured FLOP/s of whole inferences of this graph on this server (EWMA)
+        self.flops = None  # measured FLOP/s of this graph on this server (EWMA; FlopEstimate)
 
     def usable_by(self, owner: str | None) -> bool:
         return self.owners is None or owner is None or owner in self.owners

@@ -79,6 +79,9 @@ class Tenants:
         self.by_owner: dict[str, set] = {}  # owner -> its sessions' identities
         self.by_tag: dict[int, ServedInference] = {}
         self.computing: set[ServedInference] = set()
+        #: inferences that received tiles and are not freed: a streamed one computes from its
+        #: first tiles, before it counts as computing (its rate measures only when alone here)
+        self.fed: set[ServedInference] = set()
         self.all_computing = LoadAverage(now())
         self.inference_bytes = 0  # bound on what the inferences in flight hold (admission)
         self.unsent_bytes = 0     # result bytes handed to ZeroMQ, not yet sent
@@ -347,11 +350,16 @@ class Tenants:
             si.sent[outputs] = True
             si.n_sent += int(outputs.size)
         si.tiles_in += accepted
-        si.flops_in += float(si.entry.tg.plan.tile_flops[np.unique(ids)].sum())
         si.duplicates += dup
         si.bytes_in += n_bytes
         self.counts["tiles_in"] += accepted
         self.counts["bytes_in"] += n_bytes
+        if si not in self.fed:
+            if self.fed:
+                si.contended = True
+                for other in self.fed:
+                    other.contended = True
+            self.fed.add(si)
         if si.note_inputs(ids):
             self._start_computing(si)
         t_send = h.get("t_send")
@@ -497,7 +505,7 @@ class Tenants:
         # (ResNet-50 at 200 Mbit/s: a 58 ms tail of 72 ms of work), and a device that sent
         # tiles of its own leaves it less to compute. A server that computed little of the graph
         # measured its per-tile overheads more than its speed.
-        flops_here = info.total_flops - si.flops_in
+        flops_here = float(si.entry.tg.plan.tile_flops[si.native.computed_mask()].sum())
         busy = st["busy_seconds"]
         if busy > 0 and flops_here >= MIN_FLOPS_SHARE * info.total_flops and not si.contended:
             self.flops.record(si.entry, flops_here, busy)
@@ -522,6 +530,7 @@ class Tenants:
 
     def _free(self, si: ServedInference, why: str) -> None:
         self._stop_computing(si)
+        self.fed.discard(si)
         session = si.session
         if session.inferences.get(si.inf_id) is si:
             del session.inferences[si.inf_id]

@@ -13,9 +13,10 @@ With costs (coacto.sim.profiles.ServerCosts, `coacto profile --engine`) the I/O 
 messages in one at a time (BEGIN, TILES with put_tiles and the ACK, HEARTBEAT with its STATS,
 CANCEL: per message and byte) and spends the RESULT's and DONE's cost before they leave, on the
 server's CPU (coacto.sim.cpu) with priority over the computing threads; without, it is free and
-instantaneous. The server measures the model's FLOP rate as sessions.FlopEstimate does (FLOPs
-over the time from the last input to the last RESULT, of inferences it computed alone and
-whole): ``measured_flops``, what it would announce to the next client.
+instantaneous. The server measures the model's FLOP rate as sessions.FlopEstimate did before it
+counted its threads' busy time (FLOPs over the time from the last input to the last RESULT, of
+inferences it computed alone and whole): ``measured_flops``, reported; the simulated devices
+plan with the rate they were given.
 
 Not modelled: model upload, limits (inferences per device, devices).
 """

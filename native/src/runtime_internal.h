@@ -160,6 +160,7 @@ struct coacto_inference {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int done;
+    uint8_t *computed_here;      /* [n_tiles] 1: a computing thread of this runtime computed it */
     /* Wall time with at least one computing thread in a chain of this inference's tiles. */
     pthread_mutex_t busy_mu;
     int busy_active;
