@@ -83,7 +83,7 @@ class ServedInference:
         self.n_inputs_seen = 0
         self.t_begin = t
         self.t_inputs = None                    # when the last input tile arrived
-        self.contended = False                  # another inference computed at the same time
+        self.contended = False                  # another one had tiles or computed meanwhile
         self.tiles_in = 0
         self.bytes_in = 0
         self.duplicates = 0

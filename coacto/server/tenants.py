@@ -355,9 +355,10 @@ class Tenants:
         self.counts["tiles_in"] += accepted
         self.counts["bytes_in"] += n_bytes
         if si not in self.fed:
-            if self.fed:
+            others = self.fed | self.computing  # (a graph without inputs computes from BEGIN)
+            if others - {si}:
                 si.contended = True
-                for other in self.fed:
+                for other in others:
                     other.contended = True
             self.fed.add(si)
         if si.note_inputs(ids):

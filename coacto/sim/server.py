@@ -78,8 +78,8 @@ class SimServer:
         self.threads = int(threads)
         self.server_flops = float(server_flops)
         self.served: dict[tuple, Served] = {}
-        # what the server measures of the model (sessions.FlopEstimate.record): FLOPs over the
-        # time from the last input to the last RESULT, of inferences it computed alone and whole
+        # what coacto-server measured of the model before it counted its busy time: FLOPs over
+        # the time from the last input to the last RESULT, of inferences it computed alone and whole
         self.measured_flops: float | None = None
         self.measured_samples = 0
         self.all_computing = LoadAverage(0.0)

@@ -258,7 +258,8 @@ coacto_status coacto_inference_get_output(coacto_inference *inf, int32_t layer, 
 coacto_status coacto_inference_get_stats(const coacto_inference *inf, coacto_inference_stats *out);
 int32_t coacto_inference_tile_state(const coacto_inference *inf, int32_t tile);
 /* mask[t] = 1 for the tiles this runtime's computing threads computed in this inference (not
- * those put from outside, nor those no one computed); n: the graph's tile count. */
+ * those put from outside, nor those no one computed; tiles with nothing to compute count, at 0
+ * FLOPs); n: the graph's tile count. */
 coacto_status coacto_inference_computed_mask(const coacto_inference *inf, uint8_t *mask, int32_t n);
 /* Stops the inference; from any thread, without blocking. Its tasks leave the ready pool, a tile
  * in progress stops at its next piece (tiles of more than about 128 MFLOP run in pieces: a few
