@@ -131,8 +131,10 @@ def main(argv=None) -> int:
     ap.add_argument("--at", type=float, default=0.3,
                     help="the drop comes this share of dynamic's latency at --high into each "
                          "inference (default: %(default)s)")
-    ap.add_argument("--after", type=int, default=6,
-                    help="inferences after a rise (default: %(default)s)")
+    ap.add_argument("--after", type=int, default=12,
+                    help="inferences after a rise (default: %(default)s: more than the goodput's "
+                         "2 s staleness, after which a device that keeps its work probes the "
+                         "link again, takes at ResNet-50's local latency)")
     args = ap.parse_args(argv)
     H.resolve_common(args)
     progress = H.Progress(len(args.models) * (1 + args.rounds * (len(POLICIES) + 1)), "adapt")
