@@ -438,14 +438,11 @@ class Estimates:
             self.down.result(nbytes, self.clock.to_local(float(t_server)), t_recv, self.rtt.value)
 
     def on_hello(self, info: dict) -> None:
-        flops = info.get("server_flops")
-        if isinstance(flops, (int, float)) and flops > 0:
-            self.server_flops = float(flops)
-            self.server_flops_known = True
+        self.on_server_rate(info.get("server_flops"))
 
     def on_server_rate(self, flops) -> bool:
-        """The server's FLOP rate on this device's graph (MODEL_READY, DONE); False when the
-        value is none."""
+        """The server's FLOP rate (HELLO_OK, STATS: server-wide; MODEL_READY, DONE: on this
+        device's graph); False when the value is none."""
         if type(flops) in (int, float) and flops > 0 and math.isfinite(flops):
             self.server_flops = float(flops)
             self.server_flops_known = True
@@ -458,10 +455,7 @@ class Estimates:
             self.alpha = max(1.0, float(alpha))
         self.server_load = {k: stats[k] for k in ("inferences", "devices", "threads", "others")
                             if type(stats.get(k)) is int}
-        flops = stats.get("server_flops")
-        if isinstance(flops, (int, float)) and flops > 0:
-            self.server_flops = float(flops)
-            self.server_flops_known = True
+        self.on_server_rate(stats.get("server_flops"))
 
     def server_shared(self) -> bool:
         """The server computes for other devices too: its contention factor says so, or other

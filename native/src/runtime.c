@@ -188,7 +188,8 @@ void runtime_schedule(coacto_inference *inf, int32_t tile) { schedule_to(inf, ti
 /* The worker that computed the tile's main parent, or -1 (none, or it came from outside). */
 static int32_t tile_home(const coacto_inference *inf, int32_t tile) {
     int32_t mp = inf->g->main_parent[tile];
-    return mp >= 0 ? inf->tile_worker[mp] : -1;
+    int32_t w = mp >= 0 ? inf->tile_worker[mp] : -1;
+    return w >= 0 ? w : -1;
 }
 
 /* ---------------------------------------------------------------- inference state */
@@ -584,9 +585,9 @@ static void run_chain(worker *w, coacto_inference *inf, int32_t tile) {
             break;
         }
         atomic_fetch_add_explicit(&inf->tiles_computed, 1, memory_order_relaxed);
-        __atomic_store_n(&inf->computed_here[tile], 1, __ATOMIC_RELAXED);
-        /* Read by whoever readies a child, after the release of complete_tile below. */
-        inf->tile_worker[tile] = (int8_t)(w->index < 128 ? w->index : -1);
+        /* Read by whoever readies a child, after the release of complete_tile below; -2: a
+         * worker whose index does not fit (no home for its children, but computed here). */
+        inf->tile_worker[tile] = (int8_t)(w->index < 128 ? w->index : -2);
         int32_t next = -1;
         complete_tile(inf, tile, &next, 1);
         tile = next;
@@ -761,15 +762,13 @@ coacto_status coacto_inference_create(coacto_runtime *rt, coacto_graph *g,
     inf->state = malloc(nt * sizeof(atomic_int));
     inf->parents_left = malloc(nt * sizeof(atomic_int));
     inf->tile_worker = malloc(nt);
-    inf->computed_here = calloc(nt, 1);
     inf->buffers = calloc(nl, sizeof(*inf->buffers));
     inf->uses_left = malloc(nl * sizeof(atomic_int));
-    if (!inf->state || !inf->parents_left || !inf->tile_worker || !inf->computed_here ||
-        !inf->buffers || !inf->uses_left) {
+    if (!inf->state || !inf->parents_left || !inf->tile_worker || !inf->buffers ||
+        !inf->uses_left) {
         free(inf->state);
         free(inf->parents_left);
         free(inf->tile_worker);
-        free(inf->computed_here);
         free(inf->buffers);
         free(inf->uses_left);
         free(inf);
@@ -1071,7 +1070,7 @@ coacto_status coacto_inference_get_stats(const coacto_inference *inf, coacto_inf
 coacto_status coacto_inference_computed_mask(const coacto_inference *inf, uint8_t *mask,
                                              int32_t n) {
     if (!inf || !mask || n != inf->g->n_tiles) return COACTO_ERR_INVALID_ARGUMENT;
-    for (int32_t t = 0; t < n; t++) mask[t] = __atomic_load_n(&inf->computed_here[t], __ATOMIC_RELAXED);
+    for (int32_t t = 0; t < n; t++) mask[t] = inf->tile_worker[t] != -1;
     return COACTO_OK;
 }
 
@@ -1106,7 +1105,6 @@ void coacto_inference_destroy(coacto_inference *inf) {
     free(inf->state);
     free(inf->parents_left);
     free(inf->tile_worker);
-    free(inf->computed_here);
     free(inf->buffers);
     free(inf->uses_left);
     free(inf);

@@ -145,8 +145,9 @@ struct coacto_inference {
     coacto_graph *g;
     atomic_int *state;           /* [n_tiles] COACTO_TILE_* */
     atomic_int *parents_left;    /* [n_tiles] */
-    int8_t *tile_worker;         /* [n_tiles] the worker that computed a tile; -1: none, or a
-                                    worker numbered 128 or more (no affinity then) */
+    int8_t *tile_worker;         /* [n_tiles] the worker that computed a tile; -1: none (from
+                                    outside, or not yet); -2: a worker numbered 128 or more
+                                    (no affinity then) */
     _Atomic(float *) *buffers;   /* [n_layers] */
     atomic_int *uses_left;       /* [n_layers] */
     _Alignas(COACTO_CACHE_LINE) atomic_long completed;
@@ -160,7 +161,6 @@ struct coacto_inference {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int done;
-    uint8_t *computed_here;      /* [n_tiles] 1: a computing thread of this runtime computed it */
     /* Wall time with at least one computing thread in a chain of this inference's tiles. */
     pthread_mutex_t busy_mu;
     int busy_active;
