@@ -84,6 +84,16 @@ Ops (``Layer.op``) and their attributes / weights:
     as the following Transpose + Reshape want them), ``causal`` with ``offset`` (1: outputs with
     ``j > i + offset`` are ``fill`` -- then the mask is added -- and never computed; 2: the sum
     runs over ``k <= i + offset`` only) and ``fill``.
+``ATTENTION``
+    ``inputs = [a, b, v]`` or ``[a, b, v, mask]``: ``y[b0, b1, i, d] = sum_j softmax_j(s[b0, b1,
+    i, :])[j] * V[b0, b1, j, d]`` where ``s`` are the scores MATMUL computes from ``a, b`` (and the
+    mask) with the same attrs, and ``V[b0, b1, j, d] = v[v_off + b0 * v_s0 + b1 * v_s1 + j * v_sk
+    + d * v_sj]`` (``v_sk`` or ``v_sj`` equal to 1): a MATMUL of the scores, their SOFTMAX and the
+    MATMUL of the probabilities by the values, as one layer (coacto.frontend.fuse) whose tiles
+    never store the scores. attrs: MATMUL's (``n`` keys, ``k`` the query and key depth,
+    ``out_mode`` for the context as MATMUL's with ``dv`` in place of ``n``), ``dv`` and the
+    ``v_*`` strides; ``causal`` 1 with ``offset >= 0`` leaves out the keys ``j > i + offset``
+    (probability 0: what a fill of -1e30 or less before the softmax gives).
 ``LAYERNORM``
     ``inputs = [x]``; ``y = (x - mean) / sqrt(var + eps) * scale[c] + shift[c]`` with the mean and
     the (biased) variance over the rows of each column. attrs: ``eps``; weights ``scale, shift``.
@@ -165,6 +175,7 @@ OP_LAYERNORM = 12
 OP_ROW_REDUCE = 13
 OP_WHERE = 14
 OP_EMBED = 15
+OP_ATTENTION = 16
 
 
 
@@ -189,6 +200,10 @@ def _embed_vocab(layer: "Layer") -> list[int]:
     return [int(layer.weights["table"].shape[0])]
 
 
+#: MATMUL's int attrs in native order (ATTENTION's begin with them).
+MATMUL_IPARAMS = ("batch0", "batch1", "m", "n", "k", "a_off", "a_s0", "a_s1", "a_si", "b_off",
+                  "b_s0", "b_s1", "b_sk", "b_sj", "out_mode", "causal", "offset", "has_mask",
+                  "m_off", "m_s0", "m_s1", "m_si", "m_sj")
 _WINDOW = ("kh", "kw", "sh", "sw", "pt", "pl", "pb", "pr", ("dh", 1), ("dw", 1))
 _ACT_F = (("alpha", 0.0), ("beta", 0.0))
 
@@ -257,17 +272,17 @@ OPS = {c.name: c for c in (
     OpContract("LRN", OP_LRN, (1, 1), (), ("size",), ("alpha", "beta", "bias")),
     OpContract("SOFTMAX", OP_SOFTMAX, (1, 1), (), (("log", 0),)),
     OpContract("NOP", OP_NOP, (0, 8)),
-    OpContract("MATMUL", OP_MATMUL, (2, 3), (),
-               tuple((k, 0) for k in ("batch0", "batch1", "m", "n", "k", "a_off", "a_s0", "a_s1",
-                                       "a_si", "b_off", "b_s0", "b_s1", "b_sk", "b_sj",
-                                       "out_mode", "causal", "offset", "has_mask", "m_off",
-                                       "m_s0", "m_s1", "m_si", "m_sj")),
+    OpContract("MATMUL", OP_MATMUL, (2, 3), (), tuple((k, 0) for k in MATMUL_IPARAMS),
                (("scale", 1.0), ("fill", 0.0))),
     OpContract("LAYERNORM", OP_LAYERNORM, (1, 1), ("scale", "shift"), (), ("eps",)),
     OpContract("ROW_REDUCE", OP_ROW_REDUCE, (1, 1), (), ("kind",)),
     OpContract("WHERE", OP_WHERE, (1, 3), ("cond", "x", "y"),
                ("operands", 0, 0, 0, (12, _where_dims))),
     OpContract("EMBED", OP_EMBED, (1, 1), ("table",), ((1, _embed_vocab),)),
+    OpContract("ATTENTION", OP_ATTENTION, (3, 4), (),
+               tuple((k, 0) for k in MATMUL_IPARAMS + ("dv", "v_off", "v_s0", "v_s1", "v_sk",
+                                                        "v_sj")),
+               (("scale", 1.0),)),
 )}
 OP_NAMES = {c.code: c.name for c in OPS.values()}
 OP_CODES = {v: k for k, v in OP_NAMES.items()}

@@ -309,6 +309,27 @@ def _matmul(layer, xs):
     return ir.storage_to_internal(y.reshape(-1), layer.shape)
 
 
+def _attention(layer, xs):
+    a = layer.attrs
+    b0, b1, m, n, k, dv = a["batch0"], a["batch1"], a["m"], a["n"], a["k"], a["dv"]
+    sa, sb, sv = (ir.internal_to_storage(x) for x in xs[:3])
+    A = _strided(sa, a["a_off"], (a["a_s0"], a["a_s1"], a["a_si"], 1), (b0, b1, m, k))
+    B = _strided(sb, a["b_off"], (a["b_s0"], a["b_s1"], a["b_sk"], a["b_sj"]), (b0, b1, k, n))
+    V = _strided(sv, a["v_off"], (a["v_s0"], a["v_s1"], a["v_sk"], a["v_sj"]), (b0, b1, n, dv))
+    s = a["scale"] * np.matmul(A, B)
+    if a.get("has_mask"):
+        sm = ir.internal_to_storage(xs[3])
+        s = s + _strided(sm, a["m_off"], (a["m_s0"], a["m_s1"], a["m_si"], a["m_sj"]),
+                         (b0, b1, m, n))
+    if a.get("causal"):  # keys past the diagonal are left out
+        s = np.where(np.arange(n)[None, :] <= np.arange(m)[:, None] + a["offset"], s, -np.inf)
+    z = np.exp(s - s.max(axis=-1, keepdims=True))
+    y = np.matmul(z / z.sum(axis=-1, keepdims=True), V)
+    if a.get("out_mode"):
+        y = y.transpose(0, 2, 1, 3)  # columns (b0, i), rows (b1, d)
+    return ir.storage_to_internal(y.reshape(-1), layer.shape)
+
+
 def _layernorm(layer, xs):
     x = xs[0]
     mean = x.mean(axis=1, keepdims=True)
@@ -347,7 +368,7 @@ def _embed(layer, xs):
 _OPS = {
     "CONV": _conv, "POOL": _pool, "GLOBAL_POOL": _global_pool, "BINARY": _binary,
     "AFFINE": _affine, "CONCAT": _concat, "GATHER": _gather, "LRN": _lrn, "SOFTMAX": _softmax,
-    "NOP": _nop, "MATMUL": _matmul, "LAYERNORM": _layernorm, "ROW_REDUCE": _row_reduce,
+    "NOP": _nop, "MATMUL": _matmul, "ATTENTION": _attention, "LAYERNORM": _layernorm, "ROW_REDUCE": _row_reduce,
     "WHERE": _where, "EMBED": _embed,
 }
 

@@ -358,6 +358,7 @@ _REQUIRED_ATTRS = {
     "GLOBAL_POOL": ("kind",), "BINARY": ("kind",), "LRN": ("size", "alpha", "beta", "bias"),
     "LAYERNORM": ("eps",), "ROW_REDUCE": ("kind",), "WHERE": ("operands",),
     "MATMUL": ("batch0", "batch1", "m", "n", "k"),
+    "ATTENTION": ("batch0", "batch1", "m", "n", "k", "dv"),
 }
 #: Attributes the runtime reads as floats (coacto_layer_desc.fparams); every other one is one of
 #: its int32 parameters.

@@ -108,7 +108,8 @@ def test_matmul_with_a_constant_on_either_side():
 
 def test_head_split_and_merge_cost_no_copy():
     """Q K^T and P V read a (B, S, h*dh) projection per head through strides, and the context is
-    written with the heads side by side: no GATHER between the projections and the output one."""
+    written with the heads side by side: no GATHER between the projections and the output one.
+    The scores, their softmax and the context are one ATTENTION layer."""
     b, s, d, h = 1, 6, 8, 2
     dh = d // h
     inits = {f"w{k}": rand(d, d, seed=i, scale=0.3) for i, k in enumerate("qkvo")}
@@ -127,9 +128,25 @@ def test_head_split_and_merge_cost_no_copy():
               node("Reshape", ["ct", "merge"], ["cm"]), node("MatMul", ["cm", "wo"], ["y"])]
     model = make(nodes, {"x": ([b, s, d], F)}, ["y"], inits)
     graph = check(model, {"x": rand(b, s, d, seed=9)}, tiles=(1, 3, 64, None), threads=(1, 3))
-    assert ops(graph) == ["INPUT", "CONV", "CONV", "CONV", "MATMUL", "SOFTMAX", "MATMUL", "CONV"]
-    scores, context = (layer for layer in graph.layers if layer.op == "MATMUL")
-    assert scores.attrs["scale"] == pytest.approx(1 / np.sqrt(dh)) and context.attrs["out_mode"] == 1
+    assert ops(graph) == ["INPUT", "CONV", "CONV", "CONV", "ATTENTION", "CONV"]
+    att = graph.layers[4]
+    assert att.attrs["scale"] == pytest.approx(1 / np.sqrt(dh)) and att.attrs["out_mode"] == 1
+    assert att.inputs == [1, 2, 3] and (att.attrs["dv"], att.attrs["v_sk"]) == (dh, d)
+
+
+def test_attention_whose_probabilities_are_an_output_stays_three_layers():
+    """Attention weights asked for as an output (output_attentions=True) are computed and kept:
+    no ATTENTION layer, the scores, softmax and context as MATMUL, SOFTMAX, MATMUL."""
+    b, h, s, dh = 1, 2, 7, 4
+    nodes = [node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+             node("MatMul", ["q", "kt"], ["sc"]), node("Softmax", ["sc"], ["p"], axis=-1),
+             node("MatMul", ["p", "v"], ["y"])]
+    shape = [b, h, s, dh]
+    model = make(nodes, {"q": (shape, F), "k": (shape, F), "v": (shape, F)}, ["y", "p"])
+    graph = check(model, {"q": rand(*shape, seed=1), "k": rand(*shape, seed=2),
+                          "v": rand(*shape, seed=3)})
+    assert ops(graph).count("MATMUL") == 2 and "SOFTMAX" in ops(graph)
+    assert "ATTENTION" not in ops(graph)
 
 
 # ------------------------------------------------------------------------------ normalisation
@@ -250,16 +267,16 @@ def test_padding_mask_from_int64_input_is_a_matmul_input():
     feeds = {"q": rand(*shape, seed=1), "k": rand(*shape, seed=2), "v": rand(*shape, seed=3),
              "mask": mask}
     graph = check(model, feeds)
-    scores = next(layer for layer in graph.layers if layer.op == "MATMUL")
-    assert scores.attrs["has_mask"] == 1 and scores.attrs["scale"] == 0.5
+    att = next(layer for layer in graph.layers if layer.op == "ATTENTION")
+    assert att.attrs["has_mask"] == 1 and att.attrs["scale"] == 0.5
     assert "BINARY" not in ops(graph)
 
 
 @pytest.mark.parametrize("form", ["where", "add_min", "add_inf"])
 def test_causal_mask_removes_work(form):
     """GPT-2's Where(tril, scores, finfo.min) -- or an additive constant mask -- becomes a causal
-    MATMUL, and the context sums over earlier tokens only: a query tile depends only on the key
-    and value tiles of tokens up to its last."""
+    ATTENTION that sums over earlier tokens only: a query tile depends only on the key and value
+    tiles of tokens up to its last."""
     s, d = 96, 8
     tril = np.tril(np.ones((1, 1, 128, 128), bool))
     inits = {"wq": rand(d, d, seed=1), "wk": rand(d, d, seed=2), "wv": rand(d, d, seed=3),
@@ -280,21 +297,21 @@ def test_causal_mask_removes_work(form):
     nodes += [node("Softmax", ["sm"], ["p"], axis=-1), node("MatMul", ["p", "v"], ["y"])]
     model = make(nodes, {"x": ([1, s, d], F)}, ["y"], inits)
     graph = check(model, {"x": rand(1, s, d, seed=5, scale=0.5)}, tiles=(1, 4, None))
-    scores, context = (layer for layer in graph.layers if layer.op == "MATMUL")
-    assert scores.attrs["causal"] == 1 and context.attrs["causal"] == 2
-    # A tile of queries [c0, c1) x keys [r0, r1) needs key tokens below min(r1, c1) only: the
-    # first query tile does not wait for the keys of later tokens.
+    att = next(layer for layer in graph.layers if layer.op == "ATTENTION")
+    assert att.attrs["causal"] == 1 and att.attrs["offset"] == 0
+    # A tile of queries [c0, c1) needs the key and value tokens below c1 only: the first query
+    # tile does not wait for the keys and values of later tokens.
     tg = coacto.compile(model, tiles_per_layer=4)
     plan = tg.plan
-    li = next(i for i, layer in enumerate(tg.graph.layers) if layer.op == "MATMUL")
-    key_layer = tg.graph.layers[li].inputs[1]
-    n_key_tiles = plan.layer_first_tile[key_layer + 1] - plan.layer_first_tile[key_layer]
+    li = next(i for i, layer in enumerate(tg.graph.layers) if layer.op == "ATTENTION")
     fewer = 0
-    for t in range(plan.layer_first_tile[li], plan.layer_first_tile[li + 1]):
-        c0, c1, r0, r1 = plan.tile_bounds[t]
-        keys = [p for p in tg.dependencies(t) if plan.tile_layer[p] == key_layer]
-        assert all(plan.tile_bounds[p][0] < min(r1, c1) for p in keys)
-        fewer += len(keys) < n_key_tiles
+    for source in tg.graph.layers[li].inputs[1:3]:
+        n_tiles = plan.layer_first_tile[source + 1] - plan.layer_first_tile[source]
+        for t in range(plan.layer_first_tile[li], plan.layer_first_tile[li + 1]):
+            c0, c1, r0, r1 = plan.tile_bounds[t]
+            read = [p for p in tg.dependencies(t) if plan.tile_layer[p] == source]
+            assert read and all(plan.tile_bounds[p][0] < c1 for p in read)
+            fewer += len(read) < n_tiles
     assert fewer > 0
 
 
@@ -465,9 +482,9 @@ def test_zoo_transformer_matches_onnxruntime(name, style):
     graph = import_model(model)
     assert_close(run_reference(graph, feeds), ref)
     n_layers = SMALL[name]["layers"]
-    assert ops(graph).count("MATMUL") == 2 * n_layers  # scores and context
+    assert ops(graph).count("ATTENTION") == n_layers  # scores, softmax and context
     assert ops(graph).count("LAYERNORM") >= 2 * n_layers
-    assert ops(graph).count("SOFTMAX") == n_layers
+    assert "MATMUL" not in ops(graph) and "SOFTMAX" not in ops(graph)
     assert_native_matches(model, feeds, ref, TILES, THREADS, f"{name}/{style}")
 
 

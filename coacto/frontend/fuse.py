@@ -24,6 +24,9 @@ Then dead layers (not reaching an output; inputs stay) are dropped and indices r
 - a context MATMUL whose probabilities are the softmax of causal scores sums over the kept keys
   only (causal 2): the other probabilities are exactly zero, so its tiles need only the values of
   earlier tokens, and half the work goes;
+- the scores MATMUL, their SOFTMAX and the context MATMUL -> one ATTENTION layer, whose tiles keep
+  a row block's scores in cache instead of writing every head's (B, H, S, S) scores out and
+  reading them back twice (the softmax, the context);
 - a GATHER that only copies (the same storage under another grouping of columns, as a
   ``Reshape(-1, D) -> Gemm -> Reshape(B, S, D)`` leaves before a residual addition): the layers
   computing its input take its grouping of columns instead, when all they compute is per column.
@@ -177,7 +180,7 @@ def _compose(producer: ir.Layer, scale, shift) -> None:
 
 def fuse_sequence_ops(layers: list[ir.Layer], inputs: dict[str, int], outputs: dict[str, int]):
     for fuse in (_fuse_layernorm, _fuse_gelu, _fuse_matmul_epilogues, _fuse_heads_merge,
-                 _fuse_causal_context, _drop_regrouping_copies):
+                 _fuse_causal_context, _fuse_attention, _drop_regrouping_copies):
         fuse(layers, _consumers(layers), set(outputs.values()))
         layers, inputs, outputs = prune_layers(layers, inputs, outputs)
     return fuse_layers(layers, inputs, outputs)
@@ -487,10 +490,47 @@ def _fuse_causal_context(layers, cons, outs):
         _replace(layers, c, _with(C, causal=2, offset=b["offset"]))
 
 
+def _fuse_attention(layers, cons, outs):
+    """context MATMUL(SOFTMAX(scores MATMUL), values) -> ATTENTION, when the context reads the
+    probabilities exactly as they lie and the scores leave out only what a softmax makes exactly
+    zero (a causal fill of HUGE_NEGATIVE or less, every query keeping a key)."""
+    for c, C in enumerate(layers):
+        if C.op != "MATMUL" or C.attrs.get("has_mask") or C.attrs.get("scale", 1.0) != 1.0:
+            continue
+        s = C.inputs[0]
+        if not _is(layers, s, "SOFTMAX", log=0) or not _only(cons, s, c, outs):
+            continue
+        p = layers[s].inputs[0]
+        P = layers[p]
+        if P.op != "MATMUL" or P.attrs["out_mode"] != 0 or not _only(cons, p, s, outs):
+            continue
+        a, b = C.attrs, P.attrs
+        causal, off = b.get("causal", 0), b.get("offset", 0)
+        if causal == 2 or (causal == 1 and (b.get("fill", 0.0) > HUGE_NEGATIVE or off < 0)):
+            continue
+        if a.get("causal", 0) not in (0, 2) or (a.get("causal") == 2 and
+                                                (causal != 1 or a.get("offset") != off)):
+            continue
+        m, k = b["m"], b["n"]
+        if (a["batch0"], a["batch1"], a["m"], a["k"]) != (b["batch0"], b["batch1"], m, k) or \
+                (a["a_off"], a["a_si"]) != (0, k) or \
+                (b["batch0"] > 1 and a["a_s0"] != b["batch1"] * m * k) or \
+                (b["batch1"] > 1 and a["a_s1"] != m * k):
+            continue
+        attrs = {key: b.get(key, 0) for key in ir.MATMUL_IPARAMS}
+        attrs.update(out_mode=a["out_mode"], causal=causal, offset=off if causal else 0,
+                     scale=b.get("scale", 1.0), dv=a["n"], v_off=a["b_off"], v_s0=a["b_s0"],
+                     v_s1=a["b_s1"], v_sk=a["b_sk"], v_sj=a["b_sj"])
+        inputs = list(P.inputs[:2]) + [C.inputs[1]] + list(P.inputs[2:3])
+        _replace(layers, c, ir.Layer("", "ATTENTION", inputs, C.shape, attrs))
+        cons[s] = set()
+        cons[p] = set()
+
+
 # ---------------------------------------------------------------------------- regrouping copies
 
 #: Ops that read their input only through its storage (their own columns are free to group).
-_STORAGE_READERS = ("MATMUL", "EMBED", "GATHER")
+_STORAGE_READERS = ("MATMUL", "ATTENTION", "EMBED", "GATHER")
 
 
 def _per_column(layer: ir.Layer) -> bool:

@@ -19,12 +19,12 @@ import numpy as np
 from .. import ir
 from ..errors import CoactoError, ModelError, ShapeError
 from .plan import TilePlan, number_tiles
-from .sequence import block_of, embed_parent_pairs, matmul_parent_pairs
+from .sequence import attention_parent_pairs, block_of, embed_parent_pairs, matmul_parent_pairs
 
 #: Bumped whenever partitioning changes the tiles it derives for the same parameters (the rules
 #: and constants of this module and coacto.partition.sequence): stored graphs and tuned tile
 #: counts made by another version are rebuilt, not trusted.
-PARTITIONER_VERSION = 8
+PARTITIONER_VERSION = 9
 
 # The measurements behind these values are in docs/PERFORMANCE.md, "History of the partitioner's
 # constants".
@@ -123,6 +123,8 @@ def layer_flops(graph: ir.Graph, li: int) -> float:
         return out * 4.0
     if layer.op == "MATMUL":
         return 2.0 * out * a["k"]
+    if layer.op == "ATTENTION":  # the scores, their softmax and the context, per context value
+        return out * (2.0 * a["n"] + (2.0 * a["k"] + 4.0) * a["n"] / a["dv"])
     if layer.op in ("LAYERNORM", "ROW_REDUCE"):
         src = graph.layers[layer.inputs[0]]
         return float(src.columns * src.rows) * (4.0 if layer.op == "LAYERNORM" else 1.0)
@@ -276,6 +278,14 @@ def choose_splits(graph: ir.Graph, li: int, tiles_per_layer: int | None,
             col_parts = max(col_parts, min(TOKEN_BLOCKS, cols // MIN_TOKENS_PER_BLOCK, want))
     if layer.op == "INPUT":
         col_parts = min(cols, max(1, want if tiles_per_layer is not None else DEFAULT_INPUT_TILES))
+    if layer.op == "ATTENTION" and layer.attrs["out_mode"] == 1:
+        # Heads first: a tile packs the keys and values of every head it has, so a block of
+        # queries across all heads packed them all again (ViT at 2 threads, four query blocks:
+        # 1% slower than the three layers it replaces).
+        dv, heads = int(layer.attrs["dv"]), int(layer.attrs["batch1"])
+        row_parts = min(want, heads)
+        col_parts = max(1, min(math.ceil(want / row_parts), cols // min_cols))
+        return _even_bounds(cols, col_parts), _even_bounds(rows, row_parts, dv)
     col_bounds = _even_bounds(cols, col_parts)
     asked = len(col_bounds) - 1
     pairs = _winograd_row_pairs(graph, layer) if min_column_blocks else None
@@ -293,6 +303,8 @@ def choose_splits(graph: ir.Graph, li: int, tiles_per_layer: int | None,
         if tiles_per_layer is None and _needs_im2col(layer):
             row_parts = min(row_parts, max(1, rows // DEFAULT_MIN_CONV_ROWS))
     align = CONV_ROW_ALIGN if layer.op == "CONV" else OTHER_ROW_ALIGN
+    if layer.op == "ATTENTION":  # whole heads: a tile computes the scores of each head it has
+        align = int(layer.attrs["dv"])  # (out_mode 0, rows = one head's dv: never split)
     if rows < 2 * align:
         row_parts = 1
     if tiles_per_layer is None and row_parts > 1 and _streams_weights(layer):
@@ -534,6 +546,8 @@ def _partition(graph: ir.Graph, tiles_per_layer, layer_tiles, min_column_blocks,
             o, i = _gather_parent_pairs(graph, li, plan_cols, plan_rows, first_tile)
         elif layer.op == "MATMUL":
             o, i = matmul_parent_pairs(graph, li, plan_cols, plan_rows, first_tile, bounds)
+        elif layer.op == "ATTENTION":
+            o, i = attention_parent_pairs(graph, li, plan_cols, plan_rows, first_tile, bounds)
         elif layer.op == "EMBED":
             o, i = embed_parent_pairs(graph, li, plan_cols, plan_rows, first_tile)
         else:

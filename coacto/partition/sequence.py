@@ -76,9 +76,11 @@ def _ranges(lo: np.ndarray, hi: np.ndarray):
 
 
 def _blocks(layer: ir.Layer, tiles):
-    """Blocks (tile, b0, b1, i0, i1, j0, j1) of a MATMUL layer's tiles (as the executor cuts)."""
+    """Blocks (tile, b0, b1, i0, i1, j0, j1) of a MATMUL or ATTENTION layer's tiles (as the
+    executor cuts; j are ATTENTION's features d)."""
     a = layer.attrs
-    b1n, m, n = a["batch1"], a["m"], a["n"]
+    b1n, m = a["batch1"], a["m"]
+    n = a["dv"] if layer.op == "ATTENTION" else a["n"]
     out = []
     for t, (c0, c1, r0, r1) in tiles:
         col = c0
@@ -142,6 +144,47 @@ def matmul_parent_pairs(graph: ir.Graph, li: int, plan_cols, plan_rows, first_ti
                  + j0[w] * a["m_sj"])
         length = (j1 - j0)[w] if a["m_sj"] == 1 else np.ones(i.shape, np.int64)
         read(2, w, start, length)
+    return tuple(np.concatenate(c) for c in zip(*pairs))
+
+
+def attention_parent_pairs(graph: ir.Graph, li: int, plan_cols, plan_rows, first_tile, bounds):
+    """A block of queries [i0, i1) and features [d0, d1) reads its queries over all of k, the keys
+    (over k) and the values (features [d0, d1)) up to the last one its last query keeps, and
+    its queries' mask rows up to there."""
+    layer = graph.layers[li]
+    a = layer.attrs
+    k, n, off = a["k"], a["n"], a.get("offset", 0)
+    tiles = [(t, bounds[t]) for t in range(first_tile[li], first_tile[li + 1])]
+    t, b0, b1, i0, i1, d0, d1 = _blocks(layer, tiles).T
+    jn = np.minimum(n, i1 - 1 + off + 1) if a.get("causal") else np.full(t.shape, n, np.int64)
+    pairs = []
+
+    def read(idx, w, start, length):
+        pairs.append(segment_parents(plan_cols, plan_rows, first_tile, graph, layer.inputs[idx],
+                                     t[w], start, length))
+
+    w, i = _ranges(i0, i1)  # the queries
+    read(0, w, a["a_off"] + b0[w] * a["a_s0"] + b1[w] * a["a_s1"] + i * a["a_si"],
+         np.full(i.shape, k, np.int64))
+    # the keys B[kk, j] (kk < k) and the values V[j, d] (d0 <= d < d1) of the keys j < jn
+    kb = a["b_off"] + b0 * a["b_s0"] + b1 * a["b_s1"]
+    if a["b_sj"] == 1:  # one segment per kk, along the keys
+        w, kk = _ranges(np.zeros_like(t), np.full(t.shape, k, np.int64))
+        read(1, w, kb[w] + kk * a["b_sk"], jn[w])
+    else:  # one segment per key, along kk
+        w, j = _ranges(np.zeros_like(jn), jn)
+        read(1, w, kb[w] + j * a["b_sj"], np.full(j.shape, k, np.int64))
+    vb = a["v_off"] + b0 * a["v_s0"] + b1 * a["v_s1"]
+    if a["v_sj"] == 1:  # one segment per key, along the features
+        w, j = _ranges(np.zeros_like(jn), jn)
+        read(2, w, vb[w] + j * a["v_sk"] + d0[w], (d1 - d0)[w])
+    else:  # one segment per feature, along the keys
+        w, d = _ranges(d0, d1)
+        read(2, w, vb[w] + d * a["v_sj"], jn[w])
+    if a.get("has_mask"):
+        w, i = _ranges(i0, i1)
+        start = a["m_off"] + b0[w] * a["m_s0"] + b1[w] * a["m_s1"] + i * a["m_si"]
+        read(3, w, start, jn[w] if a["m_sj"] == 1 else np.ones(i.shape, np.int64))
     return tuple(np.concatenate(c) for c in zip(*pairs))
 
 

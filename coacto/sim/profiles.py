@@ -72,7 +72,7 @@ def op_class(graph, li: int) -> int:
         src = graph.layers[layer.inputs[0]].shape if layer.inputs else (1, 1, 1, 1)
         fully_connected = (a["kh"], a["kw"]) == tuple(src[2:4]) and tuple(layer.shape[2:4]) == (1, 1)
         return GEMM if a["kh"] * a["kw"] == 1 or fully_connected else CONV
-    if op == "MATMUL":
+    if op in ("MATMUL", "ATTENTION"):
         return GEMM
     if op in ("BINARY", "AFFINE", "WHERE"):
         return ELEMENTWISE

@@ -12,7 +12,8 @@ import struct
 from pathlib import Path
 
 OPS = dict(INPUT=0, CONV=1, POOL=2, GLOBAL_POOL=3, BINARY=4, AFFINE=5, CONCAT=6, GATHER=7, LRN=8,
-           SOFTMAX=9, NOP=10, MATMUL=11, LAYERNORM=12, ROW_REDUCE=13, WHERE=14, EMBED=15)
+           SOFTMAX=9, NOP=10, MATMUL=11, LAYERNORM=12, ROW_REDUCE=13, WHERE=14, EMBED=15,
+           ATTENTION=16)
 
 
 def small(v: int) -> bytes:
@@ -87,6 +88,11 @@ def seeds() -> dict[str, bytes]:
                          layer("MATMUL", [0, 1], (1, 2, 1, 3),
                                [1, 1, 3, 2, 4, 0, 0, 0, 4, 0, 0, 0, 2, 1, 0, 0, 0, 0],
                                [1.0, 0.0], keep=True)]),
+        # x, 3 columns of 4, as the queries, keys (b_sk 1, b_sj 4) and values (v_sk 4, v_sj 1)
+        "attention": graph([layer("INPUT", nchw=(1, 4, 1, 3)),
+                            layer("ATTENTION", [0, 0, 0], (1, 4, 1, 3),
+                                  [1, 1, 3, 3, 4, 0, 0, 0, 4, 0, 0, 0, 1, 4, 0, 0, 0, 0, 0, 0, 0,
+                                   0, 0, 4, 0, 0, 0, 4, 1], [0.5], keep=True)]),
         "layernorm": graph([x, layer("LAYERNORM", [0], (1, 4, 3, 3), [], [0.0625],
                                      arrays=[(0, 16), (64, 16)], keep=True)], 128, HALF),
         "row_reduce": graph([x, layer("ROW_REDUCE", [0], (1, 1, 3, 3), [1], keep=True)]),

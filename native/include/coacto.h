@@ -41,7 +41,8 @@ enum {
     COACTO_OP_ROW_REDUCE = 13,
     COACTO_OP_WHERE = 14,
     COACTO_OP_EMBED = 15,
-    COACTO_OP_COUNT = 16
+    COACTO_OP_ATTENTION = 16,
+    COACTO_OP_COUNT = 17
 };
 
 /* Activations: shared with coacto/ir.py (ACT_*). */

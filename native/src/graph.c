@@ -596,6 +596,7 @@ static coacto_status derive_main_parents(coacto_graph *g) {
         int rows_match = 0; /* a row block reads the same rows of the input */
         switch (l->op) {
         case COACTO_OP_GATHER: case COACTO_OP_CONCAT: case COACTO_OP_MATMUL: case COACTO_OP_EMBED:
+        case COACTO_OP_ATTENTION:
             continue; /* index maps: a column or row is not the input's column or row */
         case COACTO_OP_CONV: /* depthwise; any other convolution reads every input row */
             rows_match = l->iparams[10] > 1 && l->iparams[10] == l->c && s->c == l->c;

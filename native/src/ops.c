@@ -112,6 +112,7 @@ static const op_contract OPS[COACTO_OP_COUNT] = {
                               row_reduce_execute_},
     [COACTO_OP_WHERE] = {"WHERE", 1, 3, 3, 16, 0, where_prepare, where_execute_},
     [COACTO_OP_EMBED] = {"EMBED", 1, 1, 1, 1, 0, embed_prepare, embed_execute_},
+    [COACTO_OP_ATTENTION] = {"ATTENTION", 3, 4, 0, 29, 1, attention_prepare, attention_execute},
 };
 
 /* A kernel the caller picked (tests sweep every one) is kept when it is one of gemm_available(). */

@@ -40,6 +40,16 @@
  *               causal 1: outputs with j > i + offset are fill (then + mask), not computed;
  *                      2: the sum runs over k <= i + offset only (A is zero beyond).
  *               fparams: 0 scale, 1 fill
+ *   ATTENTION   inputs [a, b, v] or [a, b, v, mask]: softmax(scores) times the values, one head
+ *               at a time, the scores never stored: the scores are MATMUL's of (a, b, mask)
+ *               with iparams 0..22 as there (out_mode says how the context is written), and
+ *                 V[b0,b1,j,d]  = v[v_off + b0*v_s0 + b1*v_s1 + j*v_sk + d*v_sj], v_sk or v_sj 1
+ *                 y[b0,b1,i,d]  = sum_j softmax_j(scores[b0,b1,i,:])[j] * V[b0,b1,j,d]
+ *               iparams: 23 DV, 24 v_off, 25 v_s0, 26 v_s1, 27 v_sk, 28 v_sj
+ *               out_mode 0: column (b0*B1 + b1)*M + i, row d (c = DV); 1: column b0*M + i,
+ *                        row b1*DV + d (c = B1*DV).
+ *               causal 1: keys j > i + offset are left out (probability 0); offset >= 0.
+ *               fparams: 0 scale
  *   LAYERNORM   y = (x - mean) / sqrt(var + eps) * scale[r] + shift[r], mean and (biased) variance
  *               over the rows of each column; fparams: 0 eps; arrays: 0 scale float[c], 1 shift
  *   ROW_REDUCE  output c = 1: the max / mean / sum / min of each input column's rows;

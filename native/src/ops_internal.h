@@ -176,6 +176,9 @@ void where_execute(const layer *l, const float *const *in, float *out, int32_t c
 coacto_status matmul_prepare(layer *l, char *err, size_t err_size);
 void matmul_execute(const layer *l, const float *const *in, float *out, int32_t col0, int32_t col1,
                     int32_t row0, int32_t row1, float *scratch);
+coacto_status attention_prepare(layer *l, char *err, size_t err_size);
+void attention_execute(const layer *l, const float *const *in, float *out, int32_t col0,
+                       int32_t col1, int32_t row0, int32_t row1, float *scratch);
 coacto_status layernorm_prepare(layer *l, char *err, size_t err_size);
 void layernorm_execute(const layer *l, const float *const *in, float *out, int32_t col0,
                        int32_t col1, int32_t row0, int32_t row1);

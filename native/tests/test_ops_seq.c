@@ -1,7 +1,7 @@
 /* Tile executors of the sequence-model operators against naive oracles (harness.h): MATMUL in
  * every operand layout, output arrangement, causal form and mask form, with every GEMM kernel the
- * CPU supports; LAYERNORM, ROW_REDUCE, WHERE, EMBED; the comparison / power / max / min kinds of
- * BINARY; GATHER with constant values. A second part checks that op_prepare rejects corrupt
+ * CPU supports; ATTENTION likewise, in every layout of the values; LAYERNORM, ROW_REDUCE, WHERE,
+ * EMBED; the comparison / power / max / min kinds of BINARY; GATHER with constant values. A second part checks that op_prepare rejects corrupt
  * parameters of these ops.
  *
  * Usage: test_ops_seq [seed] */
@@ -139,6 +139,129 @@ static void matmul_cases(void) {
     };
     for (const gemm_kernel *const *k = gemm_available(); *k; k++)
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) test_matmul(&cases[i], *k);
+}
+
+/* ---- ATTENTION ------------------------------------------------------------------------------- */
+
+/* Values in their producer's storage. */
+enum {
+    V_PLAIN = 0, /* (B0, B1, N, DV): contiguous along d */
+    V_HEADS = 1, /* (B0, N, B1, DV): a projection's (B, S, h*dv) read per head */
+    V_KEYS = 2,  /* (B0, B1, DV, N): contiguous along the keys */
+    V_BROADCAST0 = 3, /* (B1, N, DV) shared by every b0 */
+};
+
+typedef struct attention_case {
+    matmul_case s; /* the scores: n keys of depth k; out_mode for the context */
+    int dv, v_layout;
+} attention_case;
+
+static void test_attention(const attention_case *ac, const gemm_kernel *kern) {
+    const matmul_case *mc = &ac->s;
+    int b0 = mc->b0, b1 = mc->b1, m = mc->m, n = mc->n, k = mc->k, dv = ac->dv;
+    int32_t p[32] = {b0, b1, m, n, k};
+    matmul_strides_a(mc, p);
+    matmul_strides_b(mc, p);
+    p[14] = mc->out_mode, p[15] = mc->causal, p[16] = mc->offset;
+    int32_t *v = p + 23, o = mc->extra;
+    v[0] = dv;
+    switch (ac->v_layout) {
+    case V_PLAIN: v[1] = o, v[2] = b1 * n * dv, v[3] = n * dv, v[4] = dv, v[5] = 1; break;
+    case V_HEADS: v[1] = o, v[2] = n * b1 * dv, v[3] = dv, v[4] = b1 * dv, v[5] = 1; break;
+    case V_KEYS: v[1] = o, v[2] = b1 * dv * n, v[3] = dv * n, v[4] = 1, v[5] = n; break;
+    default: v[1] = o, v[2] = 0, v[3] = n * dv, v[4] = dv, v[5] = 1; break;
+    }
+    int a_size = o + b0 * b1 * m * k;
+    int b_size = o + (mc->b_layout == B_BROADCAST0 ? 1 : b0) * b1 * k * n;
+    int v_size = o + (ac->v_layout == V_BROADCAST0 ? 1 : b0) * b1 * n * dv;
+    tensor a = t_rand(1, a_size, 1, 1, -1, 1), b = t_rand(1, b_size, 1, 1, -1, 1);
+    tensor vt = t_rand(1, v_size, 1, 1, -1, 1);
+    tensor mk_ = {0, 0, 0, 0, NULL};
+    if (mc->mask != M_NONE) {
+        int count = mc->mask == M_PADDING ? b0 * n : mc->mask == M_ROW ? b0 * b1 * m : b0 * b1 * m * n;
+        mk_ = t_rand(1, o + count, 1, 1, -2, 0);
+        p[17] = 1, p[18] = o;
+        if (mc->mask == M_PADDING) p[19] = n, p[20] = 0, p[21] = 0, p[22] = 1;
+        else if (mc->mask == M_ROW) p[19] = b1 * m, p[20] = m, p[21] = 1, p[22] = 0;
+        else p[19] = b1 * m * n, p[20] = m * n, p[21] = n, p[22] = 1;
+    }
+    int cols = mc->out_mode ? b0 * m : b0 * b1 * m, rows = mc->out_mode ? b1 * dv : dv;
+    layer l = mk(COACTO_OP_ATTENTION, cols, rows, 1, 1);
+    memcpy(l.iparams, p, sizeof p);
+    l.fparams[0] = mc->scale;
+    l.kern = kern;
+    set_input(&l, 0, &a);
+    set_input(&l, 1, &b);
+    set_input(&l, 2, &vt);
+    if (mc->mask != M_NONE) set_input(&l, 3, &mk_);
+    expected e = e_new(&l);
+    double *sc = malloc(sizeof(double) * (size_t)n * 2), *err = sc + n;
+    for (int x0 = 0; x0 < b0; x0++)
+        for (int x1 = 0; x1 < b1; x1++)
+            for (int i = 0; i < m; i++) {
+                int keep = mc->causal && i + mc->offset + 1 < n ? i + mc->offset + 1 : n;
+                double mx = -INFINITY, sum = 0;
+                for (int j = 0; j < keep; j++) {
+                    double acc = 0, mag = 0;
+                    for (int kk = 0; kk < k; kk++) {
+                        double va = a.d[p[5] + x0 * p[6] + x1 * p[7] + i * p[8] + kk];
+                        double vb = b.d[p[9] + x0 * p[10] + x1 * p[11] + kk * p[12] + j * p[13]];
+                        acc += va * vb;
+                        mag += fabs(va * vb);
+                    }
+                    sc[j] = mc->scale * acc;
+                    if (mc->mask != M_NONE)
+                        sc[j] += mk_.d[p[18] + x0 * p[19] + x1 * p[20] + i * p[21] + j * p[22]];
+                    err[j] = 1.0 + fabs(mc->scale) * mag; /* the score's rounding, in units */
+                    if (sc[j] > mx) mx = sc[j];
+                }
+                for (int j = 0; j < keep; j++) sum += (sc[j] = exp(sc[j] - mx));
+                for (int d = 0; d < dv; d++) {
+                    double y = 0, mag = 0;
+                    for (int j = 0; j < keep; j++) {
+                        double vv = vt.d[v[1] + x0 * v[2] + x1 * v[3] + j * v[4] + d * v[5]];
+                        y += sc[j] / sum * vv;
+                        mag += sc[j] / sum * fabs(vv) * err[j];
+                    }
+                    size_t col = mc->out_mode ? (size_t)x0 * m + i : ((size_t)x0 * b1 + x1) * m + i;
+                    size_t row = mc->out_mode ? (size_t)x1 * dv + d : (size_t)d;
+                    e.v[col * rows + row] = y;
+                    e.mag[col * rows + row] = mag;
+                }
+            }
+    free(sc);
+    char name[160];
+    snprintf(name, sizeof name, "attention %s [%s]", mc->name, kern->name);
+    const float *in[4] = {a.d, b.d, vt.d, mk_.d};
+    check_tiles(name, &l, in, &e, 2e-6, 1);
+    e_free(&e);
+    free(a.d), free(b.d), free(vt.d), free(mk_.d);
+}
+
+static void attention_cases(void) {
+    static const attention_case cases[] = {
+        {{"vit: heads merged, scaled", 1, 3, 11, 11, 8, A_HEADS, B_KEYS, M_NONE, 1, 0, 0, 0.35f,
+          0}, 8, V_HEADS},
+        {{"plain, heads apart", 2, 2, 7, 13, 9, A_PLAIN, B_PLAIN, M_NONE, 0, 0, 0, 1.0f, 2}, 5,
+         V_PLAIN},
+        {{"padding mask", 1, 4, 9, 9, 16, A_HEADS, B_KEYS, M_PADDING, 1, 0, 0, 0.25f, 5}, 16,
+         V_HEADS},
+        {{"causal", 1, 2, 37, 37, 8, A_HEADS, B_KEYS, M_NONE, 1, 1, 0, 0.5f, 0}, 8, V_HEADS},
+        {{"causal offset 3 + mask", 2, 2, 9, 12, 5, A_HEADS, B_KEYS, M_PADDING, 0, 1, 3, 1.0f, 0},
+         6, V_PLAIN},
+        {{"causal + row mask", 1, 2, 6, 10, 4, A_PLAIN, B_PLAIN, M_ROW, 1, 1, 1, 1.0f, 0}, 3,
+         V_PLAIN},
+        {{"full mask, values along keys", 1, 2, 20, 35, 16, A_PLAIN, B_KEYS, M_FULL, 0, 0, 0,
+          0.3f, 1}, 40, V_KEYS},
+        {{"many keys", 1, 1, 20, 300, 64, A_PLAIN, B_KEYS, M_NONE, 1, 0, 0, 0.125f, 0}, 64,
+         V_PLAIN},
+        {{"broadcast batch", 3, 2, 5, 19, 6, A_PLAIN, B_BROADCAST0, M_NONE, 0, 0, 0, 1.0f, 0}, 4,
+         V_BROADCAST0},
+        {{"one query, one key", 2, 1, 1, 1, 7, A_PLAIN, B_PLAIN, M_NONE, 0, 0, 0, 1.0f, 0}, 3,
+         V_PLAIN},
+    };
+    for (const gemm_kernel *const *k = gemm_available(); *k; k++)
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) test_attention(&cases[i], *k);
 }
 
 /* ---- LAYERNORM / ROW_REDUCE ------------------------------------------------------------------ */
@@ -415,6 +538,36 @@ static void rejections(void) {
     expect("matmul padding mask", t, 1);
     t.iparams[22] = 2, expect("matmul mask stride 2", t, 0);
     t.iparams[22] = 1, t.iparams[18] = 1, expect("matmul reads past the mask", t, 0);
+
+    /* The same heads' attention, the projection as queries, keys and values: (1, 2, 4, 8). */
+    layer at = mk(COACTO_OP_ATTENTION, 1, 8, 2, 4);
+    set_input(&at, 0, &q);
+    set_input(&at, 1, &q);
+    set_input(&at, 2, &q);
+    int32_t pa[29] = {1, 2, 4, 4, 8, 0, 64, 8, 16, 0, 64, 8, 1, 16, 0, 0, 0, 0,
+                      0, 0, 0, 0, 0, 8, 0, 64, 8, 16, 1};
+    memcpy(at.iparams, pa, sizeof pa);
+    at.fparams[0] = 1.0f;
+    expect("attention baseline", at, 1);
+    mm = at;
+    MUTATE("attention dv 0", t.iparams[23] = 0);
+    MUTATE("attention reads past the values", t.iparams[27] = 17);
+    MUTATE("attention values offset past the end", t.iparams[24] = 1);
+    MUTATE("attention values not contiguous", (t.iparams[27] = 2, t.iparams[28] = 16));
+    MUTATE("attention negative value stride", t.iparams[26] = -8);
+    MUTATE("attention reads past the keys", t.iparams[13] = 17);
+    MUTATE("attention output rows", t.c = 4);
+    MUTATE("attention causal 2", t.iparams[15] = 2);
+    MUTATE("attention causal, negative offset", (t.iparams[15] = 1, t.iparams[16] = -1));
+    MUTATE("attention two inputs", t.n_inputs = 2);
+    MUTATE("attention mask flag without input", t.iparams[17] = 1);
+    MUTATE("attention huge keys", (t.iparams[3] = INT32_MAX / 2, t.iparams[12] = 0,
+                                   t.iparams[13] = 0, t.iparams[27] = 0));
+    t = at, t.iparams[15] = 1, t.iparams[16] = 2, expect("attention causal", t, 1);
+    t = at, t.iparams[14] = 1, t.c = 16, t.h = 1, expect("attention heads merged", t, 1);
+    t = at, set_input(&t, 3, &msk), t.iparams[17] = 1, t.iparams[22] = 1;
+    expect("attention padding mask", t, 1);
+    t.iparams[18] = 1, expect("attention reads past the mask", t, 0);
 #undef MUTATE
 
     tensor x = {2, 8, 3, 3, NULL};
@@ -477,6 +630,7 @@ int main(int argc, char **argv) {
     if (argc > 1) rng = strtoull(argv[1], NULL, 0) | 1;
     printf("gemm kernel: %s\n", gemm_select()->name);
     matmul_cases();
+    attention_cases();
     norm_cases();
     where_cases();
     binary_kind_cases();
