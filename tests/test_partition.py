@@ -53,6 +53,8 @@ def element_reads(graph, li, n, c, y, x):
                 yield p, n, ci, y, x
         elif layer.op == "MATMUL":
             yield from _matmul_reads(graph, layer, k, p, n, c, y, x)
+        elif layer.op == "ATTENTION":
+            yield from _attention_reads(graph, layer, k, p, n, c, y, x)
         elif layer.op == "EMBED":  # output column i reads element i of the ids
             _, _, h, w = layer.shape
             yield (p, *_storage_element(src, (n * h + y) * w + x))
@@ -97,6 +99,37 @@ def _matmul_reads(graph, layer, k, p, n, c, y, x):
             e = a["a_off"] + b0 * a["a_s0"] + b1 * a["a_s1"] + i * a["a_si"] + kk
         else:
             e = a["b_off"] + b0 * a["b_s0"] + b1 * a["b_s1"] + kk * a["b_sk"] + j * a["b_sj"]
+        yield (p, *_storage_element(src, e))
+
+
+def _attention_reads(graph, layer, k, p, n, c, y, x):
+    """What output element (n, c, y, x) of an ATTENTION reads from its input k (coacto.ir): its
+    query's row, and the keys, values and mask values of the keys that query keeps."""
+    a = layer.attrs
+    _, _, h, w = layer.shape
+    col = (n * h + y) * w + x
+    if a["out_mode"] == 0:
+        bb, i = divmod(col, a["m"])
+        b0, b1 = divmod(bb, a["batch1"])
+        d = c
+    else:
+        b0, i = divmod(col, a["m"])
+        b1, d = divmod(c, a["dv"])
+    keep = min(a["n"], i + a["offset"] + 1) if a["causal"] else a["n"]
+    src = graph.layers[p]
+    if k == 0:
+        elements = [a["a_off"] + b0 * a["a_s0"] + b1 * a["a_s1"] + i * a["a_si"] + kk
+                    for kk in range(a["k"])]
+    elif k == 1:
+        elements = [a["b_off"] + b0 * a["b_s0"] + b1 * a["b_s1"] + kk * a["b_sk"] + j * a["b_sj"]
+                    for kk in range(a["k"]) for j in range(keep)]
+    elif k == 2:
+        elements = [a["v_off"] + b0 * a["v_s0"] + b1 * a["v_s1"] + j * a["v_sk"] + d * a["v_sj"]
+                    for j in range(keep)]
+    else:
+        elements = [a["m_off"] + b0 * a["m_s0"] + b1 * a["m_s1"] + i * a["m_si"] + j * a["m_sj"]
+                    for j in range(keep)]
+    for e in elements:
         yield (p, *_storage_element(src, e))
 
 
@@ -527,6 +560,68 @@ def matmul_graphs(draw):
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(matmul_graphs())
 def test_matmul_dependencies_exact(case):
+    graph, tiles = case
+    check_plan(graph, partition(graph, tiles))
+
+
+@st.composite
+def attention_graphs(draw):
+    """An ATTENTION over queries and keys from one projection (per token, heads side by side) or
+    row-major tensors, its values per token, row-major per head or contiguous along the keys,
+    read directly or through an AFFINE (which row blocks split); a padding mask, one row per
+    sequence or one key per column; causal 1 with an offset >= 0, or none. Long sequences (96
+    tokens and more, one head) give the queries several column blocks."""
+    long = draw(st.booleans())
+    b0, b1 = (1, 1) if long else (draw(st.integers(1, 2)), draw(st.integers(1, 3)))
+    m = draw(st.integers(96, 110)) if long else draw(st.integers(1, 6))
+    kd, dv = draw(st.integers(1, 3)), draw(st.integers(1, 8))
+    n = m
+    a = dict(batch0=b0, batch1=b1, m=m, n=n, k=kd, dv=dv, scale=1.0,
+             causal=draw(st.sampled_from([0, 1])), offset=draw(st.integers(0, 2)), has_mask=0,
+             m_off=0, m_s0=0, m_s1=0, m_si=0, m_sj=0, out_mode=int(draw(st.booleans())))
+    if draw(st.booleans()):  # one projection (b0, m, [q | k]) per token
+        layers = [ir.Layer("qk", "INPUT", [], (b0, 2 * b1 * kd, 1, m))]
+        a.update(a_off=0, a_s0=m * 2 * b1 * kd, a_s1=kd, a_si=2 * b1 * kd, b_off=b1 * kd,
+                 b_s0=m * 2 * b1 * kd, b_s1=kd, b_sk=1, b_sj=2 * b1 * kd)
+        inputs = [0, 0]
+    else:  # A (b0, b1, m, k); B (b0, b1, k, n) contiguous along the keys
+        layers = [ir.Layer("a", "INPUT", [], (b0 * b1 * m, kd, 1, 1)),
+                  ir.Layer("b", "INPUT", [], (b0 * b1 * kd, n, 1, 1))]
+        a.update(a_off=0, a_s0=b1 * m * kd, a_s1=m * kd, a_si=kd, b_off=0, b_s0=b1 * kd * n,
+                 b_s1=kd * n, b_sk=n, b_sj=1)
+        inputs = [0, 1]
+    form = draw(st.sampled_from(["heads", "plain", "keys"]))
+    if form == "heads":  # (b0, n, b1, dv)
+        layers.append(ir.Layer("v", "INPUT", [], (b0, b1 * dv, 1, n)))
+        a.update(v_off=0, v_s0=n * b1 * dv, v_s1=dv, v_sk=b1 * dv, v_sj=1)
+    elif form == "plain":  # (b0, b1, n, dv)
+        layers.append(ir.Layer("v", "INPUT", [], (b0 * b1 * n, dv, 1, 1)))
+        a.update(v_off=0, v_s0=b1 * n * dv, v_s1=n * dv, v_sk=dv, v_sj=1)
+    else:  # (b0, b1, dv, n): contiguous along the keys
+        layers.append(ir.Layer("v", "INPUT", [], (b0 * b1 * dv, n, 1, 1)))
+        a.update(v_off=0, v_s0=b1 * dv * n, v_s1=dv * n, v_sk=1, v_sj=n)
+    if draw(st.booleans()):
+        shape = layers[-1].shape
+        layers.append(ir.Layer("vx", "AFFINE", [len(layers) - 1], shape, {"act": 0},
+                               {"scale": np.ones(shape[1], np.float32),
+                                "shift": np.zeros(shape[1], np.float32)}))
+    inputs.append(len(layers) - 1)
+    if draw(st.booleans()):  # a padding mask (b0, n) broadcast over heads and queries
+        keys_as_columns = draw(st.booleans())
+        layers.append(ir.Layer("mask", "INPUT", [], (b0, 1, 1, n) if keys_as_columns
+                               else (b0, n, 1, 1)))
+        a.update(has_mask=1, m_s0=n, m_sj=1)
+        inputs.append(len(layers) - 1)
+    shape = (b0, b1 * dv, 1, m) if a["out_mode"] else (b0, dv, b1, m)
+    layers.append(ir.Layer("att", "ATTENTION", inputs, shape, a))
+    graph = ir.Graph(layers, {lay.name: i for i, lay in enumerate(layers[:-1])},
+                     {"y": len(layers) - 1})
+    return graph, draw(st.integers(1, 12))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(attention_graphs())
+def test_attention_dependencies_exact(case):
     graph, tiles = case
     check_plan(graph, partition(graph, tiles))
 
