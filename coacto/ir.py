@@ -93,7 +93,8 @@ Ops (``Layer.op``) and their attributes / weights:
     never store the scores. attrs: MATMUL's (``n`` keys, ``k`` the query and key depth,
     ``out_mode`` for the context as MATMUL's with ``dv`` in place of ``n``), ``dv`` and the
     ``v_*`` strides; ``causal`` 1 with ``offset >= 0`` leaves out the keys ``j > i + offset``
-    (probability 0: what a fill of -1e30 or less before the softmax gives).
+    (probability 0: what a fill of -1e30 or less before the softmax gives when nothing is added
+    to it; the fusion takes no causal scores that also have a mask).
 ``LAYERNORM``
     ``inputs = [x]``; ``y = (x - mean) / sqrt(var + eps) * scale[c] + shift[c]`` with the mean and
     the (biased) variance over the rows of each column. attrs: ``eps``; weights ``scale, shift``.

@@ -567,19 +567,21 @@ def test_matmul_dependencies_exact(case):
 @st.composite
 def attention_graphs(draw):
     """An ATTENTION over queries and keys from one projection (per token, heads side by side) or
-    row-major tensors, its values per token, row-major per head or contiguous along the keys,
-    read directly or through an AFFINE (which row blocks split); a padding mask, one row per
-    sequence or one key per column; causal 1 with an offset >= 0, or none. Long sequences (96
-    tokens and more, one head) give the queries several column blocks."""
+    row-major tensors (then up to 3 more keys than queries), its values per token, row-major per
+    head or contiguous along the keys, read directly or through an AFFINE (which row blocks
+    split); a padding mask (one row per sequence, or one key per column) or one value per query;
+    causal 1 with an offset >= 0, or none. Long sequences (96 tokens and more, one head) give the
+    queries several column blocks."""
     long = draw(st.booleans())
     b0, b1 = (1, 1) if long else (draw(st.integers(1, 2)), draw(st.integers(1, 3)))
     m = draw(st.integers(96, 110)) if long else draw(st.integers(1, 6))
     kd, dv = draw(st.integers(1, 3)), draw(st.integers(1, 8))
-    n = m
+    projection = draw(st.booleans())
+    n = m if projection else m + draw(st.integers(0, 3))  # more keys: a cache of earlier ones
     a = dict(batch0=b0, batch1=b1, m=m, n=n, k=kd, dv=dv, scale=1.0,
-             causal=draw(st.sampled_from([0, 1])), offset=draw(st.integers(0, 2)), has_mask=0,
+             causal=draw(st.sampled_from([0, 1])), offset=draw(st.integers(0, 3)), has_mask=0,
              m_off=0, m_s0=0, m_s1=0, m_si=0, m_sj=0, out_mode=int(draw(st.booleans())))
-    if draw(st.booleans()):  # one projection (b0, m, [q | k]) per token
+    if projection:  # one projection (b0, m, [q | k]) per token
         layers = [ir.Layer("qk", "INPUT", [], (b0, 2 * b1 * kd, 1, m))]
         a.update(a_off=0, a_s0=m * 2 * b1 * kd, a_s1=kd, a_si=2 * b1 * kd, b_off=b1 * kd,
                  b_s0=m * 2 * b1 * kd, b_s1=kd, b_sk=1, b_sj=2 * b1 * kd)
@@ -606,11 +608,15 @@ def attention_graphs(draw):
                                {"scale": np.ones(shape[1], np.float32),
                                 "shift": np.zeros(shape[1], np.float32)}))
     inputs.append(len(layers) - 1)
-    if draw(st.booleans()):  # a padding mask (b0, n) broadcast over heads and queries
-        keys_as_columns = draw(st.booleans())
-        layers.append(ir.Layer("mask", "INPUT", [], (b0, 1, 1, n) if keys_as_columns
+    mask = draw(st.sampled_from(["none", "padding", "padding by key", "row"]))
+    if mask.startswith("padding"):  # (b0, n) broadcast over heads and queries
+        layers.append(ir.Layer("mask", "INPUT", [], (b0, 1, 1, n) if mask == "padding by key"
                                else (b0, n, 1, 1)))
         a.update(has_mask=1, m_s0=n, m_sj=1)
+        inputs.append(len(layers) - 1)
+    elif mask == "row":  # one value per query (m_sj 0)
+        layers.append(ir.Layer("mask", "INPUT", [], (b0 * b1 * m, 1, 1, 1)))
+        a.update(has_mask=1, m_s0=b1 * m, m_s1=m, m_si=1, m_sj=0)
         inputs.append(len(layers) - 1)
     shape = (b0, b1 * dv, 1, m) if a["out_mode"] else (b0, dv, b1, m)
     layers.append(ir.Layer("att", "ATTENTION", inputs, shape, a))

@@ -315,6 +315,31 @@ def test_causal_mask_removes_work(form):
     assert fewer > 0
 
 
+def test_causal_scores_with_a_padding_mask_stay_three_layers():
+    """GPT-2 with an attention mask on left padding: Where(tril, scores, finfo.min) plus
+    (1 - mask) * finfo.min. A padded query's kept keys then score as low as the left-out ones and
+    the softmax counts both, so no ATTENTION (which would leave the later keys out): outputs
+    equal onnxruntime's on every query, the padded ones included."""
+    b, h, s, dh = 1, 2, 5, 4
+    nodes = [node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+             node("MatMul", ["q", "kt"], ["sc"]), node("Where", ["tril", "sc", "fmin"], ["sw"]),
+             node("Unsqueeze", ["mask", "ax12"], ["m4"]), node("Cast", ["m4"], ["mf"], to=F),
+             node("Sub", ["one", "mf"], ["inv"]), node("Mul", ["inv", "fmin"], ["add"]),
+             node("Add", ["sw", "add"], ["sm"]), node("Softmax", ["sm"], ["p"], axis=-1),
+             node("MatMul", ["p", "v"], ["y"])]
+    inits = {"ax12": np.array([1, 2], np.int64), "one": np.array(1.0, np.float32),
+             "fmin": np.array(FLOAT_MIN, np.float32), "tril": np.tril(np.ones((s, s), bool))}
+    shape = [b, h, s, dh]
+    model = make(nodes, {"q": (shape, F), "k": (shape, F), "v": (shape, F),
+                         "mask": ([b, s], I64)}, ["y"], inits)
+    feeds = {"q": rand(*shape, seed=1), "k": rand(*shape, seed=2), "v": rand(*shape, seed=3),
+             "mask": np.array([[0, 0, 1, 1, 1]], np.int64)}
+    graph = check(model, feeds)
+    assert "ATTENTION" not in ops(graph)
+    scores = next(layer for layer in graph.layers if layer.op == "MATMUL")
+    assert scores.attrs["causal"] == 1 and scores.attrs["has_mask"] == 1
+
+
 def test_isnan_of_a_view_casts_to_bool():
     """IsNaN of a transposed tensor (computed on its source, read through the view), then Cast to
     bool and back: comparisons stay 0 / 1 values without extra layers."""

@@ -493,7 +493,9 @@ def _fuse_causal_context(layers, cons, outs):
 def _fuse_attention(layers, cons, outs):
     """context MATMUL(SOFTMAX(scores MATMUL), values) -> ATTENTION, when the context reads the
     probabilities exactly as they lie and the scores leave out only what a softmax makes exactly
-    zero (a causal fill of HUGE_NEGATIVE or less, every query keeping a key)."""
+    zero: a causal fill of HUGE_NEGATIVE or less, every query keeping a key, and no mask (a
+    padding mask as large as the fill, finfo.min on left padding, would tie the kept keys of a
+    padded query with the left-out ones, which the unfused softmax then counts)."""
     for c, C in enumerate(layers):
         if C.op != "MATMUL" or C.attrs.get("has_mask") or C.attrs.get("scale", 1.0) != 1.0:
             continue
@@ -506,7 +508,8 @@ def _fuse_attention(layers, cons, outs):
             continue
         a, b = C.attrs, P.attrs
         causal, off = b.get("causal", 0), b.get("offset", 0)
-        if causal == 2 or (causal == 1 and (b.get("fill", 0.0) > HUGE_NEGATIVE or off < 0)):
+        if causal == 2 or (causal == 1 and (not b.get("fill", 0.0) <= HUGE_NEGATIVE or off < 0
+                                            or b.get("has_mask"))):
             continue
         if a.get("causal", 0) not in (0, 2) or (a.get("causal") == 2 and
                                                 (causal != 1 or a.get("offset") != off)):

@@ -351,8 +351,9 @@ static double value_flops(const layer *l) {
         return 2.0 * l->iparams[0] * l->iparams[1] * (double)(l->in_c[0] / group);
     }
     if (l->op == COACTO_OP_MATMUL) return 2.0 * l->iparams[4];
-    if (l->op == COACTO_OP_ATTENTION) /* the context's sum, and the head's scores shared by dv */
-        return 2.0 * l->iparams[3] + 2.0 * l->iparams[3] * (double)l->iparams[4] / l->iparams[23];
+    if (l->op == COACTO_OP_ATTENTION) /* the context's sum, the head's scores shared by dv */
+        return 2.0 * l->iparams[3] +
+               (2.0 * l->iparams[4] + 4.0) * l->iparams[3] / (double)l->iparams[23];
     return 0.0;
 }
 

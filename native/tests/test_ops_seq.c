@@ -259,6 +259,14 @@ static void attention_cases(void) {
          V_BROADCAST0},
         {{"one query, one key", 2, 1, 1, 1, 7, A_PLAIN, B_PLAIN, M_NONE, 0, 0, 0, 1.0f, 0}, 3,
          V_PLAIN},
+        /* several row blocks of queries, each keeping fewer keys than the block's last one
+         * (the values' product over part of the packed keys) */
+        {{"causal, many queries", 1, 1, 200, 200, 16, A_PLAIN, B_KEYS, M_NONE, 0, 1, 0, 0.25f,
+          0}, 16, V_PLAIN},
+        {{"causal offset 20, fewer queries than keys, full mask", 1, 1, 150, 170, 8, A_PLAIN,
+          B_KEYS, M_FULL, 1, 1, 20, 0.5f, 2}, 33, V_KEYS},
+        {{"causal offset 9, padding mask, wide values", 1, 2, 60, 69, 8, A_HEADS, B_KEYS,
+          M_PADDING, 1, 1, 9, 0.5f, 0}, 70, V_HEADS},
     };
     for (const gemm_kernel *const *k = gemm_available(); *k; k++)
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) test_attention(&cases[i], *k);
