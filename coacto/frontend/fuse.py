@@ -479,15 +479,20 @@ def _fuse_causal_context(layers, cons, outs):
         if P.op != "MATMUL" or P.attrs["causal"] != 1 or P.attrs["has_mask"] or \
                 P.attrs["fill"] > HUGE_NEGATIVE or P.attrs["out_mode"] != 0:
             continue
-        a, b = C.attrs, P.attrs
-        m, k = b["m"], b["n"]
-        # A must read the probabilities exactly as the scores lie: (b0, b1, i, k) row-major
-        if (a["batch0"], a["batch1"], a["m"], a["k"]) != (b["batch0"], b["batch1"], m, k) or \
-                (a["a_off"], a["a_si"]) != (0, k) or \
-                (b["batch0"] > 1 and a["a_s0"] != b["batch1"] * m * k) or \
-                (b["batch1"] > 1 and a["a_s1"] != m * k):
+        if not _reads_probabilities(C, P):
             continue
-        _replace(layers, c, _with(C, causal=2, offset=b["offset"]))
+        _replace(layers, c, _with(C, causal=2, offset=P.attrs["offset"]))
+
+
+def _reads_probabilities(C: ir.Layer, P: ir.Layer) -> bool:
+    """The context MATMUL C reads the softmax of scores P exactly as the scores lie: its A is
+    (b0, b1, i, k) row-major over P's batches, queries and keys."""
+    a, b = C.attrs, P.attrs
+    m, k = b["m"], b["n"]
+    return (a["batch0"], a["batch1"], a["m"], a["k"]) == (b["batch0"], b["batch1"], m, k) and \
+        (a["a_off"], a["a_si"]) == (0, k) and \
+        not (b["batch0"] > 1 and a["a_s0"] != b["batch1"] * m * k) and \
+        not (b["batch1"] > 1 and a["a_s1"] != m * k)
 
 
 def _fuse_attention(layers, cons, outs):
@@ -514,11 +519,7 @@ def _fuse_attention(layers, cons, outs):
         if a.get("causal", 0) not in (0, 2) or (a.get("causal") == 2 and
                                                 (causal != 1 or a.get("offset") != off)):
             continue
-        m, k = b["m"], b["n"]
-        if (a["batch0"], a["batch1"], a["m"], a["k"]) != (b["batch0"], b["batch1"], m, k) or \
-                (a["a_off"], a["a_si"]) != (0, k) or \
-                (b["batch0"] > 1 and a["a_s0"] != b["batch1"] * m * k) or \
-                (b["batch1"] > 1 and a["a_s1"] != m * k):
+        if not _reads_probabilities(C, P):
             continue
         attrs = {key: b.get(key, 0) for key in ir.MATMUL_IPARAMS}
         attrs.update(out_mode=a["out_mode"], causal=causal, offset=off if causal else 0,

@@ -63,48 +63,60 @@ static int64_t input_elements(const layer *l, int i) {
     return ops_mul(ops_mul(ops_mul(l->in_n[i], l->in_c[i]), l->in_h[i]), l->in_w[i]);
 }
 
+/* What MATMUL and ATTENTION check alike: the output arrangement (out_n columns of a batch's
+ * output: MATMUL's N, ATTENTION's DV), the inputs (A, B, then the mask at input mask_in), the
+ * strides and offsets of A, B and the mask, and that each stays inside its input. */
+static coacto_status check_products(const layer *l, const matmul_params *q, const char *op,
+                                    int64_t out_n, int mask_in, char *err, size_t err_size) {
+    OPS_REQUIRE(q->out_mode == 0 || q->out_mode == 1, "%s out_mode %lld must be 0 or 1", op,
+                (long long)q->out_mode);
+    OPS_REQUIRE(q->has_mask == 0 || q->has_mask == 1, "%s has_mask must be 0 or 1", op);
+    OPS_REQUIRE(l->n_inputs == mask_in + q->has_mask, "%s with has_mask %lld takes %lld inputs, "
+                "got %d", op, (long long)q->has_mask, (long long)(mask_in + q->has_mask),
+                l->n_inputs);
+    int64_t cols = (int64_t)l->n * l->h * l->w;
+    int64_t want_cols = q->out_mode ? ops_mul(q->b0, q->m) : ops_mul(ops_mul(q->b0, q->b1), q->m);
+    int64_t want_rows = q->out_mode ? ops_mul(q->b1, out_n) : out_n;
+    OPS_REQUIRE(cols == want_cols && l->c == want_rows,
+                "%s output has %lld columns x %d rows, its dims and out_mode give %lld x %lld", op,
+                (long long)cols, l->c, (long long)want_cols, (long long)want_rows);
+    int64_t strides[] = {q->a_s0, q->a_s1, q->a_si, q->b_s0, q->b_s1, q->b_sk, q->b_sj,
+                         q->m_s0, q->m_s1, q->m_si, q->m_sj, q->a_off, q->b_off, q->m_off};
+    for (size_t i = 0; i < sizeof strides / sizeof strides[0]; i++)
+        OPS_REQUIRE(strides[i] >= 0, "%s strides and offsets must be >= 0", op);
+    OPS_REQUIRE(q->b_sk == 1 || q->b_sj == 1, "%s needs B contiguous along k or j (b_sk %lld, "
+                "b_sj %lld)", op, (long long)q->b_sk, (long long)q->b_sj);
+    int64_t a_dims[] = {q->b0, q->b1, q->m, q->k}, a_str[] = {q->a_s0, q->a_s1, q->a_si, 1};
+    int64_t b_dims[] = {q->b0, q->b1, q->k, q->n}, b_str[] = {q->b_s0, q->b_s1, q->b_sk, q->b_sj};
+    int64_t a_last = last_index(q->a_off, a_dims, a_str, 4);
+    int64_t b_last = last_index(q->b_off, b_dims, b_str, 4);
+    OPS_REQUIRE(a_last >= 0 && a_last < input_elements(l, 0),
+                "%s reads A up to element %lld of an input of %lld", op, (long long)a_last,
+                (long long)input_elements(l, 0));
+    OPS_REQUIRE(b_last >= 0 && b_last < input_elements(l, 1),
+                "%s reads B up to element %lld of an input of %lld", op, (long long)b_last,
+                (long long)input_elements(l, 1));
+    if (q->has_mask) {
+        OPS_REQUIRE(q->m_sj == 0 || q->m_sj == 1, "%s mask stride along j must be 0 or 1", op);
+        int64_t m_dims[] = {q->b0, q->b1, q->m, q->n};
+        int64_t m_str[] = {q->m_s0, q->m_s1, q->m_si, q->m_sj};
+        int64_t m_last = last_index(q->m_off, m_dims, m_str, 4);
+        OPS_REQUIRE(m_last >= 0 && m_last < input_elements(l, mask_in),
+                    "%s reads the mask up to element %lld of an input of %lld", op,
+                    (long long)m_last, (long long)input_elements(l, mask_in));
+    }
+    return COACTO_OK;
+}
+
 coacto_status matmul_prepare(layer *l, char *err, size_t err_size) {
     matmul_params q = matmul_params_of(l);
     OPS_REQUIRE(q.b0 >= 1 && q.b1 >= 1 && q.m >= 1 && q.n >= 1 && q.k >= 1,
                 "MATMUL dims %lldx%lldx%lldx%lldx%lld (B0, B1, M, N, K) must be positive",
                 (long long)q.b0, (long long)q.b1, (long long)q.m, (long long)q.n, (long long)q.k);
-    OPS_REQUIRE(q.out_mode == 0 || q.out_mode == 1, "MATMUL out_mode %lld must be 0 or 1",
-                (long long)q.out_mode);
     OPS_REQUIRE(q.causal >= 0 && q.causal <= 2, "MATMUL causal %lld must be 0, 1 or 2",
                 (long long)q.causal);
-    OPS_REQUIRE(q.has_mask == 0 || q.has_mask == 1, "MATMUL has_mask must be 0 or 1");
-    OPS_REQUIRE(l->n_inputs == 2 + q.has_mask, "MATMUL with has_mask %lld takes %lld inputs, got %d",
-                (long long)q.has_mask, (long long)(2 + q.has_mask), l->n_inputs);
-    int64_t cols = (int64_t)l->n * l->h * l->w;
-    int64_t want_cols = q.out_mode ? ops_mul(q.b0, q.m) : ops_mul(ops_mul(q.b0, q.b1), q.m);
-    int64_t want_rows = q.out_mode ? ops_mul(q.b1, q.n) : q.n;
-    OPS_REQUIRE(cols == want_cols && l->c == want_rows,
-                "MATMUL output has %lld columns x %d rows, its dims and out_mode give %lld x %lld",
-                (long long)cols, l->c, (long long)want_cols, (long long)want_rows);
-    int64_t strides[] = {q.a_s0, q.a_s1, q.a_si, q.b_s0, q.b_s1, q.b_sk, q.b_sj,
-                         q.m_s0, q.m_s1, q.m_si, q.m_sj, q.a_off, q.b_off, q.m_off};
-    for (size_t i = 0; i < sizeof strides / sizeof strides[0]; i++)
-        OPS_REQUIRE(strides[i] >= 0, "MATMUL strides and offsets must be >= 0");
-    OPS_REQUIRE(q.b_sk == 1 || q.b_sj == 1, "MATMUL needs B contiguous along k or j (b_sk %lld, "
-                "b_sj %lld)", (long long)q.b_sk, (long long)q.b_sj);
-    int64_t a_dims[] = {q.b0, q.b1, q.m, q.k}, a_str[] = {q.a_s0, q.a_s1, q.a_si, 1};
-    int64_t b_dims[] = {q.b0, q.b1, q.k, q.n}, b_str[] = {q.b_s0, q.b_s1, q.b_sk, q.b_sj};
-    int64_t a_last = last_index(q.a_off, a_dims, a_str, 4);
-    int64_t b_last = last_index(q.b_off, b_dims, b_str, 4);
-    OPS_REQUIRE(a_last >= 0 && a_last < input_elements(l, 0),
-                "MATMUL reads A up to element %lld of an input of %lld", (long long)a_last,
-                (long long)input_elements(l, 0));
-    OPS_REQUIRE(b_last >= 0 && b_last < input_elements(l, 1),
-                "MATMUL reads B up to element %lld of an input of %lld", (long long)b_last,
-                (long long)input_elements(l, 1));
-    if (q.has_mask) {
-        OPS_REQUIRE(q.m_sj == 0 || q.m_sj == 1, "MATMUL mask stride along j must be 0 or 1");
-        int64_t m_dims[] = {q.b0, q.b1, q.m, q.n}, m_str[] = {q.m_s0, q.m_s1, q.m_si, q.m_sj};
-        int64_t m_last = last_index(q.m_off, m_dims, m_str, 4);
-        OPS_REQUIRE(m_last >= 0 && m_last < input_elements(l, 2),
-                    "MATMUL reads the mask up to element %lld of an input of %lld",
-                    (long long)m_last, (long long)input_elements(l, 2));
-    }
+    coacto_status st = check_products(l, &q, "MATMUL", q.n, 2, err, err_size);
+    if (st != COACTO_OK) return st;
     const gemm_kernel *kern = l->kern ? l->kern : gemm_select();
     l->kern = kern;
     size_t jb = matmul_block_n(kern, q.n, q.k);
@@ -299,54 +311,22 @@ coacto_status attention_prepare(layer *l, char *err, size_t err_size) {
                 "ATTENTION dims %lldx%lldx%lldx%lldx%lldx%lld (B0, B1, M, N, K, DV) must be "
                 "positive", (long long)s->b0, (long long)s->b1, (long long)s->m, (long long)s->n,
                 (long long)s->k, (long long)q.dv);
-    OPS_REQUIRE(s->out_mode == 0 || s->out_mode == 1, "ATTENTION out_mode %lld must be 0 or 1",
-                (long long)s->out_mode);
     OPS_REQUIRE(s->causal == 0 || s->causal == 1, "ATTENTION causal %lld must be 0 or 1",
                 (long long)s->causal);
     OPS_REQUIRE(!s->causal || s->offset >= 0,
                 "ATTENTION causal offset %lld must be >= 0 (every query keeps a key)",
                 (long long)s->offset);
-    OPS_REQUIRE(s->has_mask == 0 || s->has_mask == 1, "ATTENTION has_mask must be 0 or 1");
-    OPS_REQUIRE(l->n_inputs == 3 + s->has_mask,
-                "ATTENTION with has_mask %lld takes %lld inputs, got %d", (long long)s->has_mask,
-                (long long)(3 + s->has_mask), l->n_inputs);
-    int64_t cols = (int64_t)l->n * l->h * l->w;
-    int64_t want_cols = s->out_mode ? ops_mul(s->b0, s->m) : ops_mul(ops_mul(s->b0, s->b1), s->m);
-    int64_t want_rows = s->out_mode ? ops_mul(s->b1, q.dv) : q.dv;
-    OPS_REQUIRE(cols == want_cols && l->c == want_rows,
-                "ATTENTION output has %lld columns x %d rows, its dims and out_mode give %lld x "
-                "%lld", (long long)cols, l->c, (long long)want_cols, (long long)want_rows);
-    int64_t strides[] = {s->a_s0, s->a_s1, s->a_si, s->b_s0, s->b_s1, s->b_sk, s->b_sj,
-                         s->m_s0, s->m_s1, s->m_si, s->m_sj, s->a_off, s->b_off, s->m_off,
-                         q.v_off, q.v_s0, q.v_s1, q.v_sk, q.v_sj};
-    for (size_t i = 0; i < sizeof strides / sizeof strides[0]; i++)
-        OPS_REQUIRE(strides[i] >= 0, "ATTENTION strides and offsets must be >= 0");
-    OPS_REQUIRE(s->b_sk == 1 || s->b_sj == 1, "ATTENTION needs the keys contiguous along k or j");
+    coacto_status st = check_products(l, s, "ATTENTION", q.dv, 3, err, err_size);
+    if (st != COACTO_OK) return st;
+    int64_t v_str[] = {q.v_s0, q.v_s1, q.v_sk, q.v_sj}, v_dims[] = {s->b0, s->b1, s->n, q.dv};
+    OPS_REQUIRE(q.v_off >= 0 && q.v_s0 >= 0 && q.v_s1 >= 0 && q.v_sk >= 0 && q.v_sj >= 0,
+                "ATTENTION value strides and offset must be >= 0");
     OPS_REQUIRE(q.v_sk == 1 || q.v_sj == 1, "ATTENTION needs the values contiguous along a key "
                 "or a feature (v_sk %lld, v_sj %lld)", (long long)q.v_sk, (long long)q.v_sj);
-    int64_t a_dims[] = {s->b0, s->b1, s->m, s->k}, a_str[] = {s->a_s0, s->a_s1, s->a_si, 1};
-    int64_t b_dims[] = {s->b0, s->b1, s->k, s->n}, b_str[] = {s->b_s0, s->b_s1, s->b_sk, s->b_sj};
-    int64_t v_dims[] = {s->b0, s->b1, s->n, q.dv}, v_str[] = {q.v_s0, q.v_s1, q.v_sk, q.v_sj};
-    int64_t a_last = last_index(s->a_off, a_dims, a_str, 4);
-    int64_t b_last = last_index(s->b_off, b_dims, b_str, 4);
     int64_t v_last = last_index(q.v_off, v_dims, v_str, 4);
-    OPS_REQUIRE(a_last >= 0 && a_last < input_elements(l, 0),
-                "ATTENTION reads the queries up to element %lld of an input of %lld",
-                (long long)a_last, (long long)input_elements(l, 0));
-    OPS_REQUIRE(b_last >= 0 && b_last < input_elements(l, 1),
-                "ATTENTION reads the keys up to element %lld of an input of %lld",
-                (long long)b_last, (long long)input_elements(l, 1));
     OPS_REQUIRE(v_last >= 0 && v_last < input_elements(l, 2),
                 "ATTENTION reads the values up to element %lld of an input of %lld",
                 (long long)v_last, (long long)input_elements(l, 2));
-    if (s->has_mask) {
-        OPS_REQUIRE(s->m_sj == 0 || s->m_sj == 1, "ATTENTION mask stride along j must be 0 or 1");
-        int64_t m_dims[] = {s->b0, s->b1, s->m, s->n}, m_str[] = {s->m_s0, s->m_s1, s->m_si, s->m_sj};
-        int64_t m_last = last_index(s->m_off, m_dims, m_str, 4);
-        OPS_REQUIRE(m_last >= 0 && m_last < input_elements(l, 3),
-                    "ATTENTION reads the mask up to element %lld of an input of %lld",
-                    (long long)m_last, (long long)input_elements(l, 3));
-    }
     const gemm_kernel *kern = l->kern ? l->kern : gemm_select();
     l->kern = kern;
     OPS_REQUIRE(kern->mr <= ATTN_MAX_ROWS, "kernel %s has more than %d rows", kern->name,

@@ -59,6 +59,20 @@ static void matmul_strides_b(const matmul_case *mc, int32_t *p) {
     }
 }
 
+/* The case's mask (none: an empty tensor), its parameters set in p. */
+static tensor matmul_mask(const matmul_case *mc, int32_t *p) {
+    int b0 = mc->b0, b1 = mc->b1, m = mc->m, n = mc->n;
+    tensor mk_ = {0, 0, 0, 0, NULL};
+    if (mc->mask == M_NONE) return mk_;
+    int count = mc->mask == M_PADDING ? b0 * n : mc->mask == M_ROW ? b0 * b1 * m : b0 * b1 * m * n;
+    mk_ = t_rand(1, mc->extra + count, 1, 1, -2, 0);
+    p[17] = 1, p[18] = mc->extra;
+    if (mc->mask == M_PADDING) p[19] = n, p[20] = 0, p[21] = 0, p[22] = 1;
+    else if (mc->mask == M_ROW) p[19] = b1 * m, p[20] = m, p[21] = 1, p[22] = 0;
+    else p[19] = b1 * m * n, p[20] = m * n, p[21] = n, p[22] = 1;
+    return mk_;
+}
+
 static void test_matmul(const matmul_case *mc, const gemm_kernel *kern) {
     int b0 = mc->b0, b1 = mc->b1, m = mc->m, n = mc->n, k = mc->k;
     int32_t p[32] = {b0, b1, m, n, k};
@@ -68,15 +82,7 @@ static void test_matmul(const matmul_case *mc, const gemm_kernel *kern) {
     int a_size = mc->extra + b0 * b1 * m * k;
     int b_size = mc->extra + (mc->b_layout == B_BROADCAST0 ? 1 : b0) * b1 * k * n;
     tensor a = t_rand(1, a_size, 1, 1, -1, 1), b = t_rand(1, b_size, 1, 1, -1, 1);
-    tensor mk_ = {0, 0, 0, 0, NULL};
-    if (mc->mask != M_NONE) {
-        int count = mc->mask == M_PADDING ? b0 * n : mc->mask == M_ROW ? b0 * b1 * m : b0 * b1 * m * n;
-        mk_ = t_rand(1, mc->extra + count, 1, 1, -2, 0);
-        p[17] = 1, p[18] = mc->extra;
-        if (mc->mask == M_PADDING) p[19] = n, p[20] = 0, p[21] = 0, p[22] = 1;
-        else if (mc->mask == M_ROW) p[19] = b1 * m, p[20] = m, p[21] = 1, p[22] = 0;
-        else p[19] = b1 * m * n, p[20] = m * n, p[21] = n, p[22] = 1;
-    }
+    tensor mk_ = matmul_mask(mc, p);
     int cols = mc->out_mode ? b0 * m : b0 * b1 * m, rows = mc->out_mode ? b1 * n : n;
     layer l = mk(COACTO_OP_MATMUL, cols, rows, 1, 1);
     memcpy(l.iparams, p, sizeof p);
@@ -176,15 +182,7 @@ static void test_attention(const attention_case *ac, const gemm_kernel *kern) {
     int v_size = o + (ac->v_layout == V_BROADCAST0 ? 1 : b0) * b1 * n * dv;
     tensor a = t_rand(1, a_size, 1, 1, -1, 1), b = t_rand(1, b_size, 1, 1, -1, 1);
     tensor vt = t_rand(1, v_size, 1, 1, -1, 1);
-    tensor mk_ = {0, 0, 0, 0, NULL};
-    if (mc->mask != M_NONE) {
-        int count = mc->mask == M_PADDING ? b0 * n : mc->mask == M_ROW ? b0 * b1 * m : b0 * b1 * m * n;
-        mk_ = t_rand(1, o + count, 1, 1, -2, 0);
-        p[17] = 1, p[18] = o;
-        if (mc->mask == M_PADDING) p[19] = n, p[20] = 0, p[21] = 0, p[22] = 1;
-        else if (mc->mask == M_ROW) p[19] = b1 * m, p[20] = m, p[21] = 1, p[22] = 0;
-        else p[19] = b1 * m * n, p[20] = m * n, p[21] = n, p[22] = 1;
-    }
+    tensor mk_ = matmul_mask(mc, p);
     int cols = mc->out_mode ? b0 * m : b0 * b1 * m, rows = mc->out_mode ? b1 * dv : dv;
     layer l = mk(COACTO_OP_ATTENTION, cols, rows, 1, 1);
     memcpy(l.iparams, p, sizeof p);
