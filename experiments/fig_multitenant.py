@@ -4,7 +4,9 @@ latency and the system's throughput, per policy, for 1, 2, 4 and 8 devices.
 Each device is its own process (its own ZeroMQ identity, runtime and link) in the testbed's
 device namespace, all pinned to CPU 0; each gets its own CPU quota (`--quota` of a core) while
 the devices' quotas sum to at most one core — beyond that (8 devices at 25%) the core is shared
-and each device is slower than its quota, which the CSV's `device_quota` column says. Each device
+and each device is slower than its quota, which the CSV's `device_quota` column says. On a
+machine with more cores, `--device-cpus` gives each device a core of its own (its quota then
+the only limit, as on a real device). Each device
 has its own link: the client's token bucket at `--bandwidth` (a real device has its own radio
 link; the veth between the namespaces is left unshaped). The server: one thread on CPU 1.
 All devices start together and each runs `--repeat` inferences back to back; throughput is all
@@ -21,6 +23,8 @@ server's load held as under `dynamic`.
     python experiments/fig_multitenant.py --out results/
     python experiments/fig_multitenant.py --quick --devices 1,2,4
     python experiments/fig_multitenant.py --devices 4 --policies local,dynamic --control
+    python experiments/fig_multitenant.py --devices 4 --policies local,dynamic \
+        --server-cpus 1 --device-cpus 2,3,4,5
 """
 from __future__ import annotations
 
@@ -66,6 +70,26 @@ def run_round(devs, policy, repeat: int, bw: str) -> tuple[list[dict], float]:
     return results, wall
 
 
+def chunk_sizes(repeat: int, chunk: int | None) -> list[int]:
+    """``repeat`` inferences per setting in runs of at most ``chunk`` (None: one run)."""
+    if not chunk or chunk >= repeat:
+        return [repeat]
+    return [chunk] * (repeat // chunk) + ([repeat % chunk] if repeat % chunk else [])
+
+
+def merge(acc: dict, results: list[dict], wall: float) -> None:
+    """One chunk's per-device results added to a setting's (latencies and stats in order)."""
+    if "results" not in acc:
+        acc.update(results=[{"latencies_s": [], "stats": [], "max_rel_error": 0.0}
+                            for _ in results], inferences=0, wall_s=0.0)
+    for mine, r in zip(acc["results"], results):
+        mine["latencies_s"] += r["latencies_s"]
+        mine["stats"] += r["stats"]
+        mine["max_rel_error"] = max(mine["max_rel_error"], r["max_rel_error"])
+    acc["inferences"] += sum(len(r["latencies_s"]) for r in results)
+    acc["wall_s"] += wall
+
+
 def device_row(n: int, i: int, dev, policy: str, rnd: int, r: dict, throughput: float,
                args) -> dict:
     return {"devices": n, "device": i, "model": dev.case.name, "policy": policy, "round": rnd,
@@ -95,6 +119,17 @@ def main(argv=None) -> int:
                     help="device counts (default: 1,2,4,8; --quick: 1,2,4)")
     ap.add_argument("--bandwidth", type=float, default=100, help="each device's Mbit/s (default: %(default)s)")
     ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--chunk", type=int, default=None, metavar="K",
+                    help="run each setting's --repeat inferences K at a time, the settings "
+                         "taking turns (default: all at once): a machine whose speed drifts "
+                         "over seconds then slows every setting alike, where whole runs would "
+                         "give one setting the slow spell and its p95")
+    ap.add_argument("--server-cpus", default="1", metavar="CPUS",
+                    help="the server's CPU (taskset list; default: %(default)s)")
+    ap.add_argument("--device-cpus", default=None, metavar="C,C",
+                    help="one CPU per device, in device order (default: all on CPU 0, their "
+                         "quotas sharing it): on a machine with cores to spare, '2,3,4,5' gives "
+                         "each of four devices a core of its own, as real devices have")
     ap.add_argument("--control", action="store_true",
                     help=f"per round and device, a sub-round with that device on local and the "
                          f"others on dynamic (rows '{CONTROL}'): a device's dynamic p95 over "
@@ -108,10 +143,16 @@ def main(argv=None) -> int:
                  "dynamic devices: add dynamic to --policies")
     counts = [int(x) for x in args.devices.split(",")] if args.devices else \
         ([1, 2, 4] if args.quick else [1, 2, 4, 8])
+    device_cpus = [c for c in args.device_cpus.split(",") if c] if args.device_cpus else None
+    if device_cpus is not None and len(device_cpus) < max(counts):
+        ap.error(f"--device-cpus names {len(device_cpus)} CPUs for {max(counts)} devices: "
+                 "give one per device")
     if max(counts) > len(args.models):
         raise SystemExit(f"{max(counts)} devices need {max(counts)} distinct models; --models "
                          f"gives {len(args.models)}")
     bw = f"{args.bandwidth:g}mbit"
+    if args.chunk is not None and args.chunk < 1:
+        ap.error("--chunk: give a number of inferences >= 1")
     steps = sum(counts) * len(args.policies) + \
         (sum(n * n for n in counts if n > 1) if args.control else 0)
     progress = H.Progress(steps * args.rounds, "multitenant")
@@ -124,7 +165,9 @@ def main(argv=None) -> int:
         cases = [wd.model(m) for m in args.models[:max(counts)]]
         for n in counts:
             with H.Server(tb, wd, cases[:n], threads=1) as srv:
-                devs = [H.Device(tb, srv, c, slot=i) for i, c in enumerate(cases[:n])]
+                devs = [H.Device(tb, srv, c, slot=i,
+                                 cpus=device_cpus[i] if device_cpus else None)
+                        for i, c in enumerate(cases[:n])]
                 for d in devs:
                     d.__enter__()
                 try:
@@ -132,28 +175,39 @@ def main(argv=None) -> int:
                         d.calibrate(bw)
                         d.run("dynamic", repeat=0, warmup=1, bandwidth=bw)
                     for rnd in range(args.rounds):
-                        for policy in H.rotation(args.policies, rnd):
-                            results, wall = run_round(devs, policy, args.repeat, bw)
-                            thr = sum(len(r["latencies_s"]) for r in results) / wall
-                            rows += [device_row(n, i, devs[i], policy, rnd, r, thr, args)
-                                     for i, r in enumerate(results)]
-                            progress.step(n, f"{n} devices {policy}")
-                        for i in range(n if args.control and n > 1 else 0):
-                            mixed = ["dynamic"] * n
-                            mixed[i] = "local"
-                            results, wall = run_round(devs, mixed, args.repeat, bw)
-                            thr = sum(len(r["latencies_s"]) for r in results) / wall
-                            rows.append(device_row(n, i, devs[i], CONTROL, rnd, results[i], thr,
-                                                   args))
-                            progress.step(n, f"{n} devices, device {i} {CONTROL}")
+                        # (label, the policy of each device, the device whose row it is or None)
+                        setups = [(p, p, None) for p in H.rotation(args.policies, rnd)]
+                        setups += [(CONTROL, ["dynamic"] * i + ["local"] +
+                                       ["dynamic"] * (n - i - 1), i)
+                                      for i in range(n if args.control and n > 1 else 0)]
+                        got: dict = {}
+                        for c, k in enumerate(chunk_sizes(args.repeat, args.chunk)):
+                            # the order reversed every other chunk: no setting always follows
+                            # the same one
+                            for label, policy, only in (setups if c % 2 == 0
+                                                        else setups[::-1]):
+                                results, wall = run_round(devs, policy, k, bw)
+                                merge(got.setdefault((label, only), {}), results, wall)
+                                progress.step(n * k / args.repeat,
+                                              f"{n} devices {label}"
+                                              + (f" (device {only})" if only is not None else ""))
+                        for label, _, only in setups:
+                            acc = got[(label, only)]
+                            thr = acc["inferences"] / acc["wall_s"]
+                            rows += [device_row(n, i, devs[i], label, rnd, r, thr, args)
+                                     for i, r in enumerate(acc["results"])
+                                     if only is None or i == only]
                 finally:
                     for d in devs:
                         d.__exit__()
     progress.close()
     settings = {"quota_per_device": args.quota, "bandwidth_mbps_per_device": args.bandwidth,
                 "repeat": args.repeat, "rounds": args.rounds, "control": args.control,
+                "chunk": args.chunk,
                 "server_threads": 1,
-                "device_threads": 1, "models": args.models[:max(counts)], "testbed": described}
+                "device_threads": 1, "models": args.models[:max(counts)],
+                "device_cpus": device_cpus or ["shared: the testbed's device CPU"],
+                "testbed": described}
     H.write_table(args.out, "multitenant", rows, settings)
     png = plot(args.out, rows, {k: v for k, v in settings.items() if k != "testbed"})
     for n in counts:

@@ -213,9 +213,11 @@ class Device:
     """experiments/device_driver.py for one model, in the device namespace and CPU quota."""
 
     def __init__(self, tb, server: Server | None, case: ModelCase, threads: int = 1,
-                 tiles: int | None = None, timeout: float = 5.0, slot: int | None = None):
-        # slot: one of several devices at once, each in a CPU quota of its own
-        self.tb, self.case, self.slot = tb, case, slot
+                 tiles: int | None = None, timeout: float = 5.0, slot: int | None = None,
+                 cpus: str | None = None):
+        # slot: one of several devices at once, each in a CPU quota of its own; cpus: pinned
+        # there rather than on the testbed's device CPU
+        self.tb, self.case, self.slot, self.cpus = tb, case, slot, cpus
         address = server.address if server is not None else "tcp://127.0.0.1:9"
         argv = [sys.executable, str(HERE / "device_driver.py"), "--server", address,
                 "--model", str(case.path), "--inputs", str(case.inputs),
@@ -231,8 +233,7 @@ class Device:
 
     def __enter__(self) -> "Device":
         self._logf = open(self.log, "w")
-        cmd = self.tb.device_cmd(self.argv) if self.slot is None else \
-            self.tb.device_cmd(self.argv, slot=self.slot)
+        cmd = self.tb.device_cmd(self.argv, slot=self.slot, cpus=self.cpus)
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=self._logf, text=True,
                                      start_new_session=True)
@@ -470,7 +471,8 @@ def testbed(args):
     sys.path.insert(0, str(HERE))
     from testbed import Testbed
 
-    return Testbed(quota=args.quota, mode=args.mode, name=args.testbed_name)
+    return Testbed(quota=args.quota, mode=args.mode, name=args.testbed_name,
+                   server_cpus=getattr(args, "server_cpus", "1"))
 
 
 # ----------------------------------------------------------------------------- measurements

@@ -584,16 +584,26 @@ class Testbed:
         cmd = self._pin(self.server_cpus, list(argv))
         return ["ip", "netns", "exec", self._srv_ns, *cmd] if self.mode == "netns" else cmd
 
-    def device_cmd(self, argv: list[str], *, slot: int | None = None) -> list[str]:
+    def device_cmd(self, argv: list[str], *, slot: int | None = None,
+                   cpus: str | None = None) -> list[str]:
         """``argv`` run in the device namespace, pinned to ``device_cpu``, inside the CPU quota
         (all its threads and children inherit it). ``slot`` (0, 1, ...): one of several devices
-        run at once, in a quota of its own rather than sharing one."""
+        run at once, in a quota of its own rather than sharing one. ``cpus``: pinned there
+        instead of ``device_cpu`` (several devices on a machine with a core for each)."""
         self._check_open()
         if not argv:
             raise TestbedError("device_cmd needs a command to run")
         if slot is not None and (isinstance(slot, bool) or not isinstance(slot, int) or slot < 0):
             raise TestbedError(f"slot {slot!r}: number the devices 0, 1, 2, ... (or None)")
-        cmd = self._pin(self.device_cpu, list(argv))
+        if cpus is None:
+            cpus = self.device_cpu
+        else:
+            cpus, cpu_set = _parse_cpus(cpus, "the device's cpus")
+            shared = cpu_set & _parse_cpus(self.server_cpus, "server_cpus")[1]
+            if shared:
+                log.warning("a device shares CPU %s with the server: they compete for it",
+                            _format_cpus(shared))
+        cmd = self._pin(cpus, list(argv))
         if self.mode == "netns":
             cmd = ["ip", "netns", "exec", self._dev_ns, *cmd]
         group = self.cgroup_dir if slot is None or self.cgroup_dir is None \

@@ -93,6 +93,24 @@ def test_multitenant_compares_each_devices_pooled_p95():
     assert got == [(4, 1, "m1", pytest.approx(0.8))]
 
 
+def test_multitenant_chunks_keep_every_inference_in_order():
+    import fig_multitenant as M
+
+    assert M.chunk_sizes(20, None) == [20] and M.chunk_sizes(20, 40) == [20]
+    assert M.chunk_sizes(20, 5) == [5, 5, 5, 5] and M.chunk_sizes(7, 3) == [3, 3, 1]
+    acc: dict = {}
+    for c, k in enumerate(M.chunk_sizes(7, 3)):
+        lat = [c + j / 10 for j in range(k)]
+        M.merge(acc, [{"latencies_s": lat, "stats": [{"c": c}] * k, "max_rel_error": c * 1e-6},
+                      {"latencies_s": [9.0] * k, "stats": [{}] * k, "max_rel_error": 0.0}],
+                wall=2.0)
+    first, second = acc["results"]
+    assert first["latencies_s"] == [0, 0.1, 0.2, 1, 1.1, 1.2, 2]
+    assert [s["c"] for s in first["stats"]] == [0, 0, 0, 1, 1, 1, 2]
+    assert first["max_rel_error"] == 2e-6 and second["latencies_s"] == [9.0] * 7
+    assert acc["inferences"] == 14 and acc["wall_s"] == 6.0
+
+
 def test_fig_sim_refuses_an_unknown_figure(capsys, tmp_path):
     import fig_sim
 

@@ -310,3 +310,22 @@ def test_cli_check_json(name, capsys):
     assert rc == 0 and out["testbed"]["mode"] == "shaper" and out["testbed"]["nominal_mbps"] == 20
     assert set(out["link"]) >= {"goodput_up_mbps", "goodput_down_mbps", "rtt_ms"}
     assert testbed.main(["check", "--quota", "2", "--mode", "shaper", "--name", name]) == 1
+
+
+@pytest.mark.skipif(shutil.which("taskset") is None, reason="pinning needs taskset")
+def test_a_device_can_be_pinned_to_a_cpu_of_its_own(name):
+    with testbed.Testbed(mode="shaper", quota=None, name=name, server_cpus=SERVER_CPU,
+                         device_cpu=DEVICE_CPU) as tb:
+        cmd = tb.device_cmd(["true"])
+        assert cmd[cmd.index("-c") + 1] == DEVICE_CPU
+        cmd = tb.device_cmd(["true"], slot=1, cpus=SERVER_CPU)
+        assert cmd[cmd.index("-c") + 1] == SERVER_CPU and cmd[-1] == "true"
+        out = subprocess.run(tb.device_cmd([sys.executable, "-c",
+                                            "import os; print(sorted(os.sched_getaffinity(0)))"],
+                                           cpus=SERVER_CPU),
+                             capture_output=True, text=True, check=True).stdout
+        assert out.strip() == f"[{SERVER_CPU}]"
+        with pytest.raises(testbed.TestbedError, match="cannot run on"):
+            tb.device_cmd(["true"], cpus="4096")
+        with pytest.raises(testbed.TestbedError, match="CPU list"):
+            tb.device_cmd(["true"], cpus="two")
