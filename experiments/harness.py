@@ -102,16 +102,28 @@ def fmt_s(s: float) -> str:
 
 # ----------------------------------------------------------------------------- models
 
+def model_file(spec: str) -> Path | None:
+    """``spec`` as an ONNX file of the user's (a path ending in .onnx), else None (a zoo name)."""
+    return Path(spec) if spec.endswith(".onnx") else None
+
+
+#: The experiment's own ONNX files by the name they go by (their stem; resolve_common fills it).
+MODEL_FILES: dict[str, Path] = {}
+
+
 class ModelCase:
-    """A zoo model saved as ONNX with its inputs and onnxruntime's outputs."""
+    """A zoo model, or one of the user's ONNX files (MODEL_FILES), saved as ONNX with random
+    inputs and onnxruntime's outputs."""
 
     def __init__(self, name: str, folder: Path, **kw):
+        import onnx
         import onnxruntime as ort
 
         from coacto import zoo
 
         self.name = name
-        model = zoo.build(name, **kw)
+        model = onnx.load(str(MODEL_FILES[name])) if name in MODEL_FILES else \
+            zoo.build(name, **kw)
         self.path = folder / "models" / f"{name}.onnx"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.path.write_bytes(model.SerializeToString())
@@ -142,7 +154,7 @@ class Workdir:
     def model(self, name: str, **kw) -> ModelCase:
         from coacto import zoo
 
-        if self.image_size and name not in zoo.TRANSFORMERS:
+        if self.image_size and name not in zoo.TRANSFORMERS and name not in MODEL_FILES:
             kw.setdefault("image_size", self.image_size)
         return ModelCase(name, self.path, **kw)
 
@@ -415,7 +427,9 @@ def add_common_args(ap, models=FIGURE_MODELS, quick_models=None) -> None:
                     help="a reduced sweep (fewer settings and repeats) for CI and a first look")
     quick_note = f"; --quick: {','.join(quick_models)}" if quick_models else ""
     ap.add_argument("--models", default=None, metavar="M,M",
-                    help=f"zoo models (default: {','.join(models)}{quick_note})")
+                    help=f"zoo models or ONNX files (paths ending in .onnx, named in the "
+                         f"results by their stem; inputs random, outputs checked against "
+                         f"onnxruntime's) (default: {','.join(models)}{quick_note})")
     ap.set_defaults(default_models=models, quick_models=quick_models or models)
     ap.add_argument("--quota", type=float, default=0.25,
                     help="the device's CPU share of one core (cgroup quota): 0.25 makes it 4x "
@@ -461,10 +475,27 @@ def resolve_common(args) -> None:
                         format="%(message)s", stream=sys.stderr)
     from coacto import zoo
 
-    unknown = [m for m in args.models if m not in zoo.MODELS]
+    files = [model_file(m) for m in args.models if model_file(m) is not None]
+    missing = [str(f) for f in files if not f.is_file()]
+    if missing:
+        raise SystemExit(f"no such ONNX file: {', '.join(missing)}")
+    stems = [f.stem for f in files] + [m for m in args.models if model_file(m) is None]
+    clash = sorted({f.stem for f in files} & set(zoo.MODELS))
+    if clash:
+        raise SystemExit(f"the file {clash[0]}.onnx would go by the name of the zoo's "
+                         f"{clash[0]} in the results: rename the file")
+    twice = sorted({s for s in stems if stems.count(s) > 1})
+    if twice:
+        raise SystemExit(f"two models would be named {', '.join(twice)} in the results (a file "
+                         "is named by its stem): rename one")
+    unknown = [m for m in args.models if model_file(m) is None and m not in zoo.MODELS]
     if unknown:
         raise SystemExit(f"unknown model(s) {', '.join(unknown)}; choose from "
-                         f"{', '.join(sorted(zoo.MODELS))}")
+                         f"{', '.join(sorted(zoo.MODELS))}, or give an ONNX file (a path "
+                         "ending in .onnx)")
+    # from here on every model goes by its name: a file by its stem
+    MODEL_FILES.update({f.stem: f.resolve() for f in files})
+    args.models = [model_file(m).stem if model_file(m) is not None else m for m in args.models]
 
 
 def testbed(args):

@@ -188,12 +188,44 @@ def _run_script(script: str, *args, timeout=300):
     return r
 
 
+def test_models_may_be_onnx_files_named_by_their_stem(tmp_path, monkeypatch):
+    import argparse
+
+    monkeypatch.setattr(H, "MODEL_FILES", {})
+    (tmp_path / "mine.onnx").write_bytes(b"")
+
+    def resolve(models):
+        ap = argparse.ArgumentParser()
+        H.add_common_args(ap)
+        args = ap.parse_args(["--models", models, "--out", str(tmp_path)])
+        H.resolve_common(args)
+        return args.models
+
+    assert resolve(f"resnet50,{tmp_path / 'mine.onnx'}") == ["resnet50", "mine"]
+    assert H.MODEL_FILES == {"mine": (tmp_path / "mine.onnx").resolve()}
+    for models, says in [(str(tmp_path / "absent.onnx"), "no such ONNX file"),
+                         (f"{tmp_path / 'mine.onnx'},mine", "named mine"),
+                         ("resnet5", "or give an ONNX file")]:
+        with pytest.raises(SystemExit, match=says):
+            resolve(models)
+    (tmp_path / "vgg16.onnx").write_bytes(b"")
+    with pytest.raises(SystemExit, match="rename the file"):
+        resolve(str(tmp_path / "vgg16.onnx"))
+
+
 def test_a_small_bandwidth_sweep_on_the_testbed(tmp_path):
-    r = _run_script("fig_bandwidth.py", "--models", "mobilenetv2", "--image-size", "64",
+    # a model file of the user's, exported in another tool's style (the ONNX model zoo's:
+    # opset 9, initializers listed as graph inputs)
+    from coacto import zoo
+
+    model = zoo.save("mobilenetv2", tmp_path / "mnv2_zoo_style.onnx", style="zoo", image_size=64)
+    r = _run_script("fig_bandwidth.py", "--models", str(model),
                     "--bandwidths", "50", "--policies", "local,cloud,dynamic", "--repeat", "1",
-                    "--rounds", "1", "--no-ref", "--out", tmp_path)
+                    "--rounds", "1", "--no-ref", "--out", tmp_path / "out")
+    tmp_path = tmp_path / "out"
     with open(tmp_path / "bandwidth.csv") as f:
         rows = list(csv.DictReader(f))
+    assert {r["model"] for r in rows} == {"mnv2_zoo_style"}
     assert sorted(r["policy"] for r in rows) == ["cloud", "dynamic", "local"]
     meta = json.loads((tmp_path / "bandwidth.settings.json").read_text())
     for row in rows:
