@@ -248,6 +248,10 @@ class NativeRuntime:
         check(lib.coacto_runtime_set_worker_nice(self.handle, int(nice)),
               f"setting the computing threads' priority to nice {nice}")
 
+    def heads_up(self) -> None:
+        """Work is coming: sleeping computing threads wake now (coacto_runtime_heads_up)."""
+        lib.coacto_runtime_heads_up(self.handle)
+
     def close(self) -> None:
         self._finalizer()
 

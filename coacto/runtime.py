@@ -375,6 +375,7 @@ class Runtime:
         if rt is None:
             raise CoactoError("this Runtime is closed; create a new one")
         self._check_feeds(feeds)
+        rt.heads_up()
         with NativeInference(rt, self.graph) as inf:
             inf.set_inplace()  # every tile is computed here
             with self._lock:

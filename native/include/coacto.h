@@ -179,6 +179,10 @@ int32_t coacto_runtime_threads(const coacto_runtime *rt);
 /* Sets the scheduling priority (nice, -20..19) of the computing threads. A device gives them a
  * lower priority than its communication engine so computing never delays sending. */
 coacto_status coacto_runtime_set_worker_nice(coacto_runtime *rt, int32_t nice);
+/* Work is about to come (an inference the caller is starting): sleeping computing threads wake
+ * now and poll for it, rather than when its first tiles are pushed, so that their wake-up
+ * overlaps the caller's preparation (reading the inputs). Does nothing when none sleeps. */
+void coacto_runtime_heads_up(coacto_runtime *rt);
 
 /* Validates the description completely (a corrupt file must not crash the runtime) and copies /
  * packs what it needs; the description may be freed afterwards. On failure a message is written

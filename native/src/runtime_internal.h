@@ -134,6 +134,7 @@ struct coacto_runtime {
     worker *workers;
     _Alignas(COACTO_CACHE_LINE) atomic_long pending; /* tasks in the pool */
     _Alignas(COACTO_CACHE_LINE) atomic_int sleepers;
+    atomic_uint heads_up; /* bumped by coacto_runtime_heads_up: sleepers wake to poll */
     atomic_uint push_cursor;
     pthread_mutex_t sleep_mu;
     pthread_cond_t sleep_cv;

@@ -979,11 +979,48 @@ static void run_inplace_case(int seed, int threads, int *aliased) {
     free(first), free(tile_layer), free(bounds), free(poff), free(parents);
 }
 
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
+
+static unsigned total_progress(coacto_runtime *rt) {
+    unsigned sum = 0;
+    for (int i = 0; i < rt->n_threads; i++) sum += atomic_load(&rt->workers[i].progress);
+    return sum;
+}
+
+/* A heads-up wakes sleeping workers (their pulse moves) with no work in the pool, and they go
+ * back to sleep after their poll; without one, sleeping workers stay asleep. */
+static void run_heads_up(void) {
+    coacto_runtime *rt = NULL;
+    CHECK(coacto_runtime_create(2, &rt) == COACTO_OK, "heads_up: runtime_create");
+    if (!rt) return;
+    coacto_runtime_heads_up(NULL); /* ignored */
+    double until = now_s() + 5;
+    while (atomic_load(&rt->sleepers) < 2 && now_s() < until) sched_yield();
+    CHECK(atomic_load(&rt->sleepers) == 2, "heads_up: the workers never slept");
+    unsigned before = total_progress(rt);
+    struct timespec pause = {0, 20 * 1000 * 1000};
+    nanosleep(&pause, NULL);
+    CHECK(total_progress(rt) == before, "heads_up: sleeping workers ran without one");
+    coacto_runtime_heads_up(rt);
+    until = now_s() + 5;
+    while (total_progress(rt) == before && now_s() < until) sched_yield();
+    CHECK(total_progress(rt) != before, "heads_up: no sleeping worker woke");
+    until = now_s() + 5;
+    while (atomic_load(&rt->sleepers) < 2 && now_s() < until) sched_yield();
+    CHECK(atomic_load(&rt->sleepers) == 2, "heads_up: the workers did not sleep again");
+    coacto_runtime_destroy(rt);
+}
+
 int main(void) {
     int cases = getenv("COACTO_TEST_QUICK") ? 20 : 60;
     for (int s = 0; s < cases; s++) run_case(s, 1 + s % 4, 0);
     for (int s = 0; s < cases / 2; s++) run_case(1000 + s, 2 + s % 3, 1);
     run_concurrent();
+    run_heads_up();
     run_destroy_at_once();
     run_cancel_long_tile();
     run_invalid();
