@@ -123,7 +123,9 @@ def main(argv=None) -> int:
                     help="run each setting's --repeat inferences K at a time, the settings "
                          "taking turns (default: all at once): a machine whose speed drifts "
                          "over seconds then slows every setting alike, where whole runs would "
-                         "give one setting the slow spell and its p95")
+                         "give one setting the slow spell and its p95; the throughput then "
+                         "sums each chunk's time to its slowest device, a barrier every K "
+                         "inferences, so compare it only with runs of the same K")
     ap.add_argument("--server-cpus", default="1", metavar="CPUS",
                     help="the server's CPU (taskset list; default: %(default)s)")
     ap.add_argument("--device-cpus", default=None, metavar="C,C",
@@ -153,6 +155,18 @@ def main(argv=None) -> int:
     bw = f"{args.bandwidth:g}mbit"
     if args.chunk is not None and args.chunk < 1:
         ap.error("--chunk: give a number of inferences >= 1")
+    if args.repeat < 1:
+        ap.error("--repeat: give a number of inferences >= 1")
+    if device_cpus is not None:
+        import os
+
+        usable = os.sched_getaffinity(0)
+        bad = [c for c in device_cpus if not c.isdigit() or int(c) not in usable]
+        if bad:
+            ap.error(f"--device-cpus: CPU {bad[0]} is not one this process may run on "
+                     f"(usable: {','.join(str(c) for c in sorted(usable))})")
+        # the testbed's own device CPU (its settings, its overlap check) is the first device's
+        args.device_cpu = device_cpus[0]
     steps = sum(counts) * len(args.policies) + \
         (sum(n * n for n in counts if n > 1) if args.control else 0)
     progress = H.Progress(steps * args.rounds, "multitenant")
@@ -168,9 +182,11 @@ def main(argv=None) -> int:
                 devs = [H.Device(tb, srv, c, slot=i,
                                  cpus=device_cpus[i] if device_cpus else None)
                         for i, c in enumerate(cases[:n])]
-                for d in devs:
-                    d.__enter__()
+                entered = []
                 try:
+                    for d in devs:
+                        d.__enter__()
+                        entered.append(d)
                     for d in devs:
                         d.calibrate(bw)
                         d.run("dynamic", repeat=0, warmup=1, bandwidth=bw)
@@ -182,10 +198,10 @@ def main(argv=None) -> int:
                                       for i in range(n if args.control and n > 1 else 0)]
                         got: dict = {}
                         for c, k in enumerate(chunk_sizes(args.repeat, args.chunk)):
-                            # the order reversed every other chunk: no setting always follows
-                            # the same one
-                            for label, policy, only in (setups if c % 2 == 0
-                                                        else setups[::-1]):
+                            # the order rotated from chunk to chunk: no setting always follows
+                            # the same one, none runs twice in a row
+                            j = c % len(setups)
+                            for label, policy, only in setups[j:] + setups[:j]:
                                 results, wall = run_round(devs, policy, k, bw)
                                 merge(got.setdefault((label, only), {}), results, wall)
                                 progress.step(n * k / args.repeat,
@@ -198,7 +214,7 @@ def main(argv=None) -> int:
                                      for i, r in enumerate(acc["results"])
                                      if only is None or i == only]
                 finally:
-                    for d in devs:
+                    for d in entered:
                         d.__exit__()
     progress.close()
     settings = {"quota_per_device": args.quota, "bandwidth_mbps_per_device": args.bandwidth,

@@ -72,7 +72,8 @@ def simulate(args, real_rows: list[dict]) -> list[dict]:
 
 def plot(out: Path, rows: list[dict], settings: dict) -> Path:
     plt = H.pyplot()
-    models = [m for m in H.FIGURE_MODELS if any(r["model"] == m for r in rows)]
+    models = [m for m in H.FIGURE_MODELS if any(r["model"] == m for r in rows)] + \
+        sorted({r["model"] for r in rows} - set(H.FIGURE_MODELS))
     fig, axes = plt.subplots(1, len(models), figsize=(4.8 * len(models), 4.2), squeeze=False)
     ours = [r for r in rows if (r.get("system") or "coacto") == "coacto"]
     ref = [r for r in rows if (r.get("system") or "coacto") != "coacto"]

@@ -104,7 +104,7 @@ def fmt_s(s: float) -> str:
 
 def model_file(spec: str) -> Path | None:
     """``spec`` as an ONNX file of the user's (a path ending in .onnx), else None (a zoo name)."""
-    return Path(spec) if spec.endswith(".onnx") else None
+    return Path(spec) if spec.lower().endswith(".onnx") else None
 
 
 #: The experiment's own ONNX files by the name they go by (their stem; resolve_common fills it).
@@ -154,7 +154,10 @@ class Workdir:
     def model(self, name: str, **kw) -> ModelCase:
         from coacto import zoo
 
-        if self.image_size and name not in zoo.TRANSFORMERS and name not in MODEL_FILES:
+        if name in MODEL_FILES:
+            if self.image_size:
+                log.warning("--image-size leaves %s as its file has it", name)
+        elif self.image_size and name not in zoo.TRANSFORMERS:
             kw.setdefault("image_size", self.image_size)
         return ModelCase(name, self.path, **kw)
 
@@ -363,6 +366,8 @@ def write_table(out: Path, name: str, rows: list[dict], settings: dict) -> Path:
             w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
     meta = {"figure": name, "written": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": machine(),
             **settings}
+    if MODEL_FILES:  # the names in the rows that are files, not zoo models (sim_vs_real reads it)
+        meta.setdefault("model_files", {k: str(v) for k, v in MODEL_FILES.items()})
     (out / f"{name}.settings.json").write_text(json.dumps(meta, indent=2, default=str))
     return path
 
@@ -503,7 +508,8 @@ def testbed(args):
     from testbed import Testbed
 
     return Testbed(quota=args.quota, mode=args.mode, name=args.testbed_name,
-                   server_cpus=getattr(args, "server_cpus", "1"))
+                   server_cpus=getattr(args, "server_cpus", "1"),
+                   device_cpu=getattr(args, "device_cpu", "0"))
 
 
 # ----------------------------------------------------------------------------- measurements

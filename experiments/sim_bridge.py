@@ -237,10 +237,14 @@ def by_policy(result) -> dict[str, list]:
     return out
 
 
-def graph(model: str, image_size: int | None = None):
-    """The tile graph the device driver compiles for ``model`` (zoo, offloading partition)."""
+def graph(model: str, image_size: int | None = None, files: dict | None = None):
+    """The tile graph the device driver compiles for ``model`` (zoo, offloading partition);
+    ``files``: models that are ONNX files, by the name the rows give them (a settings file's
+    ``model_files``)."""
     from coacto import sim, zoo
 
+    if files and model in files:
+        return sim.resolve_graph(str(files[model]))
     if image_size and model not in zoo.TRANSFORMERS:
         return sim.resolve_graph(zoo.build(model, image_size=image_size))
     return sim.resolve_graph(model)
@@ -271,7 +275,7 @@ def server_cores_rows(args, real_rows: list[dict]) -> list[dict]:
             if xs:
                 ref[key] = statistics.median(xs)
         ref["nominal_mbps"] = args.bandwidth
-        tg = graph(model, getattr(args, "image_size", None))
+        tg = graph(model, getattr(args, "image_size", None), H.MODEL_FILES)
         for threads in args.sim_cores:
             kw = testbed_kwargs(dict(settings, server_threads=threads), args.bandwidth,
                                 profile)

@@ -97,7 +97,7 @@ def compare(real_rows: list[dict], settings: dict, profile: str = B.PROFILE,
     for model, bw, rnd in B.session_order(groups, settings):
         rows = groups[(model, bw, rnd)]
         if model not in graphs:
-            graphs[model] = B.graph(model, image_size)
+            graphs[model] = B.graph(model, image_size, settings.get("model_files"))
         cuts = B.real_cuts(rows) if replay_cuts else {}
         res = B.simulate_session(graphs[model], settings, rows[0], order, repeat, rnd, profile,
                                  cuts=cuts, server_flops=announced.get(model, first))

@@ -213,6 +213,30 @@ def test_models_may_be_onnx_files_named_by_their_stem(tmp_path, monkeypatch):
         resolve(str(tmp_path / "vgg16.onnx"))
 
 
+def test_the_simulator_finds_a_model_file_by_its_name(tmp_path):
+    import sim_bridge
+    from coacto import zoo
+
+    path = zoo.save("squeezenet", tmp_path / "mine.onnx", image_size=32)
+    tg = sim_bridge.graph("mine", None, {"mine": str(path)})
+    assert tg.model_hash == sim_bridge.graph(str(path)).model_hash
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--device-cpus", "0"], "one per device"),
+    (["--device-cpus", "0,4096"], "CPU 4096"),
+    (["--device-cpus", "0,x"], "CPU x"),
+    (["--chunk", "0"], "--chunk"),
+    (["--repeat", "0"], "--repeat"),
+])
+def test_multitenant_refuses_bad_settings_before_starting(argv, says, capsys):
+    import fig_multitenant
+
+    with pytest.raises(SystemExit):
+        fig_multitenant.main(["--devices", "2", "--models", "squeezenet,mobilenetv2", *argv])
+    assert says in capsys.readouterr().err
+
+
 def test_a_small_bandwidth_sweep_on_the_testbed(tmp_path):
     # a model file of the user's, exported in another tool's style (the ONNX model zoo's:
     # opset 9, initializers listed as graph inputs)

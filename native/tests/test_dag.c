@@ -991,8 +991,14 @@ static unsigned total_progress(coacto_runtime *rt) {
     return sum;
 }
 
-/* A heads-up wakes sleeping workers (their pulse moves) with no work in the pool, and they go
- * back to sleep after their poll; without one, sleeping workers stay asleep. */
+static int all_moved(coacto_runtime *rt, const unsigned *before) {
+    for (int i = 0; i < rt->n_threads; i++)
+        if (atomic_load(&rt->workers[i].progress) == before[i]) return 0;
+    return 1;
+}
+
+/* A heads-up wakes every sleeping worker (each one's pulse moves) with no work in the pool, and
+ * they go back to sleep after their poll; without one, sleeping workers stay asleep. */
 static void run_heads_up(void) {
     coacto_runtime *rt = NULL;
     CHECK(coacto_runtime_create(2, &rt) == COACTO_OK, "heads_up: runtime_create");
@@ -1001,14 +1007,15 @@ static void run_heads_up(void) {
     double until = now_s() + 5;
     while (atomic_load(&rt->sleepers) < 2 && now_s() < until) sched_yield();
     CHECK(atomic_load(&rt->sleepers) == 2, "heads_up: the workers never slept");
-    unsigned before = total_progress(rt);
+    unsigned before = total_progress(rt), each[2];
     struct timespec pause = {0, 20 * 1000 * 1000};
     nanosleep(&pause, NULL);
     CHECK(total_progress(rt) == before, "heads_up: sleeping workers ran without one");
+    for (int i = 0; i < 2; i++) each[i] = atomic_load(&rt->workers[i].progress);
     coacto_runtime_heads_up(rt);
     until = now_s() + 5;
-    while (total_progress(rt) == before && now_s() < until) sched_yield();
-    CHECK(total_progress(rt) != before, "heads_up: no sleeping worker woke");
+    while (!all_moved(rt, each) && now_s() < until) sched_yield();
+    CHECK(all_moved(rt, each), "heads_up: not every sleeping worker woke");
     until = now_s() + 5;
     while (atomic_load(&rt->sleepers) < 2 && now_s() < until) sched_yield();
     CHECK(atomic_load(&rt->sleepers) == 2, "heads_up: the workers did not sleep again");
