@@ -160,9 +160,11 @@ class NativeInference:
                  "ect_offloaded": buf[i].ect_offloaded, "ect_server": buf[i].ect_server}
                 for i in range(k)]
 
-    def compute_all(self) -> None:
-        """Fallback: compute every remaining tile here."""
-        check(lib.coacto_inference_compute_all(self.handle), "falling back to local computation")
+    def compute_all(self, rest_last: bool = False) -> None:
+        """Fallback: compute every remaining tile here. ``rest_last``: the tiles outside the
+        plan's local set only when none of its own is ready (coacto_inference_compute_rest)."""
+        fn = lib.coacto_inference_compute_rest if rest_last else lib.coacto_inference_compute_all
+        check(fn(self.handle), "falling back to local computation")
 
     # -------------------------------------------------------------- data
 

@@ -1003,8 +1003,8 @@ def test_a_link_that_stalls_under_a_parked_inference_restarts_it_on_the_local_gr
     monkeypatch.setattr(Engine, "_link_stalled", lambda self, job, t: clients[0].bandwidth < 1e6)
     monkeypatch.setattr(Engine, "_stall_watch", lambda self, job: 0.0)
     compute_all = NativeInference.compute_all
-    monkeypatch.setattr(NativeInference, "compute_all", lambda self: None if (
-        clients[0].bandwidth < 1e6 and self.tg is clients[0].graph) else compute_all(self))
+    monkeypatch.setattr(NativeInference, "compute_all", lambda self, **kw: None if (
+        clients[0].bandwidth < 1e6 and self.tg is clients[0].graph) else compute_all(self, **kw))
     start_local = Engine._start_local
 
     def spy(self, job):

@@ -185,3 +185,35 @@ def test_tile_batches_are_checked_before_anything_is_applied(setup):
         assert inf.put_tiles(ids, data) == (0, 2)  # exactly once
     finally:
         inf.close()
+
+
+@pytest.mark.parametrize("rest_last", [True, False])
+def test_a_share_whose_rest_starts_keeps_its_own_tiles_first(setup, rest_last):
+    """A device share's rest unparked as insurance (coacto_inference_compute_rest): every tile of
+    the share (its blocks of the stack, what the server waits for) is computed before any tile
+    of the rest starts, where plain compute_all runs the rest's shallow tiles among them."""
+    from coacto.mobile import policies as P
+
+    tg, feeds, ref = setup
+    table = P.share_table(tg)
+    i = int(np.argmax(table.blocks * (table.blocks < table.n_blocks)))
+    plan = P.plan_share(tg, int(table.layer[i]), int(table.blocks[i]), {"predicted_s": 0.1})
+    rt = NativeRuntime(1)
+    inf = NativeInference(rt, tg, tag=1)
+    inf.set_plan(local=plan.local)
+    inf.enable_trace()
+    inf.set_inputs(feeds)
+    inf.compute_all(rest_last=rest_last)  # at once: the rest's first layers are ready too
+    inf.wait(60)
+    assert_close(inf.outputs(), ref, rel=1e-6)
+    t0, t1, worker = inf.tile_trace()
+    own = plan.local.astype(bool)
+    own[input_tiles(tg)] = False
+    rest = ~plan.local.astype(bool)
+    assert own.any() and rest.any() and (worker[own] >= 0).all() and (worker[rest] >= 0).all()
+    own_done, rest_first = t1[own].max(), t0[rest].min()
+    if rest_last:
+        assert own_done <= rest_first
+    else:  # the case it guards against: depth order puts the rest's first layers earlier
+        assert own_done > rest_first
+    inf.close()

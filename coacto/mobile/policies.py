@@ -455,6 +455,14 @@ def plan_fl(tg: TileGraph, device_flops: float, server_flops: float, alpha: floa
     return Plan("fl", local, send, uses_server=True, split_layer=layer, info=info)
 
 
+def rest_comes_last(plan: Plan | None) -> bool:
+    """Whether the device's own tiles of ``plan`` are what the server waits for (a device share,
+    a streamed cut), so that its parked rest, once started, runs only when none of them is ready
+    (NativeInference.compute_all's rest_last)."""
+    info = plan.info if plan is not None else {}
+    return "share_layer" in info or bool(info.get("park_rest"))
+
+
 def frontier(plan: Plan) -> str:
     """Which dynamic plan this is, in words (stats' ``frontier``): ``device``, ``inputs``,
     ``cut LAYER`` or ``share LAYER M/N`` (the device's M of N column blocks of LAYER)."""

@@ -51,6 +51,7 @@ class TileState:
         self.state = [NOT_READY] * g.n
         self.local = None if local is None else [bool(v) for v in local]
         self.compute_all_flag = False
+        self.rest_last = False  # compute_all(rest_last=True): coacto_inference_compute_rest
         self.cancelled = False
         self.started = False
         self.on_local_complete = on_local_complete  # (tile, t): the send decision hook
@@ -95,7 +96,8 @@ class TileState:
             state[c] = READY
             if not self.is_local(c):
                 continue  # parked
-            if want_next and nxt < 0:
+            if want_next and nxt < 0 and not (self.rest_last and self.local is not None
+                                               and not self.local[c] and self.local[tile]):
                 nxt = c
             else:
                 self.cores.push(self, c)
@@ -131,11 +133,13 @@ class TileState:
         self.dropped += 1
         return False
 
-    def compute_all(self, now: float) -> None:
-        """Every remaining tile may be computed here; parked ready tiles are scheduled."""
+    def compute_all(self, now: float, rest_last: bool = False) -> None:
+        """Every remaining tile may be computed here; parked ready tiles are scheduled
+        (``rest_last``: after the plan's own, coacto_inference_compute_rest)."""
         if self.compute_all_flag:
             return
         self.compute_all_flag = True
+        self.rest_last = bool(rest_last)
         if self.local is not None:
             for t in range(self.g.n):
                 if self.state[t] == READY and not self.local[t]:
@@ -207,7 +211,10 @@ class Cores:
         self.busy_s = 0.0
 
     def push(self, inf: TileState, tile: int) -> None:
-        self.pool[inf.g.bucket[tile]].append((inf, tile))
+        b = inf.g.bucket[tile]
+        if inf.rest_last and inf.local is not None:  # runtime.c pool_push: the rest's own bucket
+            b = POOL_DEPTH_BUCKETS - 1 if not inf.local[tile] else min(b, POOL_DEPTH_BUCKETS - 2)
+        self.pool[b].append((inf, tile))
         self.pending += 1
 
     def _pop(self):

@@ -83,8 +83,8 @@ class DeviceNative:
     def set_offload_params(self, bandwidth, rtt, inputs_at_server, server_flops, alpha=1.0) -> None:
         self.params.set(bandwidth, rtt, inputs_at_server, server_flops, alpha)
 
-    def compute_all(self, t: float) -> None:
-        self.ts.compute_all(t)
+    def compute_all(self, t: float, rest_last: bool = False) -> None:
+        self.ts.compute_all(t, rest_last)
 
     def _on_local_complete(self, tile: int, t: float) -> None:
         mode = self.send[tile]
@@ -292,8 +292,8 @@ class SimDevice:
 
     def _resume_local(self, job: Job) -> None:
         job.local_parked = False
-        if not job.done:
-            job.native.compute_all(self.loop.now)
+        if not job.done:  # as Engine._resume_local: a share's or a cut's own tiles first
+            job.native.compute_all(self.loop.now, rest_last=policies.rest_comes_last(job.plan))
 
     _keeps_work = Engine._keeps_work  # the engine's own, calling the _resume_local above
 

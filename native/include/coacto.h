@@ -321,6 +321,11 @@ coacto_status coacto_inference_set_offload_params(coacto_inference *inf,
                                                   const coacto_offload_params *params);
 /* Fallback: this runtime computes every remaining tile itself (parked tiles are scheduled). */
 coacto_status coacto_inference_compute_all(coacto_inference *inf);
+/* As coacto_inference_compute_all, but the tiles outside the plan's local set come after its own:
+ * they wait in the ready pool's last bucket while a planned tile is ready, and a planned tile's
+ * worker does not go on into one. A device share or a streamed cut whose rest starts as
+ * insurance keeps sending what the server waits for first. */
+coacto_status coacto_inference_compute_rest(coacto_inference *inf);
 /* Moves queued tiles (shallowest first) into ids / data until max_ids or max_floats would be
  * exceeded (at least one tile if any is queued and fits). Each tile's data is column by column,
  * (col1 - col0) * (row1 - row0) floats, as coacto_inference_put_tile takes it. Returns the count. */

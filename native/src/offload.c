@@ -133,6 +133,12 @@ coacto_status coacto_inference_set_offload_params(coacto_inference *inf,
     return COACTO_OK;
 }
 
+coacto_status coacto_inference_compute_rest(coacto_inference *inf) {
+    if (!inf) return COACTO_ERR_INVALID_ARGUMENT;
+    atomic_store_explicit(&inf->rest_last, 1, memory_order_release);
+    return coacto_inference_compute_all(inf);
+}
+
 coacto_status coacto_inference_compute_all(coacto_inference *inf) {
     if (!inf) return COACTO_ERR_INVALID_ARGUMENT;
     atomic_store_explicit(&inf->compute_all, 1, memory_order_release);

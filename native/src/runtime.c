@@ -168,6 +168,13 @@ void coacto_runtime_heads_up(coacto_runtime *rt) {
 
 static void inference_fail(coacto_inference *inf, coacto_status st);
 
+/* A tile outside the plan's local set of an inference whose rest comes last
+ * (coacto_inference_compute_rest). */
+static inline int rest_tile(const coacto_inference *inf, int32_t tile) {
+    return inf->plan_local && !inf->plan_local[tile] &&
+           atomic_load_explicit(&inf->rest_last, memory_order_relaxed);
+}
+
 /* The caller holds one inflight reference for the task, which the pool takes over. The task goes
  * to row `home` when that is a worker (the one whose cache holds the tile's input), else to this
  * worker's row, else round robin. */
@@ -177,8 +184,13 @@ static void pool_push(coacto_runtime *rt, coacto_inference *inf, int32_t tile, i
                                   : (int32_t)(atomic_fetch_add(&rt->push_cursor, 1) % rt->n_threads);
     pool_row *row = &rt->rows[r];
     task t = {inf, tile};
+    int bucket = inf->g->tile_bucket[tile];
+    if (inf->plan_local && atomic_load_explicit(&inf->rest_last, memory_order_relaxed))
+        /* the last bucket is the rest's alone */
+        bucket = !inf->plan_local[tile] ? POOL_DEPTH_BUCKETS - 1
+                 : bucket < POOL_DEPTH_BUCKETS - 2 ? bucket : POOL_DEPTH_BUCKETS - 2;
     pthread_mutex_lock(&row->mu);
-    int ok = fifo_push(&row->q[inf->g->tile_bucket[tile]], t);
+    int ok = fifo_push(&row->q[bucket], t);
     if (ok) atomic_fetch_add_explicit(&row->count, 1, memory_order_relaxed);
     pthread_mutex_unlock(&row->mu);
     if (!ok) {
@@ -323,7 +335,8 @@ static void complete_tile(coacto_inference *inf, int32_t tile, int32_t *next, in
          * a child whose main input another worker computed goes to that worker's row, which it
          * pops before stealing: the halo of a window is read across cores, the bulk is not. */
         int32_t home = tile_home(inf, child);
-        if (next && *next < 0 && (home < 0 || home == tls_worker)) {
+        if (next && *next < 0 && (home < 0 || home == tls_worker) &&
+            !(rest_tile(inf, child) && !rest_tile(inf, tile))) {
             *next = child;
         } else {
             schedule_to(inf, child, home);

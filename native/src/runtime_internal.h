@@ -173,6 +173,7 @@ struct coacto_inference {
     int has_plan;
     int inplace;                     /* coacto_inference_set_inplace */
     atomic_int compute_all;
+    atomic_int rest_last; /* coacto_inference_compute_rest: unplanned tiles after planned ones */
     pthread_mutex_t params_mu;
     coacto_offload_params params;
     pthread_mutex_t send_mu;
