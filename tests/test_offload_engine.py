@@ -200,13 +200,20 @@ def test_a_share_whose_rest_starts_keeps_its_own_tiles_first(setup, rest_last):
     plan = P.plan_share(tg, int(table.layer[i]), int(table.blocks[i]), {"predicted_s": 0.1})
     rt = NativeRuntime(1)
     inf = NativeInference(rt, tg, tag=1)
-    inf.set_plan(local=plan.local)
-    inf.enable_trace()
-    inf.set_inputs(feeds)
-    inf.compute_all(rest_last=rest_last)  # at once: the rest's first layers are ready too
-    inf.wait(60)
-    assert_close(inf.outputs(), ref, rel=1e-6)
-    t0, t1, worker = inf.tile_trace()
+    try:
+        inf.set_plan(local=plan.local)
+        inf.enable_trace()
+        if rest_last:  # after the inputs: before, a rest tile whose inputs came first may run
+            inf.set_inputs(feeds)
+            inf.compute_all(rest_last=True)
+        else:  # before: the rest's first layers compete from the start, in depth order
+            inf.compute_all()
+            inf.set_inputs(feeds)
+        inf.wait(60)
+        assert_close(inf.outputs(), ref, rel=1e-6)
+        t0, t1, worker = inf.tile_trace()
+    finally:
+        inf.close()
     own = plan.local.astype(bool)
     own[input_tiles(tg)] = False
     rest = ~plan.local.astype(bool)
@@ -216,4 +223,3 @@ def test_a_share_whose_rest_starts_keeps_its_own_tiles_first(setup, rest_last):
         assert own_done <= rest_first
     else:  # the case it guards against: depth order puts the rest's first layers earlier
         assert own_done > rest_first
-    inf.close()

@@ -368,7 +368,8 @@ class Engine:
         not foresee; parked work starts only once the inputs went out, or at 1.5x the
         prediction, and those inferences were the device's p95. So the device computes from the
         start, as CoActo's rule has it, and the first complete set of exit tiles wins: no worse
-        than local but for the CPU the sends take."""
+        than local but for the CPU the sends take. A share's or a cut's own tiles still go
+        first (_resume_local)."""
         job.local_parked = False
         job.kept_work = True
         self._resume_local(job)

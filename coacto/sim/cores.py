@@ -136,10 +136,10 @@ class TileState:
     def compute_all(self, now: float, rest_last: bool = False) -> None:
         """Every remaining tile may be computed here; parked ready tiles are scheduled
         (``rest_last``: after the plan's own, coacto_inference_compute_rest)."""
+        self.rest_last = bool(rest_last)  # (a plain one after a rest_last one: no order left)
         if self.compute_all_flag:
             return
         self.compute_all_flag = True
-        self.rest_last = bool(rest_last)
         if self.local is not None:
             for t in range(self.g.n):
                 if self.state[t] == READY and not self.local[t]:
@@ -206,15 +206,14 @@ class Cores:
         self.durations = durations
         self.cpu = cpu
         self.idle = list(range(self.n - 1, -1, -1))  # pop() gives the lowest index
-        self.pool = [collections.deque() for _ in range(POOL_DEPTH_BUCKETS)]
+        self.pool = [collections.deque() for _ in range(POOL_DEPTH_BUCKETS + 1)]  # + the rest
         self.pending = 0
         self.busy_s = 0.0
 
     def push(self, inf: TileState, tile: int) -> None:
-        b = inf.g.bucket[tile]
-        if inf.rest_last and inf.local is not None:  # runtime.c pool_push: the rest's own bucket
-            b = POOL_DEPTH_BUCKETS - 1 if not inf.local[tile] else min(b, POOL_DEPTH_BUCKETS - 2)
-        self.pool[b].append((inf, tile))
+        # runtime.c pool_push: a rest that comes last goes to the queue after the depth buckets
+        rest = inf.rest_last and inf.local is not None and not inf.local[tile]
+        self.pool[POOL_DEPTH_BUCKETS if rest else inf.g.bucket[tile]].append((inf, tile))
         self.pending += 1
 
     def _pop(self):

@@ -322,9 +322,11 @@ coacto_status coacto_inference_set_offload_params(coacto_inference *inf,
 /* Fallback: this runtime computes every remaining tile itself (parked tiles are scheduled). */
 coacto_status coacto_inference_compute_all(coacto_inference *inf);
 /* As coacto_inference_compute_all, but the tiles outside the plan's local set come after its own:
- * they wait in the ready pool's last bucket while a planned tile is ready, and a planned tile's
- * worker does not go on into one. A device share or a streamed cut whose rest starts as
- * insurance keeps sending what the server waits for first. */
+ * they wait in a queue of their own that a computing thread takes from only when no row of the
+ * ready pool holds another tile, and a planned tile's worker does not go on into one. A device
+ * share or a streamed cut whose rest starts as insurance keeps sending what the server waits for
+ * first. A later coacto_inference_compute_all (a fallback) drops the order for tiles pushed
+ * after it. */
 coacto_status coacto_inference_compute_rest(coacto_inference *inf);
 /* Moves queued tiles (shallowest first) into ids / data until max_ids or max_floats would be
  * exceeded (at least one tile if any is queued and fits). Each tile's data is column by column,

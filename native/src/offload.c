@@ -133,14 +133,20 @@ coacto_status coacto_inference_set_offload_params(coacto_inference *inf,
     return COACTO_OK;
 }
 
+static coacto_status compute_everything(coacto_inference *inf, int rest_last);
+
 coacto_status coacto_inference_compute_rest(coacto_inference *inf) {
     if (!inf) return COACTO_ERR_INVALID_ARGUMENT;
-    atomic_store_explicit(&inf->rest_last, 1, memory_order_release);
-    return coacto_inference_compute_all(inf);
+    return compute_everything(inf, 1);
 }
 
 coacto_status coacto_inference_compute_all(coacto_inference *inf) {
     if (!inf) return COACTO_ERR_INVALID_ARGUMENT;
+    return compute_everything(inf, 0); /* (a fallback after compute_rest: no order left) */
+}
+
+static coacto_status compute_everything(coacto_inference *inf, int rest_last) {
+    atomic_store_explicit(&inf->rest_last, rest_last, memory_order_release);
     atomic_store_explicit(&inf->compute_all, 1, memory_order_release);
     if (!inf->plan_local) return COACTO_OK;
     /* Tiles parked before the flag was seen: schedule them (a tile readied concurrently may be

@@ -77,11 +77,12 @@ static int fifo_push(task_fifo *q, task t) {
     return 1;
 }
 
-static int row_pop(pool_row *row, task *out) {
+/* The first task of queues [from, to) of a row, shallowest first. */
+static int row_pop(pool_row *row, task *out, int from, int to) {
     if (atomic_load_explicit(&row->count, memory_order_relaxed) == 0) return 0;
     int got = 0;
     pthread_mutex_lock(&row->mu);
-    for (int b = 0; b < POOL_DEPTH_BUCKETS; b++) {
+    for (int b = from; b < to; b++) {
         task_fifo *q = &row->q[b];
         if (q->count) {
             *out = q->items[q->head];
@@ -98,10 +99,15 @@ static int row_pop(pool_row *row, task *out) {
 
 static int pool_pop(coacto_runtime *rt, int32_t self, task *out) {
     if (atomic_load(&rt->pending) == 0) return 0;
-    for (int32_t i = 0; i < rt->n_threads; i++) {
-        if (row_pop(&rt->rows[(self + i) % rt->n_threads], out)) {
-            atomic_fetch_sub(&rt->pending, 1);
-            return 1;
+    /* Every row's depth buckets (its own first, then stealing), and only then the rest queues:
+     * a worker whose row holds only a rest steals a planned tile rather than start the rest. */
+    for (int pass = 0; pass < 2; pass++) {
+        const int from = pass ? POOL_REST_QUEUE : 0, to = pass ? POOL_REST_QUEUE + 1 : POOL_REST_QUEUE;
+        for (int32_t i = 0; i < rt->n_threads; i++) {
+            if (row_pop(&rt->rows[(self + i) % rt->n_threads], out, from, to)) {
+                atomic_fetch_sub(&rt->pending, 1);
+                return 1;
+            }
         }
     }
     return 0;
@@ -117,7 +123,7 @@ static void pool_purge(coacto_runtime *rt, coacto_inference *inf) {
         if (atomic_load_explicit(&row->count, memory_order_relaxed) == 0) continue;
         pthread_mutex_lock(&row->mu);
         int row_removed = 0;
-        for (int b = 0; b < POOL_DEPTH_BUCKETS; b++) {
+        for (int b = 0; b <= POOL_REST_QUEUE; b++) {
             task_fifo *q = &row->q[b];
             uint32_t kept = 0;
             for (uint32_t i = 0; i < q->count; i++) { /* compacts in place, order kept */
@@ -184,11 +190,7 @@ static void pool_push(coacto_runtime *rt, coacto_inference *inf, int32_t tile, i
                                   : (int32_t)(atomic_fetch_add(&rt->push_cursor, 1) % rt->n_threads);
     pool_row *row = &rt->rows[r];
     task t = {inf, tile};
-    int bucket = inf->g->tile_bucket[tile];
-    if (inf->plan_local && atomic_load_explicit(&inf->rest_last, memory_order_relaxed))
-        /* the last bucket is the rest's alone */
-        bucket = !inf->plan_local[tile] ? POOL_DEPTH_BUCKETS - 1
-                 : bucket < POOL_DEPTH_BUCKETS - 2 ? bucket : POOL_DEPTH_BUCKETS - 2;
+    const int bucket = rest_tile(inf, tile) ? POOL_REST_QUEUE : inf->g->tile_bucket[tile];
     pthread_mutex_lock(&row->mu);
     int ok = fifo_push(&row->q[bucket], t);
     if (ok) atomic_fetch_add_explicit(&row->count, 1, memory_order_relaxed);
@@ -758,7 +760,7 @@ void coacto_runtime_destroy(coacto_runtime *rt) {
     pthread_mutex_unlock(&rt->sleep_mu);
     for (int32_t i = 0; i < rt->n_threads; i++) pthread_join(rt->workers[i].thread, NULL);
     for (int32_t i = 0; i < rt->n_threads; i++) {
-        for (int b = 0; b < POOL_DEPTH_BUCKETS; b++) free(rt->rows[i].q[b].items);
+        for (int b = 0; b <= POOL_REST_QUEUE; b++) free(rt->rows[i].q[b].items);
         pthread_mutex_destroy(&rt->rows[i].mu);
     }
     pthread_mutex_destroy(&rt->sleep_mu);

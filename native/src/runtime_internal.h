@@ -12,6 +12,9 @@
 #define COACTO_CACHE_LINE 64
 /* Columns of the ready pool: depth buckets, shallower first. */
 #define POOL_DEPTH_BUCKETS 16
+/* One more queue per row, after the depth buckets: the tiles of an inference's rest that comes
+ * last (coacto_inference_compute_rest), taken only when no row holds any other ready tile. */
+#define POOL_REST_QUEUE POOL_DEPTH_BUCKETS
 
 struct coacto_graph {
     atomic_int refs;
@@ -88,7 +91,7 @@ typedef struct task_fifo {
 typedef struct pool_row {
     pthread_mutex_t mu;
     atomic_int count;
-    task_fifo q[POOL_DEPTH_BUCKETS];
+    task_fifo q[POOL_DEPTH_BUCKETS + 1]; /* the depth buckets, then POOL_REST_QUEUE */
 } __attribute__((aligned(COACTO_CACHE_LINE))) pool_row;
 
 typedef struct worker {
