@@ -158,13 +158,13 @@ def main(argv=None) -> int:
     if args.repeat < 1:
         ap.error("--repeat: give a number of inferences >= 1")
     if device_cpus is not None:
-        import os
+        from testbed import TestbedError, _parse_cpus
 
-        usable = os.sched_getaffinity(0)
-        bad = [c for c in device_cpus if not c.isdigit() or int(c) not in usable]
-        if bad:
-            ap.error(f"--device-cpus: CPU {bad[0]} is not one this process may run on "
-                     f"(usable: {','.join(str(c) for c in sorted(usable))})")
+        try:  # the testbed's own check, now rather than when the devices start
+            for c in device_cpus:
+                _parse_cpus(c, "--device-cpus")
+        except TestbedError as e:
+            ap.error(str(e))
         # the testbed's own device CPU (its settings, its overlap check) is the first device's
         args.device_cpu = device_cpus[0]
     steps = sum(counts) * len(args.policies) + \

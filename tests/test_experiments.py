@@ -225,7 +225,7 @@ def test_the_simulator_finds_a_model_file_by_its_name(tmp_path):
 @pytest.mark.parametrize("argv, says", [
     (["--device-cpus", "0"], "one per device"),
     (["--device-cpus", "0,4096"], "CPU 4096"),
-    (["--device-cpus", "0,x"], "CPU x"),
+    (["--device-cpus", "0,x"], "'x' is not a CPU list"),
     (["--chunk", "0"], "--chunk"),
     (["--repeat", "0"], "--repeat"),
 ])

@@ -159,8 +159,8 @@ static void wake(coacto_runtime *rt, int all) {
 
 /* The caller's preparation of an inference (the Python call, reading and converting its inputs:
  * 0.2-0.3 ms for MobileNetV2) is time a sleeping worker can spend waking: on a virtual machine
- * the host deschedules an idle virtual CPU, and its wake-up took a good part of the 0.8 ms that
- * MobileNetV2 at 2 threads lost after a pause. Woken, a worker polls for rt->spin_seconds as
+ * the host deschedules an idle virtual CPU (MobileNetV2 at 2 threads ran 1-2% faster after a
+ * pause with the wake-up moved here: docs/PERFORMANCE.md). Woken, a worker polls for rt->spin_seconds as
  * after any tile, then sleeps again. */
 void coacto_runtime_heads_up(coacto_runtime *rt) {
     if (!rt) return;
