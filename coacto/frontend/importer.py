@@ -163,11 +163,26 @@ class Importer:
         if rank <= 2:
             return ir.LAYOUT_CHANNELS
         consumers = [n for n in self.g.node if name in n.input]
+        if rank == 4 and consumers and all(self._to_channels_first(n) for n in consumers):
+            return ir.LAYOUT_LAST
         if any(n.op_type in _CHANNEL_OPS for n in consumers):
             return ir.LAYOUT_CHANNELS
         if any(self._reads_last_axis(n, rank) for n in consumers):
             return ir.LAYOUT_LAST
         return ir.LAYOUT_CHANNELS
+
+    @staticmethod
+    def _to_channels_first(node) -> bool:
+        """Whether a node is the Transpose(perm=[0, 3, 1, 2]) that TensorFlow exporters put after
+        an NHWC image input. Stored with its last axis as rows, such an input already holds the
+        NCHW image in the channels layout, position by position: the Transpose costs nothing
+        and each image row is a column block of its own, so a server starts on the first rows
+        while the rest are on the way (stored with axis 1 as channels instead, every tile of
+        the Transpose reads every input tile)."""
+        if node.op_type != "Transpose":
+            return False
+        perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
+        return perm == [0, 3, 1, 2]
 
     def _reads_last_axis(self, node, rank: int) -> bool:
         """Whether a node computes along the last axis of its (rank >= 3) data input."""
