@@ -581,6 +581,11 @@ def run_policies(dev: Device, policies, repeat: int, rnd: int, bw_arg, base: dic
             # dynamic's plan of each inference, in order (what sim_vs_real replays)
             "frontiers": ";".join(str(s.get("frontier")) for s in st)
             if policy == "dynamic" else "",
+            # ... and what its cost model predicted for it (before the per-kind correction):
+            # with the latencies, what each kind's error was learnt from
+            "predicted_ms": " ".join(f"{1e3 * s['predicted_s']:.1f}" if s.get("predicted_s")
+                                     else "-" for s in st) if policy == "dynamic" else "",
+            "warmup_ms": " ".join(f"{1e3 * x:.1f}" for x in learned.get("latencies_s", ())),
             "max_rel_error": r["max_rel_error"],
             "device_cpu_ms": statistics.median(
                 s["device_process"]["user_ms"] + s["device_process"]["sys_ms"] for s in st),

@@ -452,6 +452,62 @@ def test_share_costs_follow_their_model(model):
     assert (halved < costs).all()
 
 
+def _one_server_finish(tg, server_flops, bandwidth, rtt, alpha, down):
+    """The inputs plan played out tile by tile (the oracle of inputs_cost): the input tiles
+    arrive one after another in tile order; a tile is ready once every input tile among its
+    ancestors (found by walking its parents) has arrived; one server computes the tiles in the
+    order they become ready (a valid order: a parent is ready no later than its child), each
+    when it is free and the tile ready; then the exit tiles come back."""
+    plan = tg.plan
+    inp = tm.input_tiles(tg)
+    raw = plan.tile_bytes[inp].astype(float)
+    arrive = dict(zip(inp.tolist(), (rtt / 2 + np.cumsum(raw) / bandwidth).tolist()))
+    ready = {}
+    off, par = plan.parent_offsets, plan.parents
+    for tile in range(tg.n_tiles):
+        ps = par[off[tile]:off[tile + 1]].tolist()
+        ready[tile] = arrive[tile] if tile in arrive else max((ready[p] for p in ps),
+                                                              default=0.0)
+    t = 0.0
+    for tile in sorted(set(range(tg.n_tiles)) - set(arrive), key=lambda x: (ready[x], x)):
+        t = max(t, ready[tile]) + alpha * float(plan.tile_flops[tile]) / server_flops
+    return t + tm.output_bytes(tg) / down + rtt / 2
+
+
+def test_the_inputs_plan_is_priced_as_streamed(model):
+    """inputs_cost against the tile-by-tile oracle: the server starts on the first rows of the
+    image while the rest are on the way, which split's price of the same cut (the whole
+    transfer, then the whole server work) does not see."""
+    _check_inputs_cost(model[0])
+
+
+def test_the_inputs_plan_of_a_tf2onnx_style_cnn_is_priced_as_streamed():
+    _check_inputs_cost(coacto.compile(_tf_style_cnn(), tiles_per_layer=6))
+
+
+def _check_inputs_cost(tg):
+    d, s, rtt, a, down = 4e9, 20e9, 0.004, 1.3, 5e6
+    total = tm.cut_flops(tg)[3]
+    for b in (2e5, 3e6, 5e7):
+        expect = _one_server_finish(tg, s, b, rtt, a, down)
+        assert P.inputs_cost(tg, s, b, rtt, a, down) == pytest.approx(expect, rel=1e-9)
+        cuts, split = P.split_cost_array(tg, d, s, b, rtt, a, down)
+        assert cuts[0] == max(tg.graph.inputs.values())
+        opts = P.dynamic_options(tg, d, s, b, rtt, a, down)
+        assert opts["inputs"][0] == pytest.approx(expect, rel=1e-9)
+        # the overlap is real and bounded: below split's price, above the server's work alone
+        # and above the transfer alone
+        assert expect < split[0] - 1e-6
+        assert expect > a * total / s + rtt and expect > tm.input_bytes(tg) / b + rtt
+    # an instant link: nothing to overlap, split's price (with no transfer)
+    assert P.inputs_cost(tg, s, 1e15, rtt, a, down) == pytest.approx(
+        rtt + a * total / s + tm.output_bytes(tg) / down, rel=1e-6)
+    # wire ratios scale the input's bytes
+    half = np.full(tg.n_layers, 0.5)
+    assert P.inputs_cost(tg, s, 2e5, rtt, a, down, wire=half) == pytest.approx(
+        _one_server_finish(tg, s, 4e5, rtt, a, down), rel=1e-9)
+
+
 def test_dynamic_takes_a_share_when_it_is_predicted_clearly_best():
     """SqueezeNet with a fast server and a link slow enough that the device had better keep
     part of the input: a share is predicted 14% faster than anything else."""
@@ -574,6 +630,46 @@ def _tf_style_cnn(size=48, seed=0):
                           [helper.make_tensor_value_info("logits", T.FLOAT, [1, 10])], inits)
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)],
                              producer_name="tf2onnx")
+
+
+def test_an_nhwc_input_streams_by_image_rows():
+    """A Keras model's NHWC image (input_1, then Transpose to NCHW) is stored with its last
+    axis as rows, which is the NCHW image position by position: no Transpose layer is left,
+    the first convolution's first column block reads only the image's first blocks (the
+    server can start while the rest is on the way), and outputs equal onnxruntime's, on the
+    device alone and with the first input's tiles exchanged. An input read by anything else
+    besides such a Transpose keeps axis 1 as channels."""
+    import onnxruntime as ort
+
+    model = _tf_style_cnn()
+    x = np.random.default_rng(2).standard_normal((1, 48, 48, 3)).astype(np.float32)
+    ref = ort.InferenceSession(model.SerializeToString(),
+                               providers=["CPUExecutionProvider"]).run(None, {"input_1": x})[0]
+    tg = coacto.compile(model, tiles_per_layer=6)
+    inp = tg.graph.layers[tg.graph.inputs["input_1"]]
+    assert inp.layout == "last" and [L.op for L in tg.graph.layers].count("GATHER") == 0
+    conv = next(i for i, L in enumerate(tg.graph.layers) if L.op == "CONV")
+    first = tg.plan.layer_tiles(conv)[0]
+    off, par = tg.plan.parent_offsets, tg.plan.parents
+    n_in = len(tm.input_tiles(tg))
+    assert n_in >= 4 and set(par[off[first]:off[first + 1]].tolist()) < set(range(n_in // 2))
+    need = P.input_need_flops(tg)
+    assert need[:-1].sum() > 0.3 * need.sum()  # work that does not wait for the last rows
+    assert_close(coacto.Runtime(tg).run({"input_1": x}), {"logits": ref}, rel=1e-4)
+    out, _ = exchange(tg, {"input_1": x}, P.plan_cloud(tg))
+    assert_close(out, {"logits": ref}, rel=1e-4)
+    # the same image also read as it is (scaled, an output of its own): axis 1 stays the
+    # channels, and the outputs are right all the same
+    g = model.graph
+    g.initializer.append(numpy_helper.from_array(np.float32(2.0), "two"))
+    g.node.append(helper.make_node("Mul", ["input_1", "two"], ["s"]))
+    g.output.append(helper.make_tensor_value_info("s", T.FLOAT, [1, 48, 48, 3]))
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    both = coacto.compile(model, tiles_per_layer=6)
+    assert both.graph.layers[both.graph.inputs["input_1"]].layout == "channels"
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    refs = dict(zip(["logits", "s"], sess.run(None, {"input_1": x})))
+    assert_close(coacto.Runtime(both).run({"input_1": x}), refs, rel=1e-4)
 
 
 def test_shares_of_a_tf2onnx_style_cnn_match_onnxruntime():

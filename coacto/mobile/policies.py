@@ -87,7 +87,8 @@ def dynamic_options(tg: TileGraph, device_flops: float, server_flops: float, ban
     out: dict[str, tuple[float, object]] = {"local": (cut_flops(tg)[3] / device_flops, None)}
     at_inputs = max(tg.graph.inputs.values())
     if len(cuts) and cuts[0] == at_inputs:
-        out["inputs"] = (float(costs[0]), at_inputs)
+        out["inputs"] = (inputs_cost(tg, server_flops, bandwidth, rtt, alpha, downlink, wire),
+                         at_inputs)
     later = (cuts != tg.n_layers - 1) & (cuts > at_inputs)  # (valid cuts start at the last input)
     if later.any():
         # the cheapest; among equals the latest (more computed here)
@@ -207,6 +208,52 @@ def _forced_cost(tg, kind, where, options, device_flops, server_flops, bandwidth
         hit = np.flatnonzero((table.layer == where[0]) & (table.blocks == where[1]))
         return float(shares[hit[0]]) if len(hit) else float("nan")
     return float("nan")
+
+
+# ------------------------------------------------------------------------------ streamed inputs
+
+def input_need_flops(tg: TileGraph) -> np.ndarray:
+    """need[q]: the FLOPs of the tiles that need the input tiles up to the q-th sent (input
+    tiles leave in tile order, shallowest first: an image's top rows first) and no later one
+    (float64 [inputs]). Built once per plan from each tile's latest input ancestor."""
+    def make():
+        plan = tg.plan
+        inp = input_tiles(tg)
+        last = np.full(tg.n_tiles, -1, dtype=np.int64)
+        last[inp] = np.arange(len(inp))
+        off, par, first = plan.parent_offsets, plan.parents, plan.layer_first_tile
+        for li in range(tg.n_layers):  # tiles of a layer read earlier layers only
+            lo, hi = int(first[li]), int(first[li + 1])
+            a, b = int(off[lo]), int(off[hi])
+            if a == b:
+                continue
+            has = np.flatnonzero(np.diff(off[lo:hi + 1]))
+            got = np.maximum.reduceat(last[par[a:b]], off[lo:hi][has] - a)
+            last[lo + has] = np.maximum(last[lo + has], got)
+        rest = np.ones(tg.n_tiles, dtype=bool)
+        rest[inp] = False
+        rest &= last >= 0  # (a tile reading no input, e.g. a constant's: at the start)
+        return np.bincount(last[rest], weights=plan.tile_flops[rest].astype(np.float64),
+                           minlength=len(inp))
+    return tg.plan.memoised("input_need_flops", make)
+
+
+def inputs_cost(tg: TileGraph, server_flops: float, bandwidth: float, rtt: float,
+                alpha: float = 1.0, downlink: float | None = None, wire=None) -> float:
+    """Predicted latency (s) of the inputs plan: its input tiles streamed at ``bandwidth``,
+    the server computing each tile once the inputs it reads are there (one resource: what is
+    left after the q-th input tile arrives is the work that needs it or a later one), then the
+    exit tiles back. Split's model (split_costs) adds the whole transfer and the whole server
+    work instead, which the inputs plan overlaps: 40% of ResNet-50's FLOPs can run before the
+    last of its image's 16 tiles arrives (docs/SCHEDULER.md, "The inputs plan streams")."""
+    inp = input_tiles(tg)
+    w = np.ones(tg.n_layers) if wire is None else np.asarray(wire, dtype=np.float64)
+    sent = tg.plan.tile_bytes[inp].astype(np.float64) * w[tg.plan.tile_layer[inp]]
+    arrive = 0.5 * rtt + np.cumsum(sent) / bandwidth
+    need = input_need_flops(tg)
+    left = np.cumsum(need[::-1])[::-1]  # the work that needs input q or a later one
+    back = output_bytes(tg) / (downlink or bandwidth)
+    return float(np.max(arrive + alpha * left / server_flops) + back + 0.5 * rtt)
 
 
 # ------------------------------------------------------------------------------ device shares
@@ -507,6 +554,7 @@ def prepare(tg: TileGraph) -> None:
     a few ms for the zoo's CNNs, spent once where it does not delay an inference."""
     cut_flops(tg)
     cut_byte_array(tg)
+    input_need_flops(tg)
     share_table(tg)
     output_bytes(tg)
 
