@@ -22,9 +22,10 @@ from .plan import TilePlan, number_tiles
 from .sequence import attention_parent_pairs, block_of, embed_parent_pairs, matmul_parent_pairs
 
 #: Bumped whenever partitioning changes the tiles it derives for the same parameters (the rules
-#: and constants of this module and coacto.partition.sequence): stored graphs and tuned tile
-#: counts made by another version are rebuilt, not trusted.
-PARTITIONER_VERSION = 9
+#: and constants of this module and coacto.partition.sequence, or the layers the importer makes
+#: of a model): stored graphs and tuned tile counts made by another version are rebuilt, not
+#: trusted, and a device and a server of two versions do not exchange tiles.
+PARTITIONER_VERSION = 10
 
 # The measurements behind these values are in docs/PERFORMANCE.md, "History of the partitioner's
 # constants".
