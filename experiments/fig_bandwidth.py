@@ -58,7 +58,8 @@ def measure_coacto(args, tb, wd, model: str, bandwidths, progress, rows: list[di
                         **H.link_columns(link),
                         "device_gflops": device_flops / 1e9}
                 rows += H.run_policies(dev, args.policies, args.repeat, rnd,
-                                       H.bandwidth_arg(tb, bw), base, progress)
+                                       H.bandwidth_arg(tb, bw), base, progress,
+                                       chunk=args.chunk)
 
 
 def measure_reference(args, tb, model: str, bandwidths, progress, rows: list[dict]) -> None:
@@ -166,6 +167,12 @@ def main(argv=None) -> int:
                          f"{','.join(map(str, QUICK_BANDWIDTHS))})")
     ap.add_argument("--policies", default=",".join(H.POLICIES))
     ap.add_argument("--server-threads", type=int, default=1)
+    ap.add_argument("--chunk", type=int, default=None, metavar="K",
+                    help="each fresh client runs the policies K inferences at a time, in turns, "
+                         "until each has run --repeat (default: all of one policy's, then the "
+                         "next's). The device in its quota runs 10-40%% slower for seconds after "
+                         "it sat idle (a slow link's cloud or fl inferences), so the policy that "
+                         "follows such a run pays for it; in turns of one, every policy does")
     ap.add_argument("--rtt-ms", type=float, default=0.0, metavar="MS",
                     help="add this round trip to the link (the client adds it: this kernel has "
                          "no netem; the reference cannot, so it is left out then)")
@@ -176,6 +183,8 @@ def main(argv=None) -> int:
     ap.add_argument("--ref-repeat", type=int, default=None,
                     help="inferences per reference run (default: 3 with --quick, else 6)")
     args = ap.parse_args(argv)
+    if args.chunk is not None and args.chunk < 1:
+        ap.error("--chunk: give a number of inferences >= 1")
     quick_rounds = args.quick and args.rounds is None
     H.resolve_common(args)
     if quick_rounds:  # three passes even so: sim_vs_real compares medians over rounds, and a
@@ -203,6 +212,7 @@ def main(argv=None) -> int:
                     "added_rtt_ms": args.rtt_ms,
                     "device_threads": 1, "repeat": args.repeat, "rounds": args.rounds,
                     "rotation": "alternate",  # H.rotation
+                    "chunk": args.chunk,
                     "bandwidths_mbps": bandwidths, "testbed": H.testbed_settings(tb)}
         for model in args.models:
             measure_coacto(args, tb, wd, model, bandwidths, progress, rows)

@@ -70,22 +70,11 @@ def run_round(devs, policy, repeat: int, bw: str) -> tuple[list[dict], float]:
     return results, wall
 
 
-def chunk_sizes(repeat: int, chunk: int | None) -> list[int]:
-    """``repeat`` inferences per setting in runs of at most ``chunk`` (None: one run)."""
-    if not chunk or chunk >= repeat:
-        return [repeat]
-    return [chunk] * (repeat // chunk) + ([repeat % chunk] if repeat % chunk else [])
-
-
 def merge(acc: dict, results: list[dict], wall: float) -> None:
     """One chunk's per-device results added to a setting's (latencies and stats in order)."""
     if "results" not in acc:
-        acc.update(results=[{"latencies_s": [], "stats": [], "max_rel_error": 0.0}
-                            for _ in results], inferences=0, wall_s=0.0)
-    for mine, r in zip(acc["results"], results):
-        mine["latencies_s"] += r["latencies_s"]
-        mine["stats"] += r["stats"]
-        mine["max_rel_error"] = max(mine["max_rel_error"], r["max_rel_error"])
+        acc.update(results=[None] * len(results), inferences=0, wall_s=0.0)
+    acc["results"] = [H.merge_run(mine, r) for mine, r in zip(acc["results"], results)]
     acc["inferences"] += sum(len(r["latencies_s"]) for r in results)
     acc["wall_s"] += wall
 
@@ -197,7 +186,7 @@ def main(argv=None) -> int:
                                        ["dynamic"] * (n - i - 1), i)
                                       for i in range(n if args.control and n > 1 else 0)]
                         got: dict = {}
-                        for c, k in enumerate(chunk_sizes(args.repeat, args.chunk)):
+                        for c, k in enumerate(H.chunk_sizes(args.repeat, args.chunk)):
                             # the order rotated from chunk to chunk: no setting always follows
                             # the same one, none runs twice in a row
                             j = c % len(setups)

@@ -531,11 +531,33 @@ def rotation(policies, rnd: int, alternate: bool = True) -> list:
     return order[::-1] if alternate and rnd % 2 and len(order) > 2 else order
 
 
+def chunk_sizes(repeat: int, chunk: int | None) -> list[int]:
+    """``repeat`` inferences per setting in runs of at most ``chunk`` (None: one run)."""
+    if not chunk or chunk >= repeat:
+        return [repeat]
+    return [chunk] * (repeat // chunk) + ([repeat % chunk] if repeat % chunk else [])
+
+
+def merge_run(acc: dict | None, r: dict) -> dict:
+    """Device.run's result ``r`` appended to ``acc`` (the same policy's earlier chunks, or
+    None): latencies and stats in order, the worst error, the latest estimates."""
+    if acc is None:
+        return dict(r, latencies_s=list(r["latencies_s"]), stats=list(r["stats"]))
+    acc["latencies_s"] += r["latencies_s"]
+    acc["stats"] += r["stats"]
+    acc["max_rel_error"] = max(acc["max_rel_error"], r["max_rel_error"])
+    if "estimates" in r:
+        acc["estimates"] = r["estimates"]
+    return acc
+
+
 def run_policies(dev: Device, policies, repeat: int, rnd: int, bw_arg, base: dict,
-                 progress: Progress | None = None, warmup: bool = True) -> list[dict]:
+                 progress: Progress | None = None, warmup: bool = True,
+                 chunk: int | None = None) -> list[dict]:
     """A fresh Client; warm-up inferences until it has measured the link (a device that just
     joined a network starts from a guess of its goodput); then every policy ``repeat`` times, the
-    order of ``rotation``; one row per policy."""
+    order of ``rotation``, in turns of ``chunk`` inferences each (None: all of a policy's at
+    once); one row per policy."""
     dev.fresh_client(bw_arg)
     learned = dev.learn(bw_arg) if warmup else {"inferences": 0}
     rows = []
@@ -543,8 +565,14 @@ def run_policies(dev: Device, policies, repeat: int, rnd: int, bw_arg, base: dic
     # goodput is beside every setting: its quota's share of a core shared with the rest of the
     # host computes 10-30% slower for seconds at a time (sim_vs_real takes it from here)
     probe = dev.probe(PROBE_RUNS)
-    for policy in rotation(policies, rnd):
-        r = dev.run(policy, repeat=repeat, warmup=0, bandwidth=bw_arg)
+    order = rotation(policies, rnd)
+    runs: dict = {}
+    for k in chunk_sizes(repeat, chunk):
+        for policy in order:
+            runs[policy] = merge_run(runs.get(policy),
+                                     dev.run(policy, repeat=k, warmup=0, bandwidth=bw_arg))
+    for policy in order:
+        r = runs[policy]
         st = r["stats"]
         rows.append({
             "system": "coacto", **base, "policy": policy, "round": rnd,

@@ -109,11 +109,13 @@ def testbed_kwargs(settings: dict, nominal_mbps: float | None, profile: str = PR
 
 
 def session(policies, repeat: int, rnd: int, warmup: int = 1,
-            cuts: dict | None = None, probe: int = 0, alternate: bool = True) -> list[tuple]:
+            cuts: dict | None = None, probe: int = 0, alternate: bool = True,
+            chunk: int | None = None) -> list[tuple]:
     """What H.run_policies runs on one fresh client: ``warmup`` dynamic inferences (the device
     driver's `learn`: until one offloaded and measured the goodput; the rows say how many),
     then every policy ``repeat`` times, in the harness's order for the round (H.rotation;
-    ``alternate``: see there). ``cuts``: {"split": [layer
+    ``alternate``: see there), ``chunk`` inferences at a time in turns (None: all of each
+    policy's at once; H.chunk_sizes). ``cuts``: {"split": [layer
     per inference]}: those inferences are planned at the given cuts (Client's split_layer
     option) instead of from the simulated client's estimates, and {"dynamic": [frontier per
     inference]} runs those plans (policies.plan_dynamic's frontier). ``probe``: local inferences
@@ -123,13 +125,16 @@ def session(policies, repeat: int, rnd: int, warmup: int = 1,
     seq: list[tuple] = [("dynamic", max(1, int(warmup)))]
     if probe:
         seq.append(("local", probe))
-    for p in order:
-        plans = (cuts or {}).get(p)
-        if plans and len(plans) == repeat:
-            key = "frontier" if p == "dynamic" else "split_layer"
-            seq += [(p, 1, {key: c}) for c in plans]
-        else:
-            seq.append((p, repeat))
+    done = 0
+    for k in H.chunk_sizes(repeat, chunk):
+        for p in order:
+            plans = (cuts or {}).get(p)
+            if plans and len(plans) == repeat:
+                key = "frontier" if p == "dynamic" else "split_layer"
+                seq += [(p, 1, {key: c}) for c in plans[done:done + k]]
+            else:
+                seq.append((p, k))
+        done += k
     if probe:
         seq.append(("local", probe))
     return seq
@@ -206,7 +211,8 @@ def simulate_session(tg, settings: dict, row: dict, policies, repeat: int, rnd: 
         # the device's speed in its quota as measured beside this session, not the profile's
         common["quota_slowdown"] = _local_slowdown(tg, probe_ms / 1e3, common)
     seq = session(policies, repeat, rnd, warm, cuts, probe=probe_runs,
-                  alternate=settings.get("rotation") == "alternate")
+                  alternate=settings.get("rotation") == "alternate",
+                  chunk=settings.get("chunk"))
     r = sim.simulate(tg, seq, warmup=warm, **common)
     return _without_probe(r, probe_runs)
 

@@ -96,10 +96,10 @@ def test_multitenant_compares_each_devices_pooled_p95():
 def test_multitenant_chunks_keep_every_inference_in_order():
     import fig_multitenant as M
 
-    assert M.chunk_sizes(20, None) == [20] and M.chunk_sizes(20, 40) == [20]
-    assert M.chunk_sizes(20, 5) == [5, 5, 5, 5] and M.chunk_sizes(7, 3) == [3, 3, 1]
+    assert H.chunk_sizes(20, None) == [20] and H.chunk_sizes(20, 40) == [20]
+    assert H.chunk_sizes(20, 5) == [5, 5, 5, 5] and H.chunk_sizes(7, 3) == [3, 3, 1]
     acc: dict = {}
-    for c, k in enumerate(M.chunk_sizes(7, 3)):
+    for c, k in enumerate(H.chunk_sizes(7, 3)):
         lat = [c + j / 10 for j in range(k)]
         M.merge(acc, [{"latencies_s": lat, "stats": [{"c": c}] * k, "max_rel_error": c * 1e-6},
                       {"latencies_s": [9.0] * k, "stats": [{}] * k, "max_rel_error": 0.0}],
@@ -174,6 +174,54 @@ def test_sessions_replay_the_recorded_plans_and_the_probe():
     seq = sim_bridge.session(["local", "split", "fl", "dynamic"], 2, 1, warmup=2, cuts=plans,
                              probe=3)
     assert [s[0] for s in seq[2:-1]] == ["local"] + ["dynamic"] * 2 + ["fl"] + ["split"] * 2
+    # in turns of one inference (fig_bandwidth --chunk 1): the recorded plans in their order
+    seq = sim_bridge.session(["split", "dynamic"], 2, 0, warmup=1, cuts=plans, chunk=1)
+    assert seq == [("dynamic", 1), ("split", 1, {"split_layer": 21}),
+                   ("dynamic", 1, {"frontier": "device"}), ("split", 1, {"split_layer": 21}),
+                   ("dynamic", 1, {"frontier": "cut /a/Conv"})]
+    assert sim_bridge.session(["local", "cloud"], 5, 0, chunk=2) == \
+        [("dynamic", 1)] + [("local", 2), ("cloud", 2)] * 2 + [("local", 1), ("cloud", 1)]
+
+
+class _FakeDevice:
+    """What run_policies asks of a device, recording the order of the runs."""
+
+    def __init__(self):
+        self.calls: list = []
+
+    def fresh_client(self, bw):
+        self.calls.append("fresh")
+
+    def learn(self, bw):
+        return {"inferences": 1, "latencies_s": [0.5]}
+
+    def probe(self, runs):
+        return [0.1] * runs
+
+    def run(self, policy, repeat, warmup, bandwidth):
+        n = sum(1 for c in self.calls if c[0] == policy)
+        self.calls.append((policy, repeat))
+        lat = [n + j / 10 for j in range(repeat)]
+        stats = [{"tiles_sent": 1, "tiles_from_server": 0, "bytes_sent": 8, "fallback": False,
+                  "finished_by": "device", "frontier": f"f{n}", "predicted_s": 0.25,
+                  "device_process": {"user_ms": 1.0, "sys_ms": 0.0}}] * repeat
+        return {"latencies_s": lat, "stats": stats, "max_rel_error": n * 1e-7,
+                "estimates": {"bandwidth_est_mbps": 10 + n, "rtt_est_ms": 1.0, "alpha": 1.0,
+                              "server_flops": 1e9}}
+
+
+def test_run_policies_takes_turns_and_keeps_every_inference():
+    dev = _FakeDevice()
+    rows = H.run_policies(dev, ["local", "dynamic"], 5, 0, None, {"model": "m"}, chunk=2)
+    assert dev.calls == ["fresh"] + [("local", 2), ("dynamic", 2)] * 2 + \
+        [("local", 1), ("dynamic", 1)]
+    dyn = next(r for r in rows if r["policy"] == "dynamic")
+    assert dyn["latencies_ms"] == "0.0 100.0 1000.0 1100.0 2000.0" and dyn["n"] == 5
+    assert dyn["frontiers"] == "f0;f0;f1;f1;f2" and dyn["predicted_ms"] == " ".join(["250.0"] * 5)
+    assert dyn["client_goodput_mbps"] == 12 and dyn["warmup_ms"] == "500.0"
+    dev = _FakeDevice()  # without chunks: each policy's inferences at once, as before
+    H.run_policies(dev, ["local", "dynamic"], 5, 0, None, {"model": "m"})
+    assert dev.calls == ["fresh", ("local", 5), ("dynamic", 5)]
 
 
 # ----------------------------------------------------------------------------- real runs
