@@ -172,9 +172,13 @@ class NativeInference:
         """Gives the runtime the inputs in ONNX layout; it transposes them into its own (NHWC)
         while copying, faster than numpy's strided copy and without a temporary."""
         g = self.tg.graph
-        for name, arr in feeds.items():
+        for name in feeds:
             if name not in g.inputs:
                 raise InputError(f"unknown input {name!r}")
+        # in layer order, whatever the caller's: the inputs' tiles are queued to send as they
+        # are set, and the cost model (policies.inputs_cost) prices them in that order
+        for name in sorted(feeds, key=g.inputs.__getitem__):
+            arr = feeds[name]
             layer = g.layers[g.inputs[name]]
             if layer.layout == ir.LAYOUT_CHANNELS:  # NCHW -> position-major storage, in C
                 data = np.ascontiguousarray(arr, dtype=np.float32)

@@ -112,13 +112,15 @@ def main() -> int:
                 link = (cmd.get("bandwidth"), cmd.get("rtt_ms", 0.0))
                 if client is None or link != client_link:
                     make_client(*link)
-                n, lat = 0, []
+                n, lat, pred = 0, [], []
                 for n in range(1, cmd.get("max", 10) + 1):
                     client.infer(feeds, policy="dynamic")
                     lat.append(client.last_stats["latency_s"])
+                    pred.append(client.last_stats.get("predicted_s"))
                     if client.last_stats.get("offloaded") and client.estimates["goodput_samples"] > 0:
                         break
-                reply = {"inferences": n, "latencies_s": lat, "estimates": client.estimates}
+                reply = {"inferences": n, "latencies_s": lat, "predicted_s": pred,
+                         "estimates": client.estimates}
             elif cmd["cmd"] == "probe":
                 # The device's own speed now: local inferences, as the link is measured beside
                 # every setting (a core shared with the rest of the host, in 1 ms of every 4,

@@ -187,10 +187,7 @@ def main(argv=None) -> int:
                                       for i in range(n if args.control and n > 1 else 0)]
                         got: dict = {}
                         for c, k in enumerate(H.chunk_sizes(args.repeat, args.chunk)):
-                            # the order rotated from chunk to chunk: no setting always follows
-                            # the same one, none runs twice in a row
-                            j = c % len(setups)
-                            for label, policy, only in setups[j:] + setups[:j]:
+                            for label, policy, only in H.turn_order(setups, c):
                                 results, wall = run_round(devs, policy, k, bw)
                                 merge(got.setdefault((label, only), {}), results, wall)
                                 progress.step(n * k / args.repeat,

@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import platform
+import random
 import shutil
 import socket
 import statistics
@@ -538,6 +539,16 @@ def chunk_sizes(repeat: int, chunk: int | None) -> list[int]:
     return [chunk] * (repeat // chunk) + ([repeat % chunk] if repeat % chunk else [])
 
 
+def turn_order(order, turn: int) -> list:
+    """The order of the settings in turn ``turn`` of a chunked run (chunk_sizes): the round's
+    own first, then a permutation of it drawn for each turn (seeded by the turn, so that a
+    simulation of the run repeats it). Rotating the order would not do: it keeps each setting
+    behind the same one but at the turn's seam, and the one behind a slow link's idle device
+    would pay for that idleness every time."""
+    order = list(order)
+    return order if turn == 0 else random.Random(turn).sample(order, len(order))
+
+
 def merge_run(acc: dict | None, r: dict) -> dict:
     """Device.run's result ``r`` appended to ``acc`` (the same policy's earlier chunks, or
     None): latencies and stats in order, the worst error, the latest estimates."""
@@ -567,10 +578,14 @@ def run_policies(dev: Device, policies, repeat: int, rnd: int, bw_arg, base: dic
     probe = dev.probe(PROBE_RUNS)
     order = rotation(policies, rnd)
     runs: dict = {}
-    for k in chunk_sizes(repeat, chunk):
-        for policy in order:
+    shown = ("nominal_mbps", "server_threads", "tiles_per_layer")
+    for turn, k in enumerate(chunk_sizes(repeat, chunk)):
+        for policy in turn_order(order, turn):
             runs[policy] = merge_run(runs.get(policy),
                                      dev.run(policy, repeat=k, warmup=0, bandwidth=bw_arg))
+            if progress:
+                progress.step(k / repeat, f"{base.get('model', '')} {policy} " +
+                              " ".join(f"{key}={base[key]}" for key in shown if key in base))
     for policy in order:
         r = runs[policy]
         st = r["stats"]
@@ -614,14 +629,12 @@ def run_policies(dev: Device, policies, repeat: int, rnd: int, bw_arg, base: dic
             "predicted_ms": " ".join(f"{1e3 * s['predicted_s']:.1f}" if s.get("predicted_s")
                                      else "-" for s in st) if policy == "dynamic" else "",
             "warmup_ms": " ".join(f"{1e3 * x:.1f}" for x in learned.get("latencies_s", ())),
+            "warmup_predicted_ms": " ".join(f"{1e3 * x:.1f}" if x else "-"
+                                            for x in learned.get("predicted_s", ())),
             "max_rel_error": r["max_rel_error"],
             "device_cpu_ms": statistics.median(
                 s["device_process"]["user_ms"] + s["device_process"]["sys_ms"] for s in st),
         })
-        if progress:
-            shown = ("nominal_mbps", "server_threads", "tiles_per_layer")
-            progress.step(1, f"{base.get('model', '')} {policy} " +
-                          " ".join(f"{k}={base[k]}" for k in shown if k in base))
     probe += dev.probe(PROBE_RUNS)
     for row in rows:
         row["device_probe_ms"] = 1e3 * statistics.median(probe)

@@ -115,7 +115,7 @@ def session(policies, repeat: int, rnd: int, warmup: int = 1,
     driver's `learn`: until one offloaded and measured the goodput; the rows say how many),
     then every policy ``repeat`` times, in the harness's order for the round (H.rotation;
     ``alternate``: see there), ``chunk`` inferences at a time in turns (None: all of each
-    policy's at once; H.chunk_sizes). ``cuts``: {"split": [layer
+    policy's at once; H.chunk_sizes, H.turn_order). ``cuts``: {"split": [layer
     per inference]}: those inferences are planned at the given cuts (Client's split_layer
     option) instead of from the simulated client's estimates, and {"dynamic": [frontier per
     inference]} runs those plans (policies.plan_dynamic's frontier). ``probe``: local inferences
@@ -126,8 +126,8 @@ def session(policies, repeat: int, rnd: int, warmup: int = 1,
     if probe:
         seq.append(("local", probe))
     done = 0
-    for k in H.chunk_sizes(repeat, chunk):
-        for p in order:
+    for turn, k in enumerate(H.chunk_sizes(repeat, chunk)):
+        for p in H.turn_order(order, turn):
             plans = (cuts or {}).get(p)
             if plans and len(plans) == repeat:
                 key = "frontier" if p == "dynamic" else "split_layer"

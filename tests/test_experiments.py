@@ -174,13 +174,33 @@ def test_sessions_replay_the_recorded_plans_and_the_probe():
     seq = sim_bridge.session(["local", "split", "fl", "dynamic"], 2, 1, warmup=2, cuts=plans,
                              probe=3)
     assert [s[0] for s in seq[2:-1]] == ["local"] + ["dynamic"] * 2 + ["fl"] + ["split"] * 2
-    # in turns of one inference (fig_bandwidth --chunk 1): the recorded plans in their order
-    seq = sim_bridge.session(["split", "dynamic"], 2, 0, warmup=1, cuts=plans, chunk=1)
-    assert seq == [("dynamic", 1), ("split", 1, {"split_layer": 21}),
-                   ("dynamic", 1, {"frontier": "device"}), ("split", 1, {"split_layer": 21}),
-                   ("dynamic", 1, {"frontier": "cut /a/Conv"})]
-    assert sim_bridge.session(["local", "cloud"], 5, 0, chunk=2) == \
-        [("dynamic", 1)] + [("local", 2), ("cloud", 2)] * 2 + [("local", 1), ("cloud", 1)]
+    # in turns of one inference (fig_bandwidth --chunk 1): each turn every policy once, in the
+    # harness's order for that turn, the recorded plans in their order
+    seq = sim_bridge.session(["split", "dynamic"], 3, 0, warmup=1,
+                             cuts={"split": [21, 22, 23], "dynamic": ["device", "inputs", "x"]},
+                             chunk=1)
+    assert seq[0] == ("dynamic", 1)
+    turns = [seq[1 + 2 * t:3 + 2 * t] for t in range(3)]
+    assert [[s[0] for s in turn] for turn in turns] == \
+        [H.turn_order(["split", "dynamic"], t) for t in range(3)]
+    assert [s[2] for s in seq[1:] if s[0] == "split"] == \
+        [{"split_layer": c} for c in (21, 22, 23)]
+    assert [s[2]["frontier"] for s in seq[1:] if s[0] == "dynamic"] == ["device", "inputs", "x"]
+    seq = sim_bridge.session(["local", "cloud"], 5, 0, chunk=2)
+    assert [k for _, k in seq[1:]] == [2, 2, 2, 2, 1, 1]
+
+
+def test_turns_vary_which_policy_goes_before_which():
+    """A chunked run's turns: the round's order first, then permutations drawn per turn, the
+    same each time; over ten turns each policy follows at least two different ones."""
+    order = ["local", "cloud", "split", "fl", "dynamic"]
+    assert H.turn_order(order, 0) == order
+    turns = [H.turn_order(order, t) for t in range(10)]
+    assert turns == [H.turn_order(order, t) for t in range(10)]
+    assert all(sorted(t) == sorted(order) for t in turns)
+    flat = [p for t in turns for p in t]
+    before = {p: {flat[i - 1] for i in range(1, len(flat)) if flat[i] == p} for p in order}
+    assert all(len(b) >= 2 for b in before.values()), before
 
 
 class _FakeDevice:
@@ -213,8 +233,9 @@ class _FakeDevice:
 def test_run_policies_takes_turns_and_keeps_every_inference():
     dev = _FakeDevice()
     rows = H.run_policies(dev, ["local", "dynamic"], 5, 0, None, {"model": "m"}, chunk=2)
-    assert dev.calls == ["fresh"] + [("local", 2), ("dynamic", 2)] * 2 + \
-        [("local", 1), ("dynamic", 1)]
+    assert dev.calls[0] == "fresh" and [k for _, k in dev.calls[1:]] == [2, 2, 2, 2, 1, 1]
+    assert [[p for p, _ in dev.calls[1 + 2 * t:3 + 2 * t]] for t in range(3)] == \
+        [H.turn_order(["local", "dynamic"], t) for t in range(3)]
     dyn = next(r for r in rows if r["policy"] == "dynamic")
     assert dyn["latencies_ms"] == "0.0 100.0 1000.0 1100.0 2000.0" and dyn["n"] == 5
     assert dyn["frontiers"] == "f0;f0;f1;f1;f2" and dyn["predicted_ms"] == " ".join(["250.0"] * 5)

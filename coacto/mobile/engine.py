@@ -87,7 +87,7 @@ RESTART_MARGIN = 0.95
 #: job's native inferences, so that a report from one a restart cancelled is told apart.
 TAG_JOB_BITS = 40
 #: A dynamic inference skips the server when the device is predicted to finish before any split
-#: point could (policies.split_costs with the current estimates): then not even the inputs are
+#: point could (policies.dynamic_options with the current estimates): then not even the inputs are
 #: worth their link time and CPU. Every EXPLORE_EVERY-th such inference offloads anyway, so the
 #: prediction errors stay fresh (the link's goodput is probed, the server's load comes with
 #: every heartbeat). Rare enough that these runs stay out of a device's p95 (docs/SCHEDULER.md,

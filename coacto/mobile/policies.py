@@ -212,10 +212,11 @@ def _forced_cost(tg, kind, where, options, device_flops, server_flops, bandwidth
 
 # ------------------------------------------------------------------------------ streamed inputs
 
-def input_need_flops(tg: TileGraph) -> np.ndarray:
-    """need[q]: the FLOPs of the tiles that need the input tiles up to the q-th sent (input
-    tiles leave in tile order, shallowest first: an image's top rows first) and no later one
-    (float64 [inputs]). Built once per plan from each tile's latest input ancestor."""
+def input_need_flops(tg: TileGraph) -> tuple[np.ndarray, float]:
+    """(need, free): need[q] the FLOPs of the tiles that need the input tiles up to the q-th
+    sent (input tiles leave in tile order, shallowest first: an image's top rows first, the
+    inputs in layer order) and no later one (float64 [inputs]); free the FLOPs of the tiles
+    that read no input at all. Built once per plan from each tile's latest input ancestor."""
     def make():
         plan = tg.plan
         inp = input_tiles(tg)
@@ -232,9 +233,10 @@ def input_need_flops(tg: TileGraph) -> np.ndarray:
             last[lo + has] = np.maximum(last[lo + has], got)
         rest = np.ones(tg.n_tiles, dtype=bool)
         rest[inp] = False
-        rest &= last >= 0  # (a tile reading no input, e.g. a constant's: at the start)
-        return np.bincount(last[rest], weights=plan.tile_flops[rest].astype(np.float64),
-                           minlength=len(inp))
+        flops = plan.tile_flops.astype(np.float64)
+        free = float(flops[rest & (last < 0)].sum())  # tiles that read no input (constants')
+        rest &= last >= 0
+        return np.bincount(last[rest], weights=flops[rest], minlength=len(inp)), free
     return tg.plan.memoised("input_need_flops", make)
 
 
@@ -250,10 +252,12 @@ def inputs_cost(tg: TileGraph, server_flops: float, bandwidth: float, rtt: float
     w = np.ones(tg.n_layers) if wire is None else np.asarray(wire, dtype=np.float64)
     sent = tg.plan.tile_bytes[inp].astype(np.float64) * w[tg.plan.tile_layer[inp]]
     arrive = 0.5 * rtt + np.cumsum(sent) / bandwidth
-    need = input_need_flops(tg)
+    need, free = input_need_flops(tg)
     left = np.cumsum(need[::-1])[::-1]  # the work that needs input q or a later one
     back = output_bytes(tg) / (downlink or bandwidth)
-    return float(np.max(arrive + alpha * left / server_flops) + back + 0.5 * rtt)
+    done = max(float(np.max(arrive + alpha * left / server_flops)),
+               alpha * (float(left[0]) + free) / server_flops)  # (what reads no input: at once)
+    return done + back + 0.5 * rtt
 
 
 # ------------------------------------------------------------------------------ device shares
