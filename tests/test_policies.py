@@ -668,6 +668,21 @@ def test_an_nhwc_input_streams_by_image_rows():
     assert_close(coacto.Runtime(tg).run({"input_1": x}), {"logits": ref}, rel=1e-4)
     out, _ = exchange(tg, {"input_1": x}, P.plan_cloud(tg))
     assert_close(out, {"logits": ref}, rel=1e-4)
+    # its shape read too (tf2onnx's Shape -> Slice -> Concat -> Reshape for a dynamic batch):
+    # still streamed by rows
+    shaped = onnx.ModelProto()
+    shaped.CopyFrom(model)
+    g = shaped.graph
+    g.initializer.extend([numpy_helper.from_array(np.array(v, np.int64), n) for n, v in
+                          (("s0", [0]), ("s1", [1]), ("minus1", [-1]))])
+    g.node.extend([helper.make_node("Shape", ["input_1"], ["shp"]),
+                   helper.make_node("Slice", ["shp", "s0", "s1"], ["batch"]),
+                   helper.make_node("Concat", ["batch", "minus1"], ["flat_shape"], axis=0),
+                   helper.make_node("Reshape", ["logits", "flat_shape"], ["flat"])])
+    g.output.append(helper.make_tensor_value_info("flat", T.FLOAT, [1, 10]))
+    tg = coacto.compile(shaped, tiles_per_layer=6)
+    assert tg.graph.layers[tg.graph.inputs["input_1"]].layout == "last"
+    assert_close(coacto.Runtime(tg).run({"input_1": x}), {"logits": ref, "flat": ref}, rel=1e-4)
     # the same image also read as it is (scaled, an output of its own): axis 1 stays the
     # channels, and the outputs are right all the same
     g = model.graph

@@ -163,7 +163,9 @@ class Importer:
         if rank <= 2:
             return ir.LAYOUT_CHANNELS
         consumers = [n for n in self.g.node if name in n.input]
-        if rank == 4 and consumers and all(self._to_channels_first(n) for n in consumers):
+        if rank == 4 and any(self._to_channels_first(n) for n in consumers) and \
+                all(self._to_channels_first(n) or n.op_type in ("Shape", "Size")
+                    for n in consumers):  # (what reads only its static shape is folded)
             return ir.LAYOUT_LAST
         if any(n.op_type in _CHANNEL_OPS for n in consumers):
             return ir.LAYOUT_CHANNELS

@@ -184,6 +184,7 @@ class SimDevice:
         self._gated = 0
         self._gate_key, self._gate_verdict = None, (0.0, 0.0)
         self._planned = 0
+        self._outcomes = 0  # (Engine._learn_outcome)
         self._last_probe: float | None = None
         self._probes: set = set()  # keys of the probe train in flight
         self._train_stamps = TrainStamps()
