@@ -528,6 +528,35 @@ def test_a_kind_not_run_for_a_while_is_run_again_unless_the_server_is_shared():
     assert e.stale_kinds(KIND_STALE_AFTER) == ("share",)
 
 
+def test_a_clients_first_offload_teaches_no_error():
+    """The first offloaded dynamic inference pays one-time costs: its error is not its kind's
+    (it would stand for the kind until the kind ran again); the next ones are learnt."""
+    from types import SimpleNamespace
+
+    from coacto.mobile.engine import Engine
+    from coacto.mobile.estimates import Estimates
+
+    est = Estimates(bandwidth=1e6, device_flops=5e9)
+    eng = SimpleNamespace(est=est, _outcomes=0)
+    plan = policies.Plan("dynamic", None, None, True, info={"predicted_s": 0.100,
+                                                            "kind": "inputs"})
+    job = SimpleNamespace(policy="dynamic", plan=plan, fallback=False, t_start=1.0)
+    Engine._learn_outcome(eng, job, 1.160)  # 60 ms late: the first
+    assert est.offload_errors == {} and est.offload_outcomes == 0
+    Engine._learn_outcome(eng, job, 1.110)
+    assert est.offload_errors["inputs"][0] == pytest.approx(0.010)
+    assert est.offload_outcomes == 1
+    # a fallback does not use the first up, nor does another policy's offload
+    est2 = Estimates(bandwidth=1e6, device_flops=5e9)
+    eng2 = SimpleNamespace(est=est2, _outcomes=0)
+    Engine._learn_outcome(eng2, SimpleNamespace(policy="dynamic", plan=plan, fallback=True,
+                                                t_start=1.0), 1.5)
+    Engine._learn_outcome(eng2, SimpleNamespace(policy="cloud", plan=plan, fallback=False,
+                                                t_start=1.0), 1.5)
+    Engine._learn_outcome(eng2, job, 1.160)
+    assert est2.offload_errors == {}
+
+
 def test_a_shared_server_must_be_much_faster_than_the_device(monkeypatch):
     """With other devices' work on the server an offload must win by SHARED_OFFLOAD_MIN_GAIN,
     not OFFLOAD_MIN_GAIN: their bursts delay it beyond what alpha foresees."""

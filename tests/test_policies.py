@@ -669,7 +669,7 @@ def test_an_nhwc_input_streams_by_image_rows():
     out, _ = exchange(tg, {"input_1": x}, P.plan_cloud(tg))
     assert_close(out, {"logits": ref}, rel=1e-4)
     # its shape read too (tf2onnx's Shape -> Slice -> Concat -> Reshape for a dynamic batch):
-    # still streamed by rows
+    # still stored by rows
     shaped = onnx.ModelProto()
     shaped.CopyFrom(model)
     g = shaped.graph
