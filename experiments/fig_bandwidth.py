@@ -170,9 +170,10 @@ def main(argv=None) -> int:
     ap.add_argument("--chunk", type=int, default=None, metavar="K",
                     help="each fresh client runs the policies K inferences at a time, in turns, "
                          "until each has run --repeat (default: all of one policy's, then the "
-                         "next's). The device in its quota runs 10-40%% slower for seconds after "
-                         "it sat idle (a slow link's cloud or fl inferences), so the policy that "
-                         "follows such a run pays for it; in turns of one, every policy does")
+                         "next's), each turn in an order drawn afresh. The device in its quota runs "
+                         "10-50%% slower for seconds after it sat idle (a slow link's cloud or fl "
+                         "inferences), so the policy that follows such a run pays for it; in "
+                         "turns of one, every policy pays alike")
     ap.add_argument("--rtt-ms", type=float, default=0.0, metavar="MS",
                     help="add this round trip to the link (the client adds it: this kernel has "
                          "no netem; the reference cannot, so it is left out then)")

@@ -622,9 +622,9 @@ class Engine:
         """A dynamic inference that offloaded: how far its plan's prediction was off. Not the
         client's first: it pays once for what later ones find ready (on the testbed mostly 5-35%
         slower than the ones after it, once 4x: ResNet-50 at 100 Mbit/s 110-123 ms against
-        100-104, VGG-16 397 and 1045 against 260-290), and the first error of a kind stands for the kind until it runs
-        again: taken as the inputs plan's, it kept fresh clients on shares that ran slower
-        than the inputs plan would have."""
+        100-104, VGG-16 397 and 1045 against 260-290), and the first error of a kind stands
+        for the kind until it runs again: taken as the inputs plan's, it kept fresh clients on
+        shares that ran slower than the inputs plan would have."""
         plan = job.plan
         if job.policy == "dynamic" and plan.uses_server and not job.fallback \
                 and job.t_start is not None and "predicted_s" in plan.info:
