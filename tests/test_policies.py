@@ -278,11 +278,12 @@ def test_cloud_and_dynamic_masks(model):
     assert P.plan_local(tg).uses_server is False
 
 
-def test_dynamic_streams_a_cut_when_the_input_is_expensive(model):
+def test_dynamic_sends_a_cut_when_the_input_is_expensive(model):
     """A slow link and a device fast enough to shrink the input first: the tiles of the cut the
-    cost model prefers are streamed as the device computes them; what comes after the cut
-    waits, as insurance (the engine's _park_rest). (The device alone is faster still: that is
-    the engine's gate's decision, taken before; the plan is the best way to offload.)"""
+    cost model prefers go in one message once computed (``send_whole``, as split sends its cut
+    and as the model prices it); what comes after the cut waits, as insurance (the engine's
+    _park_rest). (The device alone is faster still: that is the engine's gate's decision, taken
+    before; the plan is the best way to offload.)"""
     tg, feeds, ref = model
     costs = P.split_costs(tg, 1e10, 1e11, 2e5, 0.001)
     later = {c: v for c, v in costs.items() if c not in tg.graph.inputs.values()
@@ -290,7 +291,7 @@ def test_dynamic_streams_a_cut_when_the_input_is_expensive(model):
     best = min(later, key=lambda c: (later[c], -c))
     assert later[best] < 0.5 * costs[max(tg.graph.inputs.values())]
     dyn = P.plan_dynamic(tg, device_flops=1e10, server_flops=1e11, bandwidth=2e5, rtt=0.001)
-    assert dyn.info["kind"] == "cut" and dyn.info["park_rest"]
+    assert dyn.info["kind"] == "cut" and dyn.info["park_rest"] and dyn.info["send_whole"]
     needed = tg.plan.ancestors(np.isin(np.arange(tg.n_tiles), tm.cut_tiles(tg, best)))
     needed[tm.input_tiles(tg)] = True
     assert (dyn.local.astype(bool) == needed).all() and P.check_plan(tg, dyn) == []

@@ -272,15 +272,23 @@ def test_parked_work_is_insurance_when_the_device_would_finish_after_the_server(
     est = Estimates(bandwidth=1e6, device_flops=1e9)  # 5 ms of work (5 tiles of 1 MFLOP)
     est.server_flops, est.rtt.value, est.down.value = 1e10, 1e-3, 1e6
 
-    def parked():
+    def parked(predicted=None):
         eng = SimpleNamespace(est=est, tg=tg)
         job = Job(1, None, "dynamic", {}, 0.0)
         job.t_start, job.input_bytes = 0.0, 2000  # 2 ms on the link
+        if predicted is not None:
+            job.plan = SimpleNamespace(info={"predicted_s": predicted})
         Engine._park_local(eng, job)
         return job
 
     job = parked()
     assert job.local_parked and not job.resume_on_release and not job.kept_work
+    assert job.resume_at == pytest.approx(1.5 * (2e-3 + 1e-3 + 0.5e-3 + 0.4e-3))
+    # the plan's own price (the streamed inputs: the server starts before the last input
+    # arrives) times the insurance when there is one; NaN (nothing to price it with) is not one
+    job = parked(predicted=2.6e-3)
+    assert job.local_parked and job.resume_at == pytest.approx(1.5 * 2.6e-3)
+    job = parked(predicted=float("nan"))
     assert job.resume_at == pytest.approx(1.5 * (2e-3 + 1e-3 + 0.5e-3 + 0.4e-3))
     est.server_flops = 1e9
     job = parked()

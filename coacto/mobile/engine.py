@@ -328,16 +328,22 @@ class Engine:
 
     def _park_local(self, job: Job) -> None:
         """Local work waits while the input goes out. When the server is predicted to finish far
-        ahead of the device, it waits longer — the device's work is then only insurance — and
-        starts when the server is late by half its predicted time (a lost connection or a
-        server error unparks it at once through the fallback)."""
+        ahead of the device (the plan's price, as _park_rest times a share's), it waits longer
+        — the device's work is then only insurance — and starts when the server is late by half
+        its predicted time (a lost connection or a server error unparks it at once through the
+        fallback)."""
         e = self.est
         if e.server_shared():
             self._keeps_work(job)
             return
         total = self.tg.total_flops
-        t_server = (job.input_bytes / e.bandwidth + e.rtt.value + e.alpha * total / e.server_flops
-                    + output_bytes(self.tg) / e.downlink)
+        # the plan's own price (policies.inputs_cost: the server starts on the first input rows
+        # while the rest cross); before the device's rate is known there is none, and the whole
+        # transfer, then the whole server work, bounds it
+        t_server = job.plan.info.get("predicted_s") if job.plan is not None else None
+        if t_server is None or not math.isfinite(t_server):
+            t_server = (job.input_bytes / e.bandwidth + e.rtt.value
+                        + e.alpha * total / e.server_flops + output_bytes(self.tg) / e.downlink)
         # parked, the device starts once its inputs have left: it finishes first only if that
         # and all of its work beat the server's answer
         t_device = job.input_bytes / e.bandwidth + total / e.device_flops if e.device_flops \
@@ -517,6 +523,9 @@ class Engine:
     # ------------------------------------------------------------------ server events
 
     def _server_ready(self) -> None:
+        # a new connection (perhaps a restarted server that loads the graph again): its first
+        # offload pays that connection's one-time costs, not its kind's error (_learn_outcome)
+        self._outcomes = 0
         for job in list(self._jobs.values()):
             if job.waiting:
                 self._start(job, lambda job=job: self._plan(job))
@@ -620,7 +629,8 @@ class Engine:
 
     def _learn_outcome(self, job: Job, t: float) -> None:
         """A dynamic inference that offloaded: how far its plan's prediction was off. Not the
-        client's first: it pays once for what later ones find ready (on the testbed mostly 5-35%
+        first on a connection (_server_ready starts the count again): it pays once for what
+        later ones find ready (on the testbed mostly 5-35%
         slower than the ones after it, once 4x: ResNet-50 at 100 Mbit/s 110-123 ms against
         100-104, VGG-16 397 and 1045 against 260-290), and the first error of a kind stands
         for the kind until it runs again: taken as the inputs plan's, it kept fresh clients on

@@ -171,9 +171,10 @@ def plan_dynamic(tg: TileGraph, device_flops: float | None = None, server_flops:
     if kind == "share":
         return plan_share(tg, where[0], where[1], info)
     if kind == "cut":
-        # The device computes what the cut needs and streams it; the rest waits as insurance
-        # (the engine's _park_rest; docs/SCHEDULER.md, "Measurements behind the constants").
-        info.update(cut_name=tg.graph.layers[where].name, park_rest=True)
+        # The device computes what the cut needs and sends it in one message, as split does and
+        # as split's model prices it; the rest waits as insurance (the engine's _park_rest;
+        # docs/SCHEDULER.md, "Measurements behind the constants", "A cut goes whole").
+        info.update(cut_name=tg.graph.layers[where].name, park_rest=True, send_whole=True)
         send[:] = SEND_NEVER
         send[cut_tiles(tg, where)] = SEND_ALWAYS
         return Plan("dynamic", cut_needs(tg, where), send, uses_server=True, split_layer=where,
