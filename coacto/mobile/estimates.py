@@ -72,6 +72,9 @@ GATE_STEP = 0.1
 ERROR_LINK_FACTOR = 2.0
 #: A contention factor above this means the server is computing other devices' inferences.
 SHARED_ALPHA = 1.1
+#: The kinds of offloaded plan dynamic chooses between (policies.dynamic_options), each with an
+#: error of its own.
+OFFLOAD_KINDS = ("inputs", "cut", "share")
 #: Bytes on the wire per raw byte of a layer not measured yet, per transfer encoding: dense
 #: tiles (a tile is never sent larger than that).
 WIRE_PRIOR = {"raw": 1.0, "lossless": 1.0, "f16": 0.5, "int8": 0.25}
@@ -485,9 +488,21 @@ class Estimates:
 
     def offloaded_s(self, predicted_s: float, kind: str | None = None) -> float:
         """``predicted_s`` corrected by the error of the offloaded inferences so far (of this
-        kind of plan when given: as predicted when that kind has not run on a link like
-        today's). A negative error takes off at most half."""
-        err = self.offload_error if kind is None else (self._error(kind) or 0.0)
+        kind of plan when given). A kind that has not run on a link like today's is expected
+        to be off by the mean of the kinds that have: part of every kind's error is the
+        device's (its engine's CPU in a quota, a first inference's costs), and taken as
+        predicted a kind not yet run let the gate offload where the kinds that had run had
+        shown offloading slower than the device alone (MobileNetV2 at 100 Mbit/s in a 25%
+        quota: a cut predicted 26 ms ran 39, then a share predicted 28 ran 39, beside 28-31 ms
+        on the device). As predicted when none has run. A negative error takes off at most
+        half."""
+        if kind is None:
+            err = self.offload_error
+        else:
+            err = self._error(kind)
+            if err is None:
+                seen = [e for e in map(self._error, OFFLOAD_KINDS) if e is not None]
+                err = sum(seen) / len(seen) if seen else 0.0
         return predicted_s + max(err, -0.5 * predicted_s)
 
     def stale_kinds(self, age: int) -> tuple[str, ...]:
@@ -495,14 +510,14 @@ class Estimates:
         learnt ``age`` or more offloaded outcomes ago: one sample that ran in bad conditions
         (a probe train ahead of its inputs, a burst on the server) would otherwise keep a kind
         shut out for as long as the kind chosen instead keeps being chosen."""
-        return tuple(k for k in ("inputs", "cut", "share")
+        return tuple(k for k in OFFLOAD_KINDS
                      if self._error(k) is not None
                      and self.offload_outcomes - self.offload_errors[k][2] >= age)
 
     def unseen_kinds(self) -> tuple[str, ...]:
         """The kinds of offloaded plan with no error learnt on a link like today's
         (policies.dynamic_options)."""
-        return tuple(k for k in ("inputs", "cut", "share") if self._error(k) is None)
+        return tuple(k for k in OFFLOAD_KINDS if self._error(k) is None)
 
     def planning_key(self) -> tuple:
         """What a plan is made from: the rates, and the version of the rest (see plans_hold)."""
@@ -523,7 +538,7 @@ class Estimates:
     def stalest_kinds(self) -> tuple[str, ...]:
         """The kinds of offloaded plan, the one whose error was learnt longest ago (or never)
         first: what an exploring inference runs (policies.choose_dynamic)."""
-        return tuple(sorted(("inputs", "cut", "share"),
+        return tuple(sorted(OFFLOAD_KINDS,
                             key=lambda k: self.offload_errors.get(k, (0, 0, -1))[2]))
 
     def on_local_run(self, flops: float, seconds: float, local_graph: bool = False,
