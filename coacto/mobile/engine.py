@@ -357,7 +357,7 @@ class Engine:
             job.resume_at = job.t_start + 2 * job.input_bytes / e.bandwidth + 0.05
 
     def _park_rest(self, job: Job) -> None:
-        """A device share or a streamed cut: what the device does not compute is insurance,
+        """A device share or a cut: what the device does not compute is insurance,
         which starts when the server is late by half the plan's predicted time (or the link
         stalls, or the server is lost)."""
         predicted = job.plan.info.get("predicted_s")
@@ -418,7 +418,7 @@ class Engine:
         return job.bytes_acked - then < 0.5 * b * (log_[-1][0] - t_then)
 
     def _resume_local(self, job: Job) -> None:
-        """The parked rest starts. A device share's or a streamed cut's own tiles (what the
+        """The parked rest starts. A device share's or a cut's own tiles (what the
         server waits for) stay first: unparked into the ready pool's depth order, the rest's
         shallow tiles went before them. On the testbed a one-core server's ACKs, late while it
         computed, read as a stall 27 ms into a ResNet-50 share at 200 Mbit/s; the device then

@@ -15,8 +15,9 @@ exit tiles; every policy therefore gives the same outputs, only who computes wha
                spatially (by columns) into a device part and a server part sized by the two
                speeds; the device computes its part (halos included, recomputed), sends its part
                of layer K; the server computes its part from the inputs and all layers after K.
-* ``dynamic``  CoActo's plan (the inputs first, then every tile the ECT rule sends), a streamed
-               cut or a device share, whichever is predicted fastest (docs/SCHEDULER.md).
+* ``dynamic``  CoActo's plan (the inputs first, then every tile the ECT rule sends), a cut
+               (sent whole, as split sends it, the rest kept as insurance) or a device share,
+               whichever is predicted fastest (docs/SCHEDULER.md).
 """
 from __future__ import annotations
 
@@ -80,7 +81,7 @@ def dynamic_options(tg: TileGraph, device_flops: float, server_flops: float, ban
                     wire=None) -> dict[str, tuple[float, object]]:
     """What dynamic may do, each with its predicted latency (s) and where it cuts:
     ``local`` (None), ``inputs`` (the input layer: CoActo's plan), ``cut`` (the best later cut,
-    streamed; absent when the graph has none) and ``share`` ((layer, device blocks): the best
+    sent whole; absent when the graph has none) and ``share`` ((layer, device blocks): the best
     device share of a fused stack; absent when the graph has none)."""
     cuts, costs = split_cost_array(tg, device_flops, server_flops, bandwidth, rtt, alpha,
                                    downlink, wire)
@@ -138,7 +139,7 @@ def plan_dynamic(tg: TileGraph, device_flops: float | None = None, server_flops:
                  downlink: float | None = None, wire=None, correct=None,
                  unseen=(), explore=None, frontier: str | None = None) -> Plan:
     """Tile-level collaboration, in the kind of plan predicted fastest (choose_dynamic; before
-    the device's speed is known, the inputs): ``inputs`` (CoActo's rule), a streamed ``cut`` or
+    the device's speed is known, the inputs): ``inputs`` (CoActo's rule), a ``cut`` or
     a device ``share`` (plan_share), as docs/SCHEDULER.md describes them. The engine's gate has
     decided before that the inference offloads (or explores: it then runs the plan it would
     use, so that what it measures is that plan's latency). ``frontier``: run this plan instead
@@ -509,7 +510,7 @@ def plan_fl(tg: TileGraph, device_flops: float, server_flops: float, alpha: floa
 
 def rest_comes_last(plan: Plan | None) -> bool:
     """Whether the device's own tiles of ``plan`` are what the server waits for (a device share,
-    a streamed cut), so that its parked rest, once started, runs only when none of them is ready
+    a cut), so that its parked rest, once started, runs only when none of them is ready
     (NativeInference.compute_all's rest_last)."""
     info = plan.info if plan is not None else {}
     return "share_layer" in info or bool(info.get("park_rest"))
