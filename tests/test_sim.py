@@ -288,6 +288,9 @@ def test_parked_work_is_insurance_when_the_device_would_finish_after_the_server(
     # arrives) times the insurance when there is one; NaN (nothing to price it with) is not one
     job = parked(predicted=2.6e-3)
     assert job.local_parked and job.resume_at == pytest.approx(1.5 * 2.6e-3)
+    est.on_offloaded(2.6e-3, 3.6e-3, "inputs")  # ... as late as the kind has run here
+    assert parked(predicted=2.6e-3).resume_at == pytest.approx(1.5 * 3.6e-3)
+    est.offload_errors.clear()
     job = parked(predicted=float("nan"))
     assert job.resume_at == pytest.approx(1.5 * (2e-3 + 1e-3 + 0.5e-3 + 0.4e-3))
     est.server_flops = 1e9

@@ -344,6 +344,8 @@ class Engine:
         if t_server is None or not math.isfinite(t_server):
             t_server = (job.input_bytes / e.bandwidth + e.rtt.value
                         + e.alpha * total / e.server_flops + output_bytes(self.tg) / e.downlink)
+        else:  # as the kind has run here: a plan late by its error is no late server
+            t_server = e.offloaded_s(t_server, job.plan.info.get("kind", "inputs"))
         # parked, the device starts once its inputs have left: it finishes first only if that
         # and all of its work beat the server's answer
         t_device = job.input_bytes / e.bandwidth + total / e.device_flops if e.device_flops \
@@ -358,8 +360,8 @@ class Engine:
 
     def _park_rest(self, job: Job) -> None:
         """A device share or a cut: what the device does not compute is insurance,
-        which starts when the server is late by half the plan's predicted time (or the link
-        stalls, or the server is lost)."""
+        which starts when the server is late by half the plan's predicted time, corrected by
+        the kind's error (or the link stalls, or the server is lost)."""
         predicted = job.plan.info.get("predicted_s")
         if self.est.server_shared() or not (predicted is not None and math.isfinite(predicted)):
             # (no prediction to time the insurance by: a forced plan the cost model lacks)
@@ -367,6 +369,8 @@ class Engine:
             return
         job.local_parked = True
         job.resume_on_release = False
+        # as the kind has run here (a share late by its error is no late server)
+        predicted = self.est.offloaded_s(predicted, job.plan.info.get("kind"))
         job.resume_at = job.t_start + INSURANCE_MARGIN * predicted
 
     def _keeps_work(self, job: Job) -> None:
@@ -396,6 +400,12 @@ class Engine:
         if b <= 0:
             return False
         start = job.t_first_batch + self.est.rtt.value
+        if job.plan is not None and job.plan.info.get("send_whole"):
+            # one message, acknowledged once whole (a cut larger than two batches read as a
+            # stall a few ms after it left, on a link that ran at its estimate): a stall when
+            # its ACK is late by its own time at the estimate, and STALL_S
+            return job.bytes_acked < job.bytes_handed and \
+                t - start > 2 * job.bytes_handed / b + STALL_S
         batch = batch_bytes(b)
         expected = min(job.bytes_handed, b * max(0.0, t - start))
         if expected - job.bytes_acked <= 2 * batch + b * STALL_S:
@@ -444,7 +454,7 @@ class Engine:
         from 100 to 5 Mbit/s early in a ResNet-50 inference left the device computing the
         offloading graph, 1.13-1.21x the local latency in a 25% CPU quota, where its local graph
         runs 13% faster. Only plans
-        that send model inputs (the inputs plan, device shares): a cut's stream has none, and
+        that send model inputs (the inputs plan, device shares): a cut's message has none, and
         nothing to time its rest by. A stall the estimate caused (a goodput read high) usually
         leaves the link carrying at its rate meanwhile, and the inference goes on as it was."""
         t0, acked0 = job.t_stalled, job.acked_at_stall

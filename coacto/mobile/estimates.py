@@ -194,7 +194,7 @@ class Goodput:
             # Batches still unacknowledged need not be on the link: with a 10 ms RTT a 100
             # Mbit/s link carries 125 kB before the first ACK is back. Handed over after the
             # link had carried the one before, this one found it idle, and the spacing is the
-            # device's pace (a share's or a cut's tiles streamed as they are computed, an
+            # device's pace (a share's tiles streamed as they are computed, an
             # engine slower than the link), not the link's: a simulated Raspberry Pi's share of
             # MobileNetV2 read a 100 Mbit/s link as 46 so. An idle gap of a small share of the
             # spacing still counts (the sample is low by at most that share): a probe behind
@@ -489,7 +489,7 @@ class Estimates:
     def offloaded_s(self, predicted_s: float, kind: str | None = None) -> float:
         """``predicted_s`` corrected by the error of the offloaded inferences so far (of this
         kind of plan when given). A kind that has not run on a link like today's is expected
-        to be off by the mean of the kinds that have: part of every kind's error is the
+        to be late by the mean of the kinds that have (when they were late): part of every kind's error is the
         device's (its engine's CPU in a quota, a first inference's costs), and taken as
         predicted a kind not yet run let the gate offload where the kinds that had run had
         shown offloading slower than the device alone (MobileNetV2 at 100 Mbit/s in a 25%
@@ -501,8 +501,10 @@ class Estimates:
         else:
             err = self._error(kind)
             if err is None:
+                # (a late mean only: an early one is often a kind's own, the inputs plan's
+                # streaming, and lent to a kind not yet run it would make that kind look better)
                 seen = [e for e in map(self._error, OFFLOAD_KINDS) if e is not None]
-                err = sum(seen) / len(seen) if seen else 0.0
+                err = max(0.0, sum(seen) / len(seen)) if seen else 0.0
         return predicted_s + max(err, -0.5 * predicted_s)
 
     def stale_kinds(self, age: int) -> tuple[str, ...]:

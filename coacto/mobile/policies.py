@@ -37,7 +37,7 @@ POLICIES = ("local", "cloud", "split", "fl", "dynamic")
 
 #: The fused stack of `fl` ends at the first single-tensor cut after this share of the FLOPs.
 FL_STACK_FLOPS_SHARE = 1 / 3
-#: Dynamic streams a later cut (or a share) instead of sending the inputs only when the cost
+#: Dynamic takes a later cut (or a share) instead of sending the inputs only when the cost
 #: model predicts it at least this much faster (why: docs/SCHEDULER.md, "A cut must win clearly").
 CUT_MIN_GAIN = 0.05
 #: Dynamic runs a kind of plan it has not run yet (its prediction error unknown) once when the
