@@ -666,6 +666,46 @@ def test_the_gate_reuses_its_verdict_while_the_estimates_hold(monkeypatch):
     assert len(calls) == 3
 
 
+def test_the_gate_keeps_its_verdict_while_the_rates_stay_within_its_margin(monkeypatch):
+    """Beyond GATE_STEP the verdict still stands while the rates moved by a factor f with
+    offloaded / f^2 above the bar (a local verdict) or offloaded * f^2 below it (an offload);
+    the cost model runs only when the verdict could have changed, and then says so."""
+    from types import SimpleNamespace
+
+    from coacto.mobile.engine import OFFLOAD_MIN_GAIN, Engine
+    from coacto.mobile.estimates import Estimates
+
+    calls = []
+    est = Estimates(bandwidth=1e6, device_flops=5e9)
+    est.server_flops = 20e9
+
+    def options(tg, dev, srv, bw, *a, **k):  # a cost of sizes over rates: 40 ms at the start
+        calls.append(1)
+        return {"local": (1.0, None), "inputs": (0.020 * 1e6 / bw + 0.020 * 20e9 / srv, 0)}
+
+    monkeypatch.setattr(policies, "dynamic_options", options)
+    eng = SimpleNamespace(est=est, tg=None, _wire=lambda: None, _gated=0, _gate_key=None,
+                          _gate_verdict=None, _probe_if_stale=lambda: None,
+                          local_tg=SimpleNamespace(total_flops=1e9))
+    est.local_flops = 1e9 / 0.030  # the device: 30 ms; offloading 40 (1.4x the 28.5 ms bar)
+    job = SimpleNamespace(skipped=None, explores=False)
+    assert Engine._local_is_faster(eng, job) and len(calls) == 1
+    est.goodput.value = 1e6 * 1.15  # 15%: past GATE_STEP, within the margin (1.15^2 < 1.4)
+    assert Engine._local_is_faster(eng, job) and len(calls) == 1
+    assert "40.0 ms offloaded" in job.skipped  # (the verdict's own figure)
+    est.goodput.value = 1e6 * 1.25  # 1.25^2 > 1.4: the cost model again
+    assert Engine._local_is_faster(eng, job) and len(calls) == 2
+    assert "36.0 ms offloaded" in job.skipped
+    # the device's own time read fresh can move the bar past the cached figure's bound
+    est.local_flops = 1e9 / 0.040  # 40 ms: the bar 38 is above 36 * 1.0^2: offloads, no model
+    assert not Engine._local_is_faster(eng, job) and len(calls) == 2
+    assert 36.0 < 40.0 * (1 - OFFLOAD_MIN_GAIN)
+    # an error learnt (a new version): the cost model, whatever the rates
+    est.on_offloaded(0.03, 0.05, "inputs")
+    Engine._local_is_faster(eng, job)
+    assert len(calls) == 3
+
+
 def test_each_graph_has_its_rate_and_local_runs_move_the_planners_rate():
     from coacto.mobile.estimates import Estimates
 

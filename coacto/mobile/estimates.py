@@ -537,6 +537,22 @@ class Estimates:
             return False
         return all(a > 0 and abs(b / a - 1.0) <= step for a, b in zip(rates, now_rates))
 
+    def drift(self, key: tuple | None) -> float:
+        """The largest factor by which any rate of ``key`` (planning_key) has moved since (1.0:
+        none), or inf when more than the rates changed (what plans_hold refuses besides)."""
+        if key is None:
+            return math.inf
+        rates, rtt, version = key
+        now_rates, now_rtt, now_version = self.planning_key()
+        if version != now_version or abs(now_rtt - rtt) > max(5e-4, GATE_STEP * max(rtt, now_rtt)):
+            return math.inf
+        f = 1.0
+        for a, b in zip(rates, now_rates):
+            if not (a > 0 and b > 0):
+                return math.inf
+            f = max(f, a / b, b / a)
+        return f
+
     def stalest_kinds(self) -> tuple[str, ...]:
         """The kinds of offloaded plan, the one whose error was learnt longest ago (or never)
         first: what an exploring inference runs (policies.choose_dynamic)."""
