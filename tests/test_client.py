@@ -704,6 +704,24 @@ def test_the_gate_keeps_its_verdict_while_the_rates_stay_within_its_margin(monke
     est.on_offloaded(0.03, 0.05, "inputs")
     Engine._local_is_faster(eng, job)
     assert len(calls) == 3
+    # a kind faster than its prediction: its (negative) correction does not shrink with the
+    # rates (the bounds take the raw figure over f^2, then the correction). 60 ms raw, 15
+    # early: 45 against the bar of 28.5; the link 25% faster: 48 - 15 = 33, but the low bound
+    # 38.4 - 15 = 23.4 is below the bar, so the model runs; 40% faster: 42.9 - 15 = 27.9,
+    # offloads
+    calls.clear()
+    monkeypatch.setattr(policies, "dynamic_options", lambda tg, dev, srv, bw, *a, **k: (
+        calls.append(1), {"local": (1.0, None), "inputs": (0.060 * 1e6 / bw, 0)})[1])
+    est2 = Estimates(bandwidth=1e6, device_flops=5e9)
+    for _ in range(30):
+        est2.on_offloaded(0.060, 0.045, "inputs")
+    est2.local_flops = 1e9 / 0.030
+    eng.est, eng._gate_key, eng._gate_verdict = est2, None, None
+    assert Engine._local_is_faster(eng, job) and len(calls) == 1
+    est2.goodput.value = 1e6 * 1.25
+    assert Engine._local_is_faster(eng, job) and len(calls) == 2  # (low bound 23.4: ran)
+    est2.goodput.value = 1e6 * 1.4
+    assert not Engine._local_is_faster(eng, job) and len(calls) == 3
 
 
 def test_each_graph_has_its_rate_and_local_runs_move_the_planners_rate():
