@@ -700,10 +700,18 @@ def test_the_gate_keeps_its_verdict_while_the_rates_stay_within_its_margin(monke
     est.local_flops = 1e9 / 0.040  # 40 ms: the bar 38 is above 36 * 1.0^2: offloads, no model
     assert not Engine._local_is_faster(eng, job) and len(calls) == 2
     assert 36.0 < 40.0 * (1 - OFFLOAD_MIN_GAIN)
+    # an offload verdict stands while even its high bound beats the bar: the link 15% slower
+    # (past GATE_STEP; 38.4 ms now) bounds it at 36 * 1.15^2 = 47.6, under a bar of 57
+    est.local_flops = 1e9 / 0.060
+    est.goodput.value = 1e6 * 1.25 / 1.15
+    assert not Engine._local_is_faster(eng, job) and len(calls) == 2
+    est.local_flops = 1e9 / 0.045  # a bar of 42.8, under that bound: the cost model says 38.4
+    assert not Engine._local_is_faster(eng, job) and len(calls) == 3
     # an error learnt (a new version): the cost model, whatever the rates
+    n = len(calls)
     est.on_offloaded(0.03, 0.05, "inputs")
     Engine._local_is_faster(eng, job)
-    assert len(calls) == 3
+    assert len(calls) == n + 1
     # a kind faster than its prediction: its (negative) correction does not shrink with the
     # rates (the bounds take the raw figure over f^2, then the correction). 60 ms raw, 15
     # early: 45 against the bar of 28.5; the link 25% faster: 48 - 15 = 33, but the low bound

@@ -122,25 +122,26 @@ TRACE_WAIT_S = 2.0
 
 def verdict_stands(est, key, verdict, local_now: float | None, gain: float) -> bool:
     """Whether the gate's last verdict (Engine._local_is_faster: ``verdict`` = (local, best
-    offloaded prediction, (raw prediction, correction applied) per kind), made at ``key``,
+    offloaded prediction, (raw prediction, kind) per kind of plan), made at ``key``,
     Estimates.planning_key) holds against the device's time ``local_now``. With the rates moved
     since by a factor of at most f (Estimates.drift), a raw prediction is within B = f^2 of what
     the cost model would say now (each of its terms is a size over one rate, or alpha times
-    FLOPs over the server's rate), and a corrected one, raw + max(error, -raw / 2)
-    (Estimates.offloaded_s), between max(raw / B + c, raw / 2B) and max(raw B + c, raw B / 2)
-    for the correction c it had; when even those bounds leave the verdict as it was, the cost
-    model need not run. On the testbed the rates moved past GATE_STEP in 14 of 40 gated
-    MobileNetV2 inferences at 5 and 20 Mbit/s (the device's rate is learnt from runs in a
-    quota, which vary by 10-20%), 240-360 us of the engine's CPU each; at 5 Mbit/s offloading
+    FLOPs over the server's rate, or a part of the RTT, which may have moved by the little
+    drift allows), and its corrected value (Estimates.offloaded_s, rising with the raw one) is
+    between those of raw / B and raw * B; when even those bounds leave the verdict as it was,
+    the cost model need not run. On the testbed the rates moved past GATE_STEP in 14 of 40
+    gated MobileNetV2 inferences at 5 and 20 Mbit/s (the device's rate is learnt from runs in
+    a quota, which vary by 10-20%), 240-360 us of the engine's CPU each; at 5 Mbit/s offloading
     was predicted 1.36x slower than the device, a margin the rates then rarely cross."""
     if local_now is None or verdict is None or len(verdict) < 3 or not verdict[2]:
         return False
     b = est.drift(key) ** 2
     if not math.isfinite(b):
         return False
+    rtt = 2.0 * abs(est.rtt.value - key[1])  # (a prediction holds up to 1.5 RTTs)
     bar = local_now * (1.0 - gain)
-    low = min(max(raw / b + c, 0.5 * raw / b) for raw, c in verdict[2])
-    high = min(max(raw * b + c, 0.5 * raw * b) for raw, c in verdict[2])
+    low = min(est.offloaded_s(raw / b, kind) for raw, kind in verdict[2]) - rtt
+    high = min(est.offloaded_s(raw * b, kind) for raw, kind in verdict[2]) + rtt
     return low >= bar or high < bar
 
 
@@ -630,8 +631,8 @@ class Engine:
                 self.tg, e.device_flops, e.server_flops, e.bandwidth, e.rtt.value, e.alpha,
                 e.downlink, self._wire())
             local = options.pop("local")[0]
-            kinds = [(v, e.offloaded_s(v, k) - v) for k, (v, _w) in options.items()]
-            offloaded = min((v + c for v, c in kinds), default=float("inf"))
+            kinds = [(v, k) for k, (v, _w) in options.items()]
+            offloaded = min((e.offloaded_s(v, k) for v, k in kinds), default=float("inf"))
             self._gate_key, self._gate_verdict = e.planning_key(), (local, offloaded, kinds)
         local, offloaded = self._gate_verdict[:2]
         if local_now is not None:
