@@ -570,6 +570,14 @@ def test_a_clients_first_offload_teaches_no_error():
     assert est.offload_outcomes == 2
 
 
+def gate_engine(est, **more):
+    """What Engine._local_is_faster reads of an engine: the estimates and the gate's state."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(est=est, tg=None, _wire=lambda: None, _gated=0, _gate_key=None,
+                           _gate_verdict=None, _probe_if_stale=lambda: None, **more)
+
+
 def test_a_shared_server_must_be_much_faster_than_the_device(monkeypatch):
     """With other devices' work on the server an offload must win by SHARED_OFFLOAD_MIN_GAIN,
     not OFFLOAD_MIN_GAIN: their bursts delay it beyond what alpha foresees."""
@@ -583,8 +591,7 @@ def test_a_shared_server_must_be_much_faster_than_the_device(monkeypatch):
     monkeypatch.setattr(policies, "dynamic_options",
                         lambda *a, **k: {"local": (local_s, None), "inputs": (offload_s, 0)})
     est = Estimates(bandwidth=1e6, device_flops=5e9)
-    eng = SimpleNamespace(est=est, tg=None, _wire=lambda: None, _gated=0, _gate_key=None,
-                          _gate_verdict=None, _probe_if_stale=lambda: None)
+    eng = gate_engine(est)
     job = SimpleNamespace(skipped=None, explores=False)
     assert not Engine._local_is_faster(eng, job)  # alone on the server: offloads
     est.server_load = {"others": 1}  # another device began an inference there lately
@@ -607,10 +614,10 @@ def test_the_gate_expects_a_kind_not_yet_run_to_be_off_as_the_others_were(monkey
     from coacto.mobile.estimates import Estimates
 
     monkeypatch.setattr(policies, "dynamic_options", lambda *a, **k: {
-        "local": (0.030, None), "inputs": (0.060, 0), "cut": (0.0265, 5), "share": (0.0284, (3, 2))})
+        "local": (0.030, None), "inputs": (0.060, 0), "cut": (0.0265, 5),
+        "share": (0.0284, (3, 2))})
     est = Estimates(bandwidth=12.5e6, device_flops=5e9)
-    eng = SimpleNamespace(est=est, tg=None, _wire=lambda: None, _gated=0, _gate_key=None,
-                          _gate_verdict=None, _probe_if_stale=lambda: None)
+    eng = gate_engine(est)
     job = SimpleNamespace(skipped=None, explores=False)
     assert not Engine._local_is_faster(eng, job)  # nothing learnt: the cut, as predicted
     est.on_offloaded(0.0265, 0.0386, "cut")
@@ -638,8 +645,7 @@ def test_the_gate_reuses_its_verdict_while_the_estimates_hold(monkeypatch):
 
     monkeypatch.setattr(policies, "dynamic_options", options)
     est = Estimates(bandwidth=1e6, device_flops=5e9)
-    eng = SimpleNamespace(est=est, tg=None, _wire=lambda: None, _gated=0, _gate_key=None,
-                          _gate_verdict=None, _probe_if_stale=lambda: None)
+    eng = gate_engine(est)
     job = SimpleNamespace(skipped=None, explores=False)
     for _ in range(5):
         assert Engine._local_is_faster(eng, job) and "10.0 ms vs 30.0 ms" in job.skipped
@@ -684,9 +690,7 @@ def test_the_gate_keeps_its_verdict_while_the_rates_stay_within_its_margin(monke
         return {"local": (1.0, None), "inputs": (0.020 * 1e6 / bw + 0.020 * 20e9 / srv, 0)}
 
     monkeypatch.setattr(policies, "dynamic_options", options)
-    eng = SimpleNamespace(est=est, tg=None, _wire=lambda: None, _gated=0, _gate_key=None,
-                          _gate_verdict=None, _probe_if_stale=lambda: None,
-                          local_tg=SimpleNamespace(total_flops=1e9))
+    eng = gate_engine(est, local_tg=SimpleNamespace(total_flops=1e9))
     est.local_flops = 1e9 / 0.030  # the device: 30 ms; offloading 40 (1.4x the 28.5 ms bar)
     job = SimpleNamespace(skipped=None, explores=False)
     assert Engine._local_is_faster(eng, job) and len(calls) == 1

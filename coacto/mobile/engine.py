@@ -133,10 +133,8 @@ def verdict_stands(est, key, verdict, local_now: float | None, gain: float) -> b
     gated MobileNetV2 inferences at 5 and 20 Mbit/s (the device's rate is learnt from runs in
     a quota, which vary by 10-20%), 240-360 us of the engine's CPU each; at 5 Mbit/s offloading
     was predicted 1.36x slower than the device, a margin the rates then rarely cross."""
-    if local_now is None or verdict is None or len(verdict) < 3 or not verdict[2]:
-        return False
-    b = est.drift(key) ** 2
-    if not math.isfinite(b):
+    b = est.drift(key) ** 2  # (inf before the first verdict: no key yet)
+    if local_now is None or not math.isfinite(b) or not verdict[2]:
         return False
     rtt = 2.0 * abs(est.rtt.value - key[1])  # (a prediction holds up to 1.5 RTTs)
     bar = local_now * (1.0 - gain)

@@ -489,13 +489,13 @@ class Estimates:
     def offloaded_s(self, predicted_s: float, kind: str | None = None) -> float:
         """``predicted_s`` corrected by the error of the offloaded inferences so far (of this
         kind of plan when given). A kind that has not run on a link like today's is expected
-        to be late by the mean of the kinds that have (when they were late): part of every kind's error is the
-        device's (its engine's CPU in a quota, a first inference's costs), and taken as
-        predicted a kind not yet run let the gate offload where the kinds that had run had
-        shown offloading slower than the device alone (MobileNetV2 at 100 Mbit/s in a 25%
-        quota: a cut predicted 26 ms ran 39, then a share predicted 28 ran 39, beside 28-31 ms
-        on the device). As predicted when none has run. A negative error takes off at most
-        half."""
+        to be late by the mean of the kinds that have (when they were late): part of every
+        kind's error is the device's (its engine's CPU in a quota, a first inference's costs),
+        and taken as predicted a kind not yet run let the gate offload where the kinds that
+        had run had shown offloading slower than the device alone (MobileNetV2 at 100 Mbit/s in
+        a 25% quota: a cut predicted 26 ms ran 39, then a share predicted 28 ran 39, beside
+        28-31 ms on the device). As predicted when none has run. A negative error takes off at
+        most half."""
         if kind is None:
             err = self.offload_error
         else:
@@ -526,32 +526,30 @@ class Estimates:
         return ((self.device_flops or 0.0, self.server_flops, self.bandwidth, self.downlink,
                  self.alpha), self.rtt.value, self.version)
 
-    def plans_hold(self, key: tuple | None, step: float = GATE_STEP) -> bool:
-        """A plan made at ``key`` (planning_key) still stands: nothing but the rates changed,
-        each rate is within ``step`` of what it was, and the RTT within 0.5 ms or ``step``."""
+    def _rate_ratios(self, key: tuple | None, step: float) -> list[float] | None:
+        """Each rate now over its value at ``key`` (planning_key); None when more than the rates
+        changed: the version, or the RTT beyond 0.5 ms and ``step``."""
         if key is None:
-            return False
+            return None
         rates, rtt, version = key
         now_rates, now_rtt, now_version = self.planning_key()
         if version != now_version or abs(now_rtt - rtt) > max(5e-4, step * max(rtt, now_rtt)):
-            return False
-        return all(a > 0 and abs(b / a - 1.0) <= step for a, b in zip(rates, now_rates))
+            return None
+        return [b / a if a > 0 else math.inf for a, b in zip(rates, now_rates)]
+
+    def plans_hold(self, key: tuple | None, step: float = GATE_STEP) -> bool:
+        """A plan made at ``key`` (planning_key) still stands: nothing but the rates changed,
+        each rate is within ``step`` of what it was, and the RTT within 0.5 ms or ``step``."""
+        ratios = self._rate_ratios(key, step)
+        return ratios is not None and all(abs(r - 1.0) <= step for r in ratios)
 
     def drift(self, key: tuple | None) -> float:
         """The largest factor by which any rate of ``key`` (planning_key) has moved since (1.0:
         none), or inf when more than the rates changed (what plans_hold refuses besides)."""
-        if key is None:
+        ratios = self._rate_ratios(key, GATE_STEP)
+        if ratios is None or not all(0 < r < math.inf for r in ratios):
             return math.inf
-        rates, rtt, version = key
-        now_rates, now_rtt, now_version = self.planning_key()
-        if version != now_version or abs(now_rtt - rtt) > max(5e-4, GATE_STEP * max(rtt, now_rtt)):
-            return math.inf
-        f = 1.0
-        for a, b in zip(rates, now_rates):
-            if not (a > 0 and b > 0):
-                return math.inf
-            f = max(f, a / b, b / a)
-        return f
+        return max([1.0] + [max(r, 1.0 / r) for r in ratios])
 
     def stalest_kinds(self) -> tuple[str, ...]:
         """The kinds of offloaded plan, the one whose error was learnt longest ago (or never)
